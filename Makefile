@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both install what they need.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Re-install only when setup.py changes.
+STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
+# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward.
+APT_PACKAGES := bubblewrap
+
+.PHONY: test demo install system-deps bench clean
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	  else echo "warning: missing Debian packages$$missing (run as root or install them)"; fi; \
+	fi
+
+$(STAMP): setup.py
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+install: system-deps $(STAMP)
+
+test: install
+	$(PY) -m pytest -q tests
+
+demo: install
+	$(VENV)/bin/vt demo
+
+bench: install
+	$(PY) bench/forward.py
+
+clean:
+	rm -rf $(VENV) *.egg-info demo_out

@@ -1,0 +1,37 @@
+"""vt: JAX-native post-training (the VibeThinker recipe on Qwen2.5)."""
+from setuptools import find_packages, setup
+
+# jax and flax move together: flax 0.12.x is tested against jax 0.10.x. Bump both at once.
+JAX = "jax==0.10.2"
+FLAX = "flax==0.12.8"
+
+setup(
+    name="vt",
+    version="0.1.0",
+    description="JAX-native post-training: curriculum SFT, MGPO RL, verifiable rewards, test-time scaling",
+    packages=find_packages(include=["vt", "vt.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        JAX,
+        FLAX,
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "ml-collections>=1.0",
+        "safetensors>=0.4",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+        "tokenizers>=0.20",
+        "sentencepiece>=0.2",
+        "grain>=0.2.10",
+        "math-verify>=0.7",
+        "pyarrow>=15",
+    ],
+    extras_require={
+        # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.
+        "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6"],
+        "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
+        "tpu": [JAX.replace("jax==", "jax[tpu]==")],
+    },
+    entry_points={"console_scripts": ["vt=vt.cli:main"]},
+)
