@@ -1,0 +1,95 @@
+"""`vt convert` and `vt info`."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from vt import VtError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("convert", help="convert checkpoints between Hugging Face and Orbax format")
+    sub = p.add_subparsers(dest="direction", required=True)
+    h2o = sub.add_parser("hf-to-orbax", help="HF_DIR (config.json + safetensors) -> vt checkpoint")
+    h2o.add_argument("hf_dir", type=Path)
+    h2o.add_argument("ckpt_dir", type=Path)
+    h2o.add_argument("--param-dtype", choices=["float32", "bfloat16"], default=None,
+                     help="dtype to store parameters in (default float32)")
+    h2o.set_defaults(func=_hf_to_orbax)
+    o2h = sub.add_parser("orbax-to-hf", help="vt checkpoint -> HF directory loadable by transformers")
+    o2h.add_argument("ckpt_dir", type=Path)
+    o2h.add_argument("hf_dir", type=Path)
+    o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
+    o2h.add_argument("--max-shard-gb", type=float, default=2.0)
+    o2h.set_defaults(func=_orbax_to_hf)
+
+    info = subparsers.add_parser("info", help="describe a vt checkpoint or HF model directory")
+    info.add_argument("path", type=Path)
+    info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    info.set_defaults(func=_info)
+
+
+def _hf_to_orbax(args: argparse.Namespace) -> int:
+    from vt.checkpoint.params import import_from_hf
+    from vt.model import param_count
+    cfg = import_from_hf(args.hf_dir, args.ckpt_dir, param_dtype=args.param_dtype)
+    print(f"wrote {args.ckpt_dir} ({param_count(cfg):,} parameters, {cfg.param_dtype})")
+    return 0
+
+
+def _orbax_to_hf(args: argparse.Namespace) -> int:
+    from vt.checkpoint.params import export_to_hf, load_model
+    model = load_model(args.ckpt_dir)
+    export_to_hf(model, args.hf_dir, dtype=args.dtype, tokenizer_dir=args.tokenizer,
+                 max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+    print(f"wrote {args.hf_dir} ({args.dtype})")
+    return 0
+
+
+def describe(path: Path) -> dict:
+    """Config, parameter count, and per-tensor shapes/dtypes, read from metadata only (no weights loaded)."""
+    from vt.model import PRESETS, param_count
+    path = Path(path)
+    if (path / "config.json").is_file() and not (path / "model_config.json").is_file():
+        from vt.checkpoint.hf import SafetensorsReader, read_hf_config
+        cfg = read_hf_config(path)
+        reader = SafetensorsReader(path)
+        tensors = {}
+        for k in reader.keys():
+            sl = reader._handles[reader.key_file[k]].get_slice(k)
+            tensors[k] = {"shape": list(sl.get_shape()), "dtype": str(sl.get_dtype())}
+        fmt = "huggingface"
+    else:
+        from vt.checkpoint.params import PARAMS_ITEM, _checkpointer, load_model_config
+        cfg = load_model_config(path)
+        meta = _checkpointer().metadata(path / PARAMS_ITEM)
+        meta = getattr(meta, "item_metadata", meta)
+        meta = getattr(meta, "tree", meta)
+        tensors = {k: {"shape": list(m.shape), "dtype": str(m.dtype)} for k, m in meta.items()}
+        fmt = "vt-orbax"
+    arch = {k: v for k, v in cfg.to_dict().items() if k not in ("param_dtype", "dtype", "attention_impl",
+                                                                "remat_policy", "vocab_pad_multiple")}
+    matches = [name for name, p in PRESETS.items()
+               if {k: v for k, v in p.to_dict().items() if k in arch} == arch]
+    return {"path": str(path), "format": fmt, "preset": matches[0] if matches else None, "config": cfg.to_dict(),
+            "param_count": param_count(cfg), "dtypes": sorted({t["dtype"] for t in tensors.values()}),
+            "tensors": tensors}
+
+
+def _info(args: argparse.Namespace) -> int:
+    if not args.path.exists():
+        raise VtError(f"{args.path}: no such file or directory")
+    d = describe(args.path)
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"{d['path']}  [{d['format']}]  preset: {d['preset'] or 'custom'}")
+    print(f"parameters: {d['param_count']:,}   dtypes: {', '.join(d['dtypes'])}")
+    for k, v in d["config"].items():
+        print(f"  {k:26s} {v}")
+    print(f"tensors ({len(d['tensors'])}):")
+    for k, t in d["tensors"].items():
+        print(f"  {k:56s} {t['dtype']:9s} {tuple(t['shape'])}")
+    return 0

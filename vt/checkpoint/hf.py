@@ -1,0 +1,259 @@
+"""Hugging Face <-> vt weights: one table of rules, a shape check per rule, no key left unexplained.
+
+HF stores PyTorch Linear weights as [out, in] with heads flattened; vt keeps einsum-friendly layouts
+([in, heads, head_dim] etc., see vt/model/qwen2.py). Each `Rule` names the HF key pattern, the vt path, the
+expected HF shape, and the two layout transforms. Reading is lazy (safetensors memory-maps each file and yields
+one tensor at a time) and writing is shard by shard, so converting a 3B model never holds it twice on the host.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from vt import VtError
+from vt.checkpoint.io import atomic_output_dir
+from vt.model.config import ModelConfig, from_hf_config, to_hf_config
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    hf: str  # HF key with {i} for the layer index
+    vt: tuple  # vt state path with "{i}" where the layer index goes
+    hf_shape: Callable[[ModelConfig], tuple]
+    to_vt: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+
+def _pad_rows(w, cfg):  # vocab padding rows are zeros: they never score since logits are cut to vocab_size
+    return np.concatenate([w, np.zeros((cfg.padded_vocab_size - w.shape[0],) + w.shape[1:], w.dtype)])
+
+
+def _qkv_rule(name, heads_of):
+    return [
+        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.weight", ("layers", "{i}", "attn", f"{name}_kernel"),
+             lambda c: (heads_of(c) * c.head_dim, c.hidden_size),
+             lambda w, c: w.T.reshape(c.hidden_size, heads_of(c), c.head_dim),
+             lambda w, c: w.reshape(c.hidden_size, -1).T),
+        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.bias", ("layers", "{i}", "attn", f"{name}_bias"),
+             lambda c: (heads_of(c) * c.head_dim,),
+             lambda w, c: w.reshape(heads_of(c), c.head_dim),
+             lambda w, c: w.reshape(-1)),
+    ]
+
+
+def _linear_rule(hf_name, vt_path, out_dim, in_dim):
+    return Rule(hf_name, vt_path, lambda c: (out_dim(c), in_dim(c)),
+                lambda w, c: np.ascontiguousarray(w.T), lambda w, c: np.ascontiguousarray(w.T))
+
+
+def _norm_rule(hf_name, vt_path):
+    return Rule(hf_name, vt_path, lambda c: (c.hidden_size,), lambda w, c: w, lambda w, c: w)
+
+
+_D = lambda c: c.hidden_size  # noqa: E731
+_F = lambda c: c.intermediate_size  # noqa: E731
+
+RULES: list[Rule] = [
+    Rule("model.embed_tokens.weight", ("embed",), lambda c: (c.vocab_size, c.hidden_size),
+         _pad_rows, lambda w, c: w[: c.vocab_size]),
+    Rule("lm_head.weight", ("lm_head",), lambda c: (c.vocab_size, c.hidden_size),
+         lambda w, c: np.ascontiguousarray(_pad_rows(w, c).T), lambda w, c: np.ascontiguousarray(w.T[: c.vocab_size])),
+    _norm_rule("model.norm.weight", ("final_norm", "weight")),
+    _norm_rule("model.layers.{i}.input_layernorm.weight", ("layers", "{i}", "input_norm", "weight")),
+    _norm_rule("model.layers.{i}.post_attention_layernorm.weight", ("layers", "{i}", "post_attn_norm", "weight")),
+    *_qkv_rule("q", lambda c: c.num_heads),
+    *_qkv_rule("k", lambda c: c.num_kv_heads),
+    *_qkv_rule("v", lambda c: c.num_kv_heads),
+    Rule("model.layers.{i}.self_attn.o_proj.weight", ("layers", "{i}", "attn", "o_kernel"),
+         lambda c: (c.hidden_size, c.num_heads * c.head_dim),
+         lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
+         lambda w, c: w.reshape(-1, c.hidden_size).T),
+    _linear_rule("model.layers.{i}.mlp.gate_proj.weight", ("layers", "{i}", "mlp", "gate_kernel"), _F, _D),
+    _linear_rule("model.layers.{i}.mlp.up_proj.weight", ("layers", "{i}", "mlp", "up_kernel"), _F, _D),
+    _linear_rule("model.layers.{i}.mlp.down_proj.weight", ("layers", "{i}", "mlp", "down_kernel"), _D, _F),
+]
+
+
+def _expand(cfg: ModelConfig) -> list[tuple[str, tuple, Rule]]:
+    """Every (hf key, vt path, rule) the config implies, layers expanded, in HF order."""
+    out = []
+    for rule in RULES:
+        if rule.hf == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        layers = range(cfg.num_layers) if "{i}" in rule.hf else [None]
+        for i in layers:
+            hf = rule.hf.format(i=i) if i is not None else rule.hf
+            vt = tuple(i if p == "{i}" else p for p in rule.vt)
+            out.append((hf, vt, rule))
+    return out
+
+
+def _sort_key(hf_key: str):
+    m = re.match(r"model\.layers\.(\d+)\.", hf_key)
+    return (1, int(m.group(1)), hf_key) if m else (0 if "embed" in hf_key else 2, 0, hf_key)
+
+
+# --- reading -----------------------------------------------------------------------------------------------------
+
+def read_hf_config(hf_dir: Path, **overrides) -> ModelConfig:
+    path = Path(hf_dir) / "config.json"
+    if not path.is_file():
+        raise VtError(f"{path}: no such file (is {hf_dir} a Hugging Face model directory?)")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VtError(f"{path}: not valid JSON ({e})") from None
+    return from_hf_config(raw, source=str(path), **overrides)
+
+
+class SafetensorsReader:
+    """Lazy access to the tensors of an HF directory: single `model.safetensors` or a sharded index."""
+
+    def __init__(self, hf_dir: Path):
+        from safetensors import SafetensorError, safe_open
+        self.hf_dir = Path(hf_dir)
+        index = self.hf_dir / "model.safetensors.index.json"
+        single = self.hf_dir / "model.safetensors"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise VtError(f"{index}: not a safetensors index (field 'weight_map': {e})") from None
+        elif single.is_file():
+            weight_map = None
+        else:
+            raise VtError(f"{self.hf_dir}: no model.safetensors or model.safetensors.index.json")
+        files = sorted(set(weight_map.values())) if weight_map else [single.name]
+        self._handles, self.key_file = {}, {}
+        for name in files:
+            path = self.hf_dir / name
+            if not path.is_file():
+                raise VtError(f"{path}: listed in the safetensors index but missing")
+            try:
+                handle = safe_open(str(path), framework="np")
+                keys = list(handle.keys())
+            except (SafetensorError, OSError, ValueError) as e:
+                raise VtError(f"{path}: corrupted or unreadable safetensors file ({e})") from None
+            self._handles[name] = handle
+            for k in keys:
+                self.key_file[k] = name
+        if weight_map:
+            for k, name in weight_map.items():
+                if self.key_file.get(k) != name:
+                    raise VtError(f"{self.hf_dir / name}: index lists tensor '{k}' but the file does not hold it")
+
+    def keys(self) -> list[str]:
+        return list(self.key_file)
+
+    def get(self, key: str) -> np.ndarray:
+        from safetensors import SafetensorError
+        path = self.hf_dir / self.key_file[key]
+        try:
+            return self._handles[self.key_file[key]].get_tensor(key)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise VtError(f"{path}: tensor '{key}' is unreadable ({e})") from None
+
+
+def iter_hf_to_vt(hf_dir: Path, cfg: ModelConfig) -> Iterator[tuple[tuple, np.ndarray]]:
+    """Yield (vt path, array in vt layout) one tensor at a time. Unknown, missing or misshapen keys are errors."""
+    reader = SafetensorsReader(hf_dir)
+    expected = _expand(cfg)
+    present = set(reader.keys())
+    wanted = {hf for hf, _, _ in expected}
+    extra = sorted(present - wanted)
+    if cfg.tie_word_embeddings and "lm_head.weight" in extra:
+        # Some exporters write the tied head anyway; accept it only if it really is the embedding.
+        if not np.array_equal(reader.get("lm_head.weight"), reader.get("model.embed_tokens.weight")):
+            raise VtError(f"{hf_dir}: tensor 'lm_head.weight' differs from the embedding but config.json says "
+                          "tie_word_embeddings=true")
+        extra.remove("lm_head.weight")
+    if extra:
+        raise VtError(f"{hf_dir}: tensor '{extra[0]}' matches no conversion rule"
+                      + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    missing = [hf for hf in wanted if hf not in present]
+    if missing:
+        raise VtError(f"{hf_dir}: tensor '{sorted(missing, key=_sort_key)[0]}' is missing"
+                      + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for hf, vt, rule in expected:
+        w = reader.get(hf)
+        if tuple(w.shape) != rule.hf_shape(cfg):
+            raise VtError(f"{reader.hf_dir / reader.key_file[hf]}: tensor '{hf}' has shape {tuple(w.shape)}, "
+                          f"config.json implies {rule.hf_shape(cfg)}")
+        yield vt, rule.to_vt(w, cfg)
+
+
+# --- writing -----------------------------------------------------------------------------------------------------
+
+def iter_vt_to_hf(get_param: Callable[[tuple], np.ndarray], cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+    for hf, vt, rule in _expand(cfg):
+        w = rule.to_hf(np.asarray(get_param(vt)), cfg)
+        if tuple(w.shape) != rule.hf_shape(cfg):  # a vt-side layout bug must not produce a loadable lie
+            raise VtError(f"vt parameter {'/'.join(map(str, vt))}: exported shape {w.shape} != {rule.hf_shape(cfg)}")
+        yield hf, w
+
+
+def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]], *,
+                 dtype: str = "float32", tokenizer_dir: Path | None = None, max_shard_bytes: int = 2 << 30) -> None:
+    """Write config.json, generation_config.json, sharded safetensors + index, and tokenizer files.
+
+    Shards are flushed as soon as they fill, so peak host memory is one shard plus one tensor. The directory
+    appears only when complete (written under a temporary name, then renamed)."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
+    if np_dtype is None:
+        raise VtError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
+    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
+        raise VtError(f"{tokenizer_dir}: tokenizer directory does not exist")
+
+    with atomic_output_dir(out_dir) as tmp:
+        shards: list[list[str]] = []
+        weight_map: dict[str, str] = {}
+        pending: dict[str, np.ndarray] = {}
+        pending_bytes, total_bytes = 0, 0
+
+        def flush():
+            nonlocal pending, pending_bytes
+            if pending:
+                name = f"model-{len(shards) + 1:05d}.safetensors"
+                save_file(pending, str(tmp / name), metadata={"format": "pt"})
+                shards.append(list(pending))
+                pending, pending_bytes = {}, 0
+
+        for key, w in tensors:
+            w = np.ascontiguousarray(w.astype(np_dtype))
+            if pending and pending_bytes + w.nbytes > max_shard_bytes:
+                flush()
+            pending[key] = w
+            pending_bytes += w.nbytes
+            total_bytes += w.nbytes
+        flush()
+        # Rename shards to the HF convention model-0000k-of-0000n once n is known.
+        for k, keys in enumerate(shards, start=1):
+            final = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+            os.rename(tmp / f"model-{k:05d}.safetensors", tmp / final)
+            weight_map.update({key: final for key in keys})
+        index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items(), key=lambda kv: _sort_key(kv[0])))}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (tmp / "config.json").write_text(json.dumps(to_hf_config(cfg, torch_dtype=dtype), indent=2))
+        eos = [t for t in (cfg.eos_token_id, 151645 if cfg.vocab_size > 151645 else None) if t is not None]
+        gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos or None, "do_sample": True,
+               "temperature": 1.0, "top_p": 0.95, "top_k": 0}
+        (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+        if tokenizer_dir is not None:
+            copied = [f for f in TOKENIZER_FILES if (Path(tokenizer_dir) / f).is_file() and f != "generation_config.json"]
+            if not copied:
+                raise VtError(f"{tokenizer_dir}: holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES[:7])})")
+            for f in copied:
+                shutil.copyfile(Path(tokenizer_dir) / f, tmp / f)

@@ -1,0 +1,165 @@
+"""Model-parameter checkpoints in Orbax format, and conversion to and from Hugging Face.
+
+A vt model checkpoint is a directory holding
+    model_config.json   the ModelConfig (architecture + dtypes)
+    params/             an Orbax PyTree checkpoint: a flat dict "layers.0.attn.q_kernel" -> array
+The learners' checkpoint manager writes the same two entries inside each step directory, so every tool that
+takes a checkpoint (`vt sample --ckpt`, `vt convert orbax-to-hf`, `vt info`) accepts either.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from vt import VtError
+from vt.checkpoint.io import atomic_output_dir
+from vt.model import Qwen2, abstract_model
+from vt.model.config import ModelConfig
+from vt.sharding import state_shardings
+
+CONFIG_FILE = "model_config.json"
+PARAMS_ITEM = "params"
+
+
+def path_key(path: tuple) -> str:
+    return ".".join(map(str, path))
+
+
+def flat_params(model_or_state) -> dict[str, jax.Array]:
+    state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state, nnx.Param)
+    return {path_key(p): v.value for p, v in nnx.to_flat_state(state)}
+
+
+def _checkpointer():
+    import orbax.checkpoint as ocp
+    return ocp.PyTreeCheckpointer()
+
+
+def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -> Path:
+    """Write a model checkpoint atomically (the directory appears only when complete)."""
+    ckpt_dir = Path(ckpt_dir).absolute()
+    with atomic_output_dir(ckpt_dir, overwrite=overwrite) as tmp:
+        write_model_entries(tmp, model.cfg, flat_params(model))
+    return ckpt_dir
+
+
+def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax.Array]) -> None:
+    _checkpointer().save(Path(directory) / PARAMS_ITEM, params)
+    (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+
+
+def load_model_config(ckpt_dir: Path | str, **overrides) -> ModelConfig:
+    ckpt_dir = Path(ckpt_dir)
+    path = ckpt_dir / CONFIG_FILE
+    if not path.is_file():
+        if not ckpt_dir.exists():
+            raise VtError(f"{ckpt_dir}: no such checkpoint directory")
+        raise VtError(f"{path}: missing; {ckpt_dir} is not a vt checkpoint "
+                      "(for a Hugging Face directory run `vt convert hf-to-orbax` first)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise VtError(f"{path}: not valid JSON ({e})") from None
+    raw.update(overrides)
+    return ModelConfig.from_dict(raw, source=str(path))
+
+
+def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_overrides) -> Qwen2:
+    """Restore a checkpoint straight into its sharding on `mesh` (or the default device).
+
+    `config_overrides` may change dtypes, attention implementation or remat policy; stored arrays are cast to
+    `param_dtype` on restore."""
+    ckpt_dir = Path(ckpt_dir).absolute()
+    cfg = load_model_config(ckpt_dir, **config_overrides)
+    graphdef, abstract_state = nnx.split(abstract_model(cfg))
+    shardings = _flat_shardings(abstract_state, mesh)
+    target = {key: jax.ShapeDtypeStruct(v.value.shape, v.value.dtype, sharding=shardings[key])
+              for key, v in _flat(abstract_state).items()}
+    import orbax.checkpoint as ocp
+    params_dir = ckpt_dir / PARAMS_ITEM
+    if not params_dir.is_dir():
+        raise VtError(f"{params_dir}: missing; {ckpt_dir} holds no parameters")
+    stored = _checkpointer().metadata(params_dir)
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)
+    _check_keys(set(stored.keys()), set(target), params_dir, cfg, stored)
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    try:
+        restored = _checkpointer().restore(params_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
+    except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
+        raise VtError(f"{params_dir}: cannot restore ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+    return _merge(graphdef, abstract_state, restored)
+
+
+def _flat(state) -> dict:
+    return {path_key(p): v for p, v in nnx.to_flat_state(state)}
+
+
+def _flat_shardings(abstract_state, mesh: Mesh | None) -> dict:
+    if mesh is None:
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return {key: one for key in _flat(abstract_state)}
+    return _flat(state_shardings(abstract_state, mesh))
+
+
+def _check_keys(stored_keys, wanted_keys, where, cfg, stored_meta):
+    missing = sorted(wanted_keys - stored_keys)
+    extra = sorted(stored_keys - wanted_keys)
+    if missing or extra:
+        raise VtError(f"{where}: parameters do not match {CONFIG_FILE} "
+                      f"(missing {missing[:3]}, unexpected {extra[:3]})")
+
+
+def _merge(graphdef, abstract_state, flat: dict[str, jax.Array]) -> Qwen2:
+    def pick(path, var):
+        return var.replace(flat[path_key(path)])
+    return nnx.merge(graphdef, nnx.map_state(pick, abstract_state))
+
+
+# --- Hugging Face ------------------------------------------------------------------------------------------------
+
+def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrides) -> Qwen2:
+    """Build a vt model from an HF directory, placing each tensor into its sharding as it is read."""
+    from vt.checkpoint.hf import iter_hf_to_vt, read_hf_config
+    cfg = read_hf_config(Path(hf_dir), **config_overrides)
+    graphdef, abstract_state = nnx.split(abstract_model(cfg))
+    shardings = _flat_shardings(abstract_state, mesh)
+    specs = _flat(abstract_state)
+    flat = {}
+    for path, w in iter_hf_to_vt(Path(hf_dir), cfg):
+        key = path_key(path)
+        w = np.asarray(w).astype(specs[key].value.dtype)
+        flat[key] = jax.make_array_from_callback(w.shape, shardings[key], lambda idx, w=w: w[idx])
+    return _merge(graphdef, abstract_state, flat)
+
+
+def import_from_hf(hf_dir: Path | str, ckpt_dir: Path | str, *, param_dtype: str | None = None,
+                   progress: Callable | None = None) -> ModelConfig:
+    """`vt convert hf-to-orbax`: HF directory -> vt checkpoint directory."""
+    overrides = {"param_dtype": param_dtype} if param_dtype else {}
+    model = model_from_hf(hf_dir, **overrides)
+    save_model(ckpt_dir, model)
+    return model.cfg
+
+
+def _gather(x: jax.Array) -> np.ndarray:
+    if not x.is_fully_addressable:  # multi-host: every process holds a piece; assemble this one tensor only
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str = "float32", tokenizer_dir: Path | str | None = None,
+                 max_shard_bytes: int = 2 << 30) -> None:
+    """Write `model` as an HF directory, one tensor at a time (no second full copy on the host)."""
+    from vt.checkpoint.hf import iter_vt_to_hf, write_hf_dir
+    flat = flat_params(model)
+    write_hf_dir(Path(hf_dir), model.cfg, iter_vt_to_hf(lambda path: _gather(flat[path_key(path)]), model.cfg),
+                 dtype=dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+                 max_shard_bytes=max_shard_bytes)

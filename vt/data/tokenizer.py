@@ -1,0 +1,396 @@
+"""The tokenizer layer every part of vt uses: HF tokenizer directories and SentencePiece models.
+
+One class, :class:`Tokenizer`, wraps either backend behind the same surface:
+
+    encode(text) -> list[int]                      no BOS/EOS added: chat templates carry their own markers
+    encode_with_offsets(text) -> (ids, [(start, end)])   character offsets into ``text`` (for loss masks)
+    decode(ids, skip_special_tokens=False) -> str
+    apply_chat_template(messages, add_generation_prompt=False) -> str
+    encode_chat(messages, add_generation_prompt=False) -> list[int]
+    vocab_size, eos_token_ids, pad_token_id, token_to_id(str)
+
+Chat format (Qwen2.5, ChatML): every message renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``;
+``add_generation_prompt`` appends ``<|im_start|>assistant\\n``. vt's own template does not insert a default
+system prompt (the official Qwen2.5 template does: "You are Qwen, created by Alibaba Cloud..."); an HF
+directory's ``chat_template`` is used as written unless ``chat_template="qwen"`` is passed.
+
+Stop tokens: Qwen chat models end a turn with ``<|im_end|>`` (151645) and a document with ``<|endoftext|>``
+(151643); generation must stop on both, so ``eos_token_ids`` holds the ids of both tokens *in this
+tokenizer* (a tiny test tokenizer numbers them differently).
+
+The core depends on ``tokenizers``, ``sentencepiece`` and ``jinja2`` only; ``transformers`` is not needed
+(tests use it as the reference for template rendering).
+"""
+from __future__ import annotations
+
+import bisect
+import io
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vt import VtError
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+# Qwen's specials in id order (151643, 151644, 151645); <think>/</think> are plain added tokens in Qwen2.5
+# (they are single tokens in Qwen3) and we add them so reasoning traces tokenise compactly.
+QWEN_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END, THINK_START, THINK_END)
+
+# ChatML as Qwen2.5 renders it, minus the forced default system prompt and the tool-calling branches.
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Qwen2's pre-tokenisation regex (from its tokenizer.json): digits split one by one, newlines grouped.
+QWEN_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def render_qwen_chat(messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
+    """Pure-Python ChatML rendering, identical to :data:`QWEN_CHAT_TEMPLATE` (no jinja needed)."""
+    parts = [f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages]
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+def _check_messages(messages: Sequence[dict]) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise VtError(f"chat message {i}: expected {{'role': str, 'content': str}}, got {m!r:.200}")
+
+
+class _JinjaTemplate:
+    """Renders an HF ``chat_template`` the way transformers does (sandboxed, trim_blocks, lstrip_blocks)."""
+
+    def __init__(self, source: str, special: dict[str, Any], where: str):
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise VtError(f"{where}: chat template raised: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        env.globals["raise_exception"] = raise_exception
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise VtError(f"{where}: chat_template does not parse: {e}") from e
+        self._special = special
+
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                     tools=None, **self._special)
+
+
+class Tokenizer:
+    """A tokenizer with a chat template. Build it with :func:`load_tokenizer` or :func:`build_tiny_tokenizer`."""
+
+    def __init__(self, backend, *, kind: str, path: str, chat_template: str | None = None,
+                 special_tokens: dict[str, str | None] | None = None):
+        # kind: "hf" (a `tokenizers.Tokenizer`) or "spm" (a `sentencepiece.SentencePieceProcessor`).
+        self._backend = backend
+        self.kind = kind
+        self.path = path
+        special_tokens = dict(special_tokens or {})
+        self._template = None
+        if chat_template is not None:
+            self._template = _JinjaTemplate(chat_template, {k: v for k, v in special_tokens.items() if v is not None},
+                                            where=path)
+        self.chat_template_source = chat_template or QWEN_CHAT_TEMPLATE
+        if kind == "hf":
+            self._special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
+        else:
+            sp = backend
+            self._special_ids = frozenset(i for i in range(sp.get_piece_size())
+                                          if sp.is_control(i) or sp.id_to_piece(i) in (ENDOFTEXT, IM_START, IM_END))
+        # Qwen chat stops on either token; both must exist for a chat model, one suffices for a base model.
+        eos = [self.token_to_id(t) for t in (ENDOFTEXT, IM_END)]
+        eos_name = special_tokens.get("eos_token")
+        if eos_name and self.token_to_id(eos_name) is not None:
+            eos.append(self.token_to_id(eos_name))
+        if kind == "spm" and backend.eos_id() >= 0:
+            eos.append(backend.eos_id())
+        self.eos_token_ids: tuple[int, ...] = tuple(sorted({i for i in eos if i is not None}))
+        if not self.eos_token_ids:
+            raise VtError(f"{path}: tokenizer has neither {ENDOFTEXT} nor {IM_END} nor an eos token")
+        pad_name = special_tokens.get("pad_token") or ENDOFTEXT
+        pad = self.token_to_id(pad_name)
+        if pad is None and kind == "spm" and backend.pad_id() >= 0:
+            pad = backend.pad_id()
+        # Qwen pads with <|endoftext|>; padding is always masked out, so any valid id would do.
+        self.pad_token_id: int = pad if pad is not None else self.eos_token_ids[0]
+
+    # ---- vocabulary -------------------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can emit (added tokens included); the model's embedding may be larger."""
+        if self.kind == "hf":
+            return self._backend.get_vocab_size(with_added_tokens=True)
+        return self._backend.get_piece_size()
+
+    def token_to_id(self, token: str) -> int | None:
+        if self.kind == "hf":
+            return self._backend.token_to_id(token)
+        i = self._backend.piece_to_id(token)
+        # sentencepiece maps unknown pieces to unk_id: only an exact round trip means the token exists.
+        return i if self._backend.id_to_piece(i) == token else None
+
+    def id_to_token(self, i: int) -> str | None:
+        if self.kind == "hf":
+            return self._backend.id_to_token(i)
+        return self._backend.id_to_piece(i) if 0 <= i < self._backend.get_piece_size() else None
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        return self._special_ids
+
+    # ---- text <-> ids -----------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; special-token strings in the text map to their ids; no BOS/EOS added."""
+        if self.kind == "hf":
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self._backend.encode(text)
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids plus each token's ``(start, end)`` character span in ``text`` (used to build loss masks).
+
+        A byte-level token that covers part of a multi-byte character reports the whole character's span;
+        a sentencepiece byte-fallback piece may report an empty span at the character's start.
+        """
+        if self.kind == "hf":
+            enc = self._backend.encode(text, add_special_tokens=False)
+            return list(enc.ids), [tuple(o) for o in enc.offsets]
+        proto = self._backend.encode(text, return_type="proto")
+        # sentencepiece offsets count UTF-8 bytes; convert to character indices.
+        byte_starts = []
+        pos = 0
+        for ch in text:
+            byte_starts.append(pos)
+            pos += len(ch.encode("utf-8"))
+
+        def to_char(b):
+            return bisect.bisect_right(byte_starts, b) - 1 if b < pos else len(text)
+
+        return [p.id for p in proto.pieces], [(to_char(p.begin), to_char(p.end)) for p in proto.pieces]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "hf":
+            return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        if skip_special_tokens:
+            ids = [i for i in ids if i not in self._special_ids]
+        # User-defined pieces (<|im_end|>, <think>) decode to their text; byte-fallback pieces to UTF-8.
+        return self._backend.decode(ids)
+
+    # ---- chat -------------------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
+        """The chat rendered as text (Qwen ChatML unless the HF directory ships another template)."""
+        _check_messages(messages)
+        if self._template is None:
+            return render_qwen_chat(messages, add_generation_prompt)
+        return self._template.render(messages, add_generation_prompt)
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, path={self.path!r}, vocab_size={self.vocab_size})"
+
+
+# ---- loading ----------------------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VtError(f"{path}: not valid JSON: {e}") from e
+
+
+def _token_str(value) -> str | None:
+    # tokenizer_config.json stores specials either as strings or as AddedToken dicts ({"content": ...}).
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None) -> Tokenizer:
+    """Load an HF tokenizer directory (``tokenizer.json`` [+ ``tokenizer_config.json``]) or a ``.model``
+    SentencePiece file.
+
+    ``chat_template``: None uses the directory's own template (``tokenizer_config.json["chat_template"]`` or
+    ``chat_template.jinja``), falling back to vt's Qwen ChatML; ``"qwen"`` forces vt's; any other string is
+    a jinja template. SentencePiece models always use vt's Qwen ChatML unless a template string is given.
+    Raises :class:`vt.VtError` naming the path when the files are missing or corrupt.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise VtError(f"{p}: tokenizer not found (expected an HF tokenizer directory or a SentencePiece .model)")
+    override = None if chat_template in (None, "qwen") else chat_template
+    if p.is_dir():
+        tj = p / "tokenizer.json"
+        if not tj.is_file():
+            if any(p.glob("*.model")):
+                raise VtError(f"{p}: no tokenizer.json; pass the SentencePiece file itself: "
+                              f"{next(p.glob('*.model'))}")
+            raise VtError(f"{p}: no tokenizer.json in this directory")
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            backend = HFTokenizer.from_file(str(tj))
+        except Exception as e:  # the Rust loader raises a bare Exception on corrupt files
+            raise VtError(f"{tj}: cannot load tokenizer: {e}") from e
+        cfg = _read_json(p / "tokenizer_config.json") if (p / "tokenizer_config.json").is_file() else {}
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # multi-template format: [{"name": "default", "template": ...}, ...]
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        if template is None and (p / "chat_template.jinja").is_file():
+            template = (p / "chat_template.jinja").read_text(encoding="utf-8")
+        if chat_template == "qwen":
+            template = None
+        elif override is not None:
+            template = override
+        special = {k: _token_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+        return Tokenizer(backend, kind="hf", path=str(p), chat_template=template, special_tokens=special)
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.load(str(p))
+    except (OSError, RuntimeError) as e:
+        raise VtError(f"{p}: not a SentencePiece model: {e}") from e
+    return Tokenizer(sp, kind="spm", path=str(p), chat_template=override)
+
+
+# ---- tiny tokenizers built on the spot (tests, `make demo`: no downloads, ever) ---------------------------
+TINY_CORPUS = (
+    "Let's think step by step and output the final answer within \\boxed{}.",
+    "Find the sum of all integer bases $b>9$ for which $17_b$ is a divisor of $97_b$.",
+    "<think>\nFirst, 17_b = b + 7 and 97_b = 9b + 7. So b + 7 divides 9b + 7 - 9(b + 7) = -56.\n"
+    "Divisors of 56 greater than 16 are 28 and 56, so b = 21 or b = 49.\n</think>\n"
+    "The sum is $21 + 49 = \\boxed{70}$.",
+    "Compute $\\frac{3}{4} + \\frac{1}{8} = \\frac{7}{8}$. The probability is $\\sqrt{2}/2 \\approx 0.7071$.",
+    "If x^2 - 5x + 6 = 0 then (x - 2)(x - 3) = 0, so x = 2 or x = 3. Therefore the answer is 5.",
+    "def fibonacci(n: int) -> int:\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
+    "```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n    print(sum(map(int, data)))\n\n"
+    "if __name__ == \"__main__\":\n    main()\n```",
+    "class Solution:\n    def twoSum(self, nums: list[int], target: int) -> list[int]:\n        seen = {}\n"
+    "        for i, x in enumerate(nums):\n            if target - x in seen:\n                return [seen[target - x], i]\n"
+    "            seen[x] = i\n",
+    "You are a helpful assistant. Please answer the question concisely.",
+    "Hello! How can I help you today? I'd like a summary of the article in three bullet points.",
+    "Write a haiku about autumn leaves. Respond in JSON with the keys \"title\" and \"poem\".",
+    "The mitochondria is the powerhouse of the cell; photosynthesis converts light into chemical energy.",
+    "Which of the following is correct? (A) 12 (B) 15 (C) 18 (D) 21. The answer is (C).",
+    "Unicode check: café, naïve, 数学, ∑_{i=1}^{n} i = n(n+1)/2, π ≈ 3.14159, emoji 🙂.",
+)
+
+
+def _default_texts() -> list[str]:
+    # Repeat with small variations so BPE sees frequent pairs and learns merges across the whole range.
+    texts = list(TINY_CORPUS)
+    texts += [f"{a} + {b} = {a + b}. {a} * {b} = {a * b}." for a in range(0, 60, 7) for b in range(3, 40, 9)]
+    texts += [render_qwen_chat([{"role": "user", "content": TINY_CORPUS[1]},
+                                {"role": "assistant", "content": TINY_CORPUS[2]}])]
+    return texts
+
+
+def _special_added_tokens_decoder(backend) -> dict[str, dict]:
+    out = {}
+    for tok in QWEN_SPECIAL_TOKENS:
+        out[str(backend.token_to_id(tok))] = {
+            "content": tok, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            # Qwen2.5 marks <think>/</think> non-special so decode(skip_special_tokens=True) keeps them.
+            "special": tok not in (THINK_START, THINK_END),
+        }
+    return out
+
+
+def build_tiny_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str] | None = None,
+                         vocab_size: int = 512) -> Tokenizer:
+    """Train a byte-level BPE (Qwen2 pre-tokenisation) on ``texts`` (a built-in math/code/chat corpus when
+    None), add the Qwen special tokens, and write an HF tokenizer directory (tokenizer.json,
+    tokenizer_config.json with the Qwen chat template, special_tokens_map.json) that both
+    :func:`load_tokenizer` and ``transformers.AutoTokenizer.from_pretrained`` load.
+
+    The vocabulary has at most ``vocab_size`` entries (fewer when the corpus runs out of merges); the
+    specials come after the BPE vocabulary, as in Qwen (<|endoftext|>, <|im_start|>, <|im_end|>, <think>,
+    </think> in that order). Takes well under a second.
+    """
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import AddedToken, normalizers
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = list(texts) if texts is not None else _default_texts()
+    backend = HFTokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    backend.normalizer = normalizers.NFC()  # Qwen2 normalises NFC too
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    n_special = len(QWEN_SPECIAL_TOKENS)
+    if vocab_size < 256 + n_special + 1:
+        raise VtError(f"build_tiny_tokenizer: vocab_size {vocab_size} < 262 (256 bytes + 5 specials + 1 merge)")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - n_special, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    backend.train_from_iterator(texts, trainer=trainer)
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (ENDOFTEXT, IM_START, IM_END)])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)])
+    backend.save(str(out / "tokenizer.json"))
+
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "added_tokens_decoder": _special_added_tokens_decoder(backend),
+        "additional_special_tokens": [IM_START, IM_END],
+        "bos_token": None,
+        "eos_token": IM_END,
+        "pad_token": ENDOFTEXT,
+        "unk_token": None,
+        "chat_template": QWEN_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": 32768,
+        "split_special_tokens": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    special_map = {"eos_token": IM_END, "pad_token": ENDOFTEXT, "additional_special_tokens": [IM_START, IM_END]}
+    (out / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+    return load_tokenizer(out)
+
+
+def build_tiny_sentencepiece(out_path: str | os.PathLike, texts: Iterable[str] | None = None,
+                             vocab_size: int = 400) -> Tokenizer:
+    """Train a tiny SentencePiece BPE model (byte fallback, Qwen specials as user-defined symbols) into
+    ``out_path`` (a ``.model`` file) and load it. Identity normalisation so offsets map 1:1 to the text."""
+    import sentencepiece as spm
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    texts = list(texts) if texts is not None else _default_texts()
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size, model_type="bpe",
+        byte_fallback=True, user_defined_symbols=list(QWEN_SPECIAL_TOKENS), normalization_rule_name="identity",
+        add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True, hard_vocab_limit=False,
+        unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, minloglevel=2, character_coverage=1.0,
+        allow_whitespace_only_pieces=True, split_by_whitespace=False,
+    )
+    out.write_bytes(buf.getvalue())
+    return load_tokenizer(out)
+

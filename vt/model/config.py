@@ -1,0 +1,199 @@
+"""Qwen2 / Qwen2.5 architecture settings, presets, and the mapping to and from Hugging Face `config.json`."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from vt import VtError
+
+ATTENTION_IMPLS = ("xla", "jax", "cudnn")
+"""xla: vt's einsum attention (any backend); jax: `jax.nn.dot_product_attention`, backend picks the kernel;
+cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`, flash attention on NVIDIA GPUs only."""
+
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+"""none: keep all activations; full: recompute each decoder layer in the backward pass;
+dots: save matmul outputs, recompute the rest; dots_no_batch: save only weight matmuls (no attention scores)."""
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int = 0  # 0 means hidden_size // num_heads, as in Qwen2
+    max_position_embeddings: int = 32768
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    # The embedding table is padded to a multiple of this so the vocab axis shards evenly; logits are cut back
+    # to vocab_size, so padding rows never receive probability mass.
+    vocab_pad_multiple: int = 128
+    param_dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype of activations and matmuls
+    attention_impl: str = "xla"
+    remat_policy: str = "none"
+    bos_token_id: int | None = 151643
+    eos_token_id: int | None = 151643
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads:
+                raise VtError(f"model config: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise VtError(f"model config: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise VtError(f"model config: head_dim {self.head_dim} must be even for rotary embeddings")
+        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("remat_policy", REMAT_POLICIES),
+                              ("param_dtype", DTYPES), ("dtype", DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise VtError(f"model config: field '{name}' is {getattr(self, name)!r}; expected one of {allowed}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "vocab_pad_multiple"):
+            if getattr(self, name) <= 0:
+                raise VtError(f"model config: field '{name}' must be positive, got {getattr(self, name)}")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_pad_multiple
+        return int(math.ceil(self.vocab_size / m) * m)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "model config") -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise VtError(f"{source}: unknown field(s) {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as e:
+            raise VtError(f"{source}: {e}") from None
+
+
+def param_count(cfg: ModelConfig, *, padded: bool = False) -> int:
+    """Parameters of the model. With padded=False the vocab padding rows are not counted, so the
+    number agrees with Hugging Face (coder-3b: 3,085,938,688 with tied embeddings)."""
+    V = cfg.padded_vocab_size if padded else cfg.vocab_size
+    D, F, H = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    N, K = cfg.num_heads, cfg.num_kv_heads
+    attn = D * N * H + N * H + 2 * (D * K * H + K * H) + N * H * D
+    layer = attn + 3 * D * F + 2 * D
+    head = 0 if cfg.tie_word_embeddings else V * D
+    return V * D + cfg.num_layers * layer + D + head
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen2.5-0.5b": ModelConfig(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                                num_heads=14, num_kv_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": ModelConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                                num_heads=12, num_kv_heads=2, tie_word_embeddings=True),
+    "qwen2.5-3b": ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+                              num_heads=16, num_kv_heads=2, tie_word_embeddings=True),
+    "qwen2.5-coder-3b": ModelConfig(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_layers=36,
+                                    num_heads=16, num_kv_heads=2, tie_word_embeddings=True),
+    "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                              num_heads=28, num_kv_heads=4, tie_word_embeddings=False, max_position_embeddings=131072),
+    # Tests and the CPU demo: odd sizes on purpose so shape bugs cannot hide behind square matrices.
+    "tiny": ModelConfig(vocab_size=512, hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6,
+                        num_kv_heads=2, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
+                        bos_token_id=None, eos_token_id=None),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    if name not in PRESETS:
+        raise VtError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+
+
+# --- Hugging Face config.json -------------------------------------------------------------------------------
+
+def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides) -> ModelConfig:
+    """Read a transformers Qwen2 `config.json` dict. Features vt does not implement are errors, not ignored."""
+    model_type = hf.get("model_type")
+    archs = hf.get("architectures") or []
+    if model_type != "qwen2" or (archs and "Qwen2ForCausalLM" not in archs):
+        raise VtError(f"{source}: field 'model_type' is {model_type!r} (architectures {archs}); "
+                      "vt supports only Qwen2/Qwen2.5 ('qwen2', Qwen2ForCausalLM)")
+
+    def need(key):
+        if key not in hf:
+            raise VtError(f"{source}: missing field '{key}'")
+        return hf[key]
+
+    if hf.get("hidden_act", "silu") != "silu":
+        raise VtError(f"{source}: field 'hidden_act' is {hf['hidden_act']!r}; Qwen2 uses 'silu'")
+    # transformers 5 moved rope settings into `rope_parameters`; 4.x keeps `rope_theta`/`rope_scaling`.
+    rope = hf.get("rope_parameters") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    scaling = hf.get("rope_scaling")
+    if rope_type != "default" or (scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default")):
+        raise VtError(f"{source}: field 'rope_scaling'/'rope_parameters' asks for {scaling or rope}; "
+                      "vt implements only default rotary embeddings")
+    rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if hf.get("use_sliding_window", False):
+        raise VtError(f"{source}: field 'use_sliding_window' is true; vt does not implement sliding-window attention")
+    layers = need("num_hidden_layers")
+    heads = need("num_attention_heads")
+    dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(str(hf.get("torch_dtype", hf.get("dtype"))), "float32")
+    kwargs = dict(
+        vocab_size=need("vocab_size"), hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),
+        num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
+        head_dim=hf.get("head_dim") or 0,
+        max_position_embeddings=hf.get("max_position_embeddings", 32768), rope_theta=float(rope_theta),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=_first_id(hf.get("bos_token_id")), eos_token_id=_first_id(hf.get("eos_token_id")),
+        initializer_range=float(hf.get("initializer_range", 0.02)),
+    )
+    del dtype  # stored dtype is a property of the weights, not the architecture; vt picks compute dtype itself
+    kwargs.update(overrides)
+    return ModelConfig(**kwargs)
+
+
+def _first_id(v):
+    if isinstance(v, list):
+        return v[0] if v else None
+    return v
+
+
+def to_hf_config(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
+    """A `config.json` dict that transformers loads as Qwen2ForCausalLM."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": cfg.num_layers,
+        "attention_dropout": 0.0,
+        "initializer_range": cfg.initializer_range,
+        "use_cache": True,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "torch_dtype": torch_dtype,
+    }

@@ -1,0 +1,226 @@
+"""Qwen2 / Qwen2.5 decoder in Flax NNX, numerically matching transformers' Qwen2ForCausalLM.
+
+Shape letters used in names: B batch, T query length, S key length (cache length when decoding), D hidden,
+N query heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP hidden, V vocab, L layers.
+
+Inputs follow one convention everywhere in vt:
+  tokens_BT     int32 token ids
+  positions_BT  int32 rotary positions; restart at 0 for every packed document
+  segment_ids_BT int32 document id within the row, 0 = padding; attention never crosses segments
+Without a cache the sequence attends causally within its segment. With a cache (decoding), `positions` are also
+the cache slots: the keys/values of token t are written at slot positions[b, t] and a query at position p sees
+slots 0..p of its own row. Right-padded prompts therefore need no special handling: padding writes garbage at
+slots past the prompt, which decoding overwrites before any query can see it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vt.model.config import ModelConfig
+from vt.sharding import constrain
+
+Initializer = Callable[..., jax.Array]
+
+
+def _param(rngs: nnx.Rngs, init: Initializer, shape, axes, dtype) -> nnx.Param:
+    # `axes` names the logical axis of each dimension; vt.sharding maps them to the mesh.
+    return nnx.Param(init(rngs.params(), shape, dtype), axes=tuple(axes))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class KVCache:
+    """Per-layer key/value buffers, each [B, S, K, H]. A pytree, so it can be donated to jit."""
+    k: list[jax.Array]
+    v: list[jax.Array]
+
+    @classmethod
+    def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype=None) -> "KVCache":
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
+                   v=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+
+    @property
+    def length(self) -> int:
+        return self.k[0].shape[1]
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.eps = eps
+        self.weight = _param(rngs, nnx.initializers.ones, (dim,), ("norm",), jnp.dtype(cfg.param_dtype))
+
+    def __call__(self, x):
+        # Statistics in fp32 whatever the compute dtype; the weight multiplies after the cast back, as in HF.
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
+    """Non-interleaved rotary embedding (HF `rotate_half`): pairs are (i, i + H/2). cos/sin and the rotation are
+    computed in fp32 and the result cast back to x's dtype."""
+    H = x_BTNH.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    angles_BTh = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+    cos = jnp.cos(angles_BTh)[:, :, None, :]
+    sin = jnp.sin(angles_BTh)[:, :, None, :]
+    x1, x2 = jnp.split(x_BTNH.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BTNH.dtype)
+
+
+def _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale
+    # A large finite negative rather than -inf: a fully masked row (padding) then stays finite instead of NaN.
+    scores = jnp.where(mask_BTS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+    return out.reshape(B, T, N, H)
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str):
+    scale = q_BTNH.shape[-1] ** -0.5
+    if impl == "xla":
+        return _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale)
+    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_BTS[:, None], scale=scale,
+                                        implementation="cudnn" if impl == "cudnn" else None)
+
+
+def _write_cache(buf_BSKH, new_BTKH, start_B):
+    """Write each row's new keys at its own offset (rows decode at different positions under slot refill)."""
+    return jax.vmap(lambda buf, new, s: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (s, 0, 0)))(
+        buf_BSKH, new_BTKH, start_B)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        w = nnx.initializers.normal(cfg.initializer_range)
+        self.q_kernel = _param(rngs, w, (D, N, H), ("embed", "heads", "head_dim"), pd)
+        self.q_bias = _param(rngs, nnx.initializers.zeros, (N, H), ("heads", "head_dim"), pd)
+        self.k_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd)
+        self.k_bias = _param(rngs, nnx.initializers.zeros, (K, H), ("kv_heads", "head_dim"), pd)
+        self.v_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd)
+        self.v_bias = _param(rngs, nnx.initializers.zeros, (K, H), ("kv_heads", "head_dim"), pd)
+        self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache_kv):
+        cfg, dt = self.cfg, x_BTD.dtype
+        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel.value.astype(dt)) + self.q_bias.value.astype(dt)
+        k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel.value.astype(dt)) + self.k_bias.value.astype(dt)
+        v = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_kernel.value.astype(dt)) + self.v_bias.value.astype(dt)
+        q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "heads", "head_dim"))
+        k = rope(k, positions_BT, cfg.rope_theta)
+
+        if cache_kv is None:
+            T = x_BTD.shape[1]
+            causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
+            same_doc_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+            mask_BTS = causal_TT[None] & same_doc_BTT
+            new_cache = None
+        else:
+            k_cache, v_cache = cache_kv
+            start_B = positions_BT[:, 0]
+            k_cache = _write_cache(k_cache, k, start_B)
+            v_cache = _write_cache(v_cache, v, start_B)
+            k, v = k_cache, v_cache
+            slots_S = jnp.arange(k_cache.shape[1])
+            mask_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
+            new_cache = (k_cache, v_cache)
+
+        out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, cfg.attention_impl)
+        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel.value.astype(dt))
+        return out_BTD, new_cache
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        pd = jnp.dtype(cfg.param_dtype)
+        w = nnx.initializers.normal(cfg.initializer_range)
+        self.gate_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd)
+        self.up_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd)
+        self.down_kernel = _param(rngs, w, (F, D), ("mlp", "embed"), pd)
+
+    def __call__(self, x_BTD):
+        dt = x_BTD.dtype
+        gate = x_BTD @ self.gate_kernel.value.astype(dt)
+        up = x_BTD @ self.up_kernel.value.astype(dt)
+        h_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "sequence", "mlp"))
+        return h_BTF @ self.down_kernel.value.astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache_kv):
+        h, new_cache = self.attn(self.input_norm(x_BTD), positions_BT, segment_ids_BT, cache_kv)
+        x_BTD = x_BTD + h
+        x_BTD = x_BTD + self.mlp(self.post_attn_norm(x_BTD))
+        return constrain(x_BTD, ("batch", "sequence", "embed")), new_cache
+
+
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Qwen2(nnx.Module):
+    """Qwen2ForCausalLM. `__call__` returns (logits_BTV in float32, updated KVCache or None)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        Vp, D = cfg.padded_vocab_size, cfg.hidden_size
+        pd = jnp.dtype(cfg.param_dtype)
+        self.embed = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (Vp, D), ("vocab", "embed"), pd)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(D, cfg.rms_norm_eps, cfg, rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (D, Vp),
+                                  ("embed", "vocab"), pd)
+
+    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None):
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        B, T = tokens_BT.shape
+        if positions_BT is None:
+            positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+        if segment_ids_BT is None:
+            segment_ids_BT = jnp.ones((B, T), jnp.int32)
+        x_BTD = constrain(self.embed.value[tokens_BT].astype(dt), ("batch", "sequence", "embed"))
+
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            cache_kv = None if cache is None else (cache.k[i], cache.v[i])
+            if cfg.remat_policy != "none" and cache is None:
+                x_BTD, kv = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[cfg.remat_policy])(
+                    layer, x_BTD, positions_BT, segment_ids_BT, None)
+            else:
+                x_BTD, kv = layer(x_BTD, positions_BT, segment_ids_BT, cache_kv)
+            if kv is not None:
+                new_k.append(kv[0])
+                new_v.append(kv[1])
+
+        x_BTD = self.final_norm(x_BTD)
+        head_DV = self.embed.value.T if cfg.tie_word_embeddings else self.lm_head.value
+        logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV.astype(dt), preferred_element_type=jnp.float32)
+        logits_BTV = logits_BTV[..., : cfg.vocab_size]
+        return logits_BTV, (None if cache is None else KVCache(k=new_k, v=new_v))

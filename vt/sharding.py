@@ -1,0 +1,164 @@
+"""Device mesh and the one table that maps logical axis names to mesh axes.
+
+Every parameter of the model carries logical axis names as metadata (`axes=("embed", "mlp")`); activations are
+constrained with the same names. This module turns names into `PartitionSpec`s with `LOGICAL_RULES`. A name
+missing from the table, a parameter without names, or a spec that uses one mesh axis twice is an error: nothing
+is replicated silently.
+
+Mesh axes: `data` (pure data parallel: params replicated), `fsdp` (data parallel with params, grads and optimiser
+state sharded, ZeRO-3 style), `tensor` (Megatron tensor parallel over heads and the MLP hidden dimension).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Any, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from vt import VtError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axis (or tuple of mesh axes, or None = replicated). The single source of truth.
+LOGICAL_RULES: Mapping[str, Any] = {
+    "batch": ("data", "fsdp"),
+    "sequence": None,
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mlp": "tensor",
+    "norm": None,
+    "cache_sequence": None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes. -1 in one axis means 'all remaining devices'."""
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+
+
+def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+    if sizes.count(-1) > 1:
+        raise VtError(f"mesh: at most one of data/fsdp/tensor may be -1, got {sizes}")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if any(s == 0 or s < -1 for s in sizes):
+        raise VtError(f"mesh: sizes must be positive or -1, got data={cfg.data} fsdp={cfg.fsdp} tensor={cfg.tensor}")
+    if -1 in sizes:
+        if len(devices) % fixed:
+            raise VtError(f"mesh: {len(devices)} devices do not divide by data*tensor={fixed}")
+        sizes[sizes.index(-1)] = len(devices) // fixed
+    if math.prod(sizes) != len(devices):
+        raise VtError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {len(devices)} devices are available")
+    # `tensor` innermost: tensor-parallel collectives are the chattiest, so they go to the closest devices.
+    return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices)
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = LOGICAL_RULES,
+                    where: str = "array") -> P:
+    """PartitionSpec for logical axis names, rejecting names without a rule and mesh axes used twice."""
+    spec, used = [], set()
+    for name in axes:
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise VtError(f"sharding: {where} uses logical axis {name!r}, which has no rule in LOGICAL_RULES")
+        mesh_axes = rules[name]
+        flat = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+        clash = used.intersection(flat)
+        if clash:
+            raise VtError(f"sharding: {where} maps mesh axis {sorted(clash)} twice (logical axes {tuple(axes)})")
+        used.update(flat)
+        spec.append(mesh_axes)
+    return P(*spec)
+
+
+def _drop_trivial(spec: P, mesh: Mesh, shape: Sequence[int], where: str) -> P:
+    """Check divisibility; a mesh axis of size 1 is dropped so specs print cleanly."""
+    out = []
+    for dim, entry in zip(shape, spec):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        names = tuple(n for n in names if mesh.shape[n] > 1)
+        size = math.prod(mesh.shape[n] for n in names)
+        if dim % size:
+            raise VtError(f"sharding: {where} has dimension {dim} that does not divide over mesh axes {names} "
+                          f"(size {size}); change the mesh or pad the dimension")
+        out.append(None if not names else names[0] if len(names) == 1 else names)
+    return P(*out)
+
+
+def param_sharding(axes: Sequence[str], shape: Sequence[int], mesh: Mesh, where: str,
+                   rules: Mapping[str, Any] = LOGICAL_RULES) -> NamedSharding:
+    if len(axes) != len(shape):
+        raise VtError(f"sharding: {where} has shape {tuple(shape)} but logical axes {tuple(axes)}")
+    spec = logical_to_spec(axes, rules, where)
+    return NamedSharding(mesh, _drop_trivial(spec, mesh, shape, where))
+
+
+def state_shardings(abstract_state, mesh: Mesh, rules: Mapping[str, Any] = LOGICAL_RULES):
+    """NamedSharding for every variable of an (abstract) nnx.State, from its `axes` metadata."""
+    from flax import nnx
+
+    def one(path, var):
+        where = "/".join(map(str, path))
+        axes = var.get_metadata().get("axes")
+        if axes is None:
+            raise VtError(f"sharding: parameter {where} has no logical axes; every parameter must declare them")
+        return param_sharding(axes, var.value.shape, mesh, where, rules)
+
+    return nnx.map_state(one, abstract_state)
+
+
+# --- activations ------------------------------------------------------------------------------------------------
+
+_ACTIVE_RULES: list[Mapping[str, Any]] = [LOGICAL_RULES]
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh, rules: Mapping[str, Any] = LOGICAL_RULES) -> Iterator[Mesh]:
+    """Make `mesh` current for tracing: activation constraints in the model resolve against it."""
+    _ACTIVE_RULES.append(rules)
+    try:
+        with jax.set_mesh(mesh):
+            yield mesh
+    finally:
+        _ACTIVE_RULES.pop()
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """Pin an activation's sharding by logical names. Outside `use_mesh` (single device, no mesh) there is
+    nothing to pin and x is returned as is."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    spec = logical_to_spec(axes, _ACTIVE_RULES[-1], "activation")
+    # Dimensions that do not divide (e.g. batch 1 while decoding a single prompt) stay replicated.
+    fixed = []
+    for dim, entry in zip(x.shape, spec):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        fixed.append(entry if dim % math.prod(mesh.shape[n] for n in names) == 0 else None)
+    return jax.lax.with_sharding_constraint(x, P(*fixed))
+
+
+def describe(state) -> dict[str, str]:
+    """path -> printed sharding spec, for `vt info` and tests."""
+    from flax import nnx
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        out["/".join(map(str, path))] = str(getattr(var.value, "sharding", None))
+    return out
+
+
+def host_local_array(x) -> np.ndarray:
+    return np.asarray(jax.device_get(x))
