@@ -26,12 +26,14 @@ setup(
         "grain>=0.2.10",
         "math-verify>=0.7",
         "pyarrow>=15",
+        "jinja2>=3.1",  # renders Hugging Face chat templates
     ],
     extras_require={
         # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.
         "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6"],
         "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
         "tpu": [JAX.replace("jax==", "jax[tpu]==")],
+        "tfds": ["tensorflow-datasets>=4.9"],  # `tfds:NAME/CONFIG:SPLIT` data sources
     },
     entry_points={"console_scripts": ["vt=vt.cli:main"]},
 )

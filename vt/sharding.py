@@ -24,9 +24,18 @@ from vt import VtError
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None = replicated). The single source of truth.
+# Parameters and activations use separate names: a weight's `embed` dimension is FSDP-sharded, while an
+# activation's batch dimension already uses `fsdp`, so its embed dimension must not.
 LOGICAL_RULES: Mapping[str, Any] = {
+    # activations
     "batch": ("data", "fsdp"),
     "sequence": None,
+    "act_embed": None,
+    "act_heads": "tensor",
+    "act_kv_heads": "tensor",
+    "act_mlp": "tensor",
+    "act_vocab": "tensor",
+    # parameters
     "embed": "fsdp",
     "vocab": "tensor",
     "heads": "tensor",
@@ -61,7 +70,9 @@ def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | No
     if math.prod(sizes) != len(devices):
         raise VtError(f"mesh: data*fsdp*tensor = {math.prod(sizes)} but {len(devices)} devices are available")
     # `tensor` innermost: tensor-parallel collectives are the chattiest, so they go to the closest devices.
-    return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices)
+    # Auto axes: XLA's sharding propagation fills in what `constrain` leaves open (the classic pjit model).
+    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
 
 
 def logical_to_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = LOGICAL_RULES,
@@ -115,7 +126,7 @@ def state_shardings(abstract_state, mesh: Mesh, rules: Mapping[str, Any] = LOGIC
         axes = var.get_metadata().get("axes")
         if axes is None:
             raise VtError(f"sharding: parameter {where} has no logical axes; every parameter must declare them")
-        return param_sharding(axes, var.value.shape, mesh, where, rules)
+        return param_sharding(axes, var.get_value().shape, mesh, where, rules)
 
     return nnx.map_state(one, abstract_state)
 
@@ -156,7 +167,7 @@ def describe(state) -> dict[str, str]:
     from flax import nnx
     out = {}
     for path, var in nnx.to_flat_state(state):
-        out["/".join(map(str, path))] = str(getattr(var.value, "sharding", None))
+        out["/".join(map(str, path))] = str(getattr(var.get_value(), "sharding", None))
     return out
 
 

@@ -33,7 +33,7 @@ def path_key(path: tuple) -> str:
 
 def flat_params(model_or_state) -> dict[str, jax.Array]:
     state = model_or_state if isinstance(model_or_state, nnx.State) else nnx.state(model_or_state, nnx.Param)
-    return {path_key(p): v.value for p, v in nnx.to_flat_state(state)}
+    return {path_key(p): v.get_value() for p, v in nnx.to_flat_state(state)}
 
 
 def _checkpointer():
@@ -79,7 +79,7 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     cfg = load_model_config(ckpt_dir, **config_overrides)
     graphdef, abstract_state = nnx.split(abstract_model(cfg))
     shardings = _flat_shardings(abstract_state, mesh)
-    target = {key: jax.ShapeDtypeStruct(v.value.shape, v.value.dtype, sharding=shardings[key])
+    target = {key: jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype, sharding=shardings[key])
               for key, v in _flat(abstract_state).items()}
     import orbax.checkpoint as ocp
     params_dir = ckpt_dir / PARAMS_ITEM
@@ -134,7 +134,7 @@ def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrid
     flat = {}
     for path, w in iter_hf_to_vt(Path(hf_dir), cfg):
         key = path_key(path)
-        w = np.asarray(w).astype(specs[key].value.dtype)
+        w = np.asarray(w).astype(specs[key].get_value().dtype)
         flat[key] = jax.make_array_from_callback(w.shape, shardings[key], lambda idx, w=w: w[idx])
     return _merge(graphdef, abstract_state, flat)
 

@@ -27,7 +27,6 @@ import bisect
 import io
 import json
 import os
-import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,8 +81,11 @@ class _JinjaTemplate:
         def raise_exception(message):
             raise VtError(f"{where}: chat template raised: {message}")
 
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        # The same environment transformers renders chat templates in, so both give identical text.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
+            x, indent=indent, ensure_ascii=ensure_ascii)
         env.globals["raise_exception"] = raise_exception
         try:
             self._template = env.from_string(source)
@@ -288,7 +290,8 @@ TINY_CORPUS = (
     "```python\nimport sys\n\ndef main():\n    data = sys.stdin.read().split()\n    print(sum(map(int, data)))\n\n"
     "if __name__ == \"__main__\":\n    main()\n```",
     "class Solution:\n    def twoSum(self, nums: list[int], target: int) -> list[int]:\n        seen = {}\n"
-    "        for i, x in enumerate(nums):\n            if target - x in seen:\n                return [seen[target - x], i]\n"
+    "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+    "                return [seen[target - x], i]\n"
     "            seen[x] = i\n",
     "You are a helpful assistant. Please answer the question concisely.",
     "Hello! How can I help you today? I'd like a summary of the article in three bullet points.",

@@ -60,7 +60,7 @@ class RMSNorm(nnx.Module):
         # Statistics in fp32 whatever the compute dtype; the weight multiplies after the cast back, as in HF.
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return self.weight.value.astype(x.dtype) * normed.astype(x.dtype)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
 def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
@@ -118,10 +118,10 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache_kv):
         cfg, dt = self.cfg, x_BTD.dtype
-        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel.value.astype(dt)) + self.q_bias.value.astype(dt)
-        k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel.value.astype(dt)) + self.k_bias.value.astype(dt)
-        v = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_kernel.value.astype(dt)) + self.v_bias.value.astype(dt)
-        q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "heads", "head_dim"))
+        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)
+        k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)
+        v = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)
+        q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
 
         if cache_kv is None:
@@ -141,7 +141,7 @@ class Attention(nnx.Module):
             new_cache = (k_cache, v_cache)
 
         out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, cfg.attention_impl)
-        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel.value.astype(dt))
+        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel[...].astype(dt))
         return out_BTD, new_cache
 
 
@@ -156,10 +156,10 @@ class MLP(nnx.Module):
 
     def __call__(self, x_BTD):
         dt = x_BTD.dtype
-        gate = x_BTD @ self.gate_kernel.value.astype(dt)
-        up = x_BTD @ self.up_kernel.value.astype(dt)
-        h_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "sequence", "mlp"))
-        return h_BTF @ self.down_kernel.value.astype(dt)
+        gate = x_BTD @ self.gate_kernel[...].astype(dt)
+        up = x_BTD @ self.up_kernel[...].astype(dt)
+        h_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "sequence", "act_mlp"))
+        return h_BTF @ self.down_kernel[...].astype(dt)
 
 
 class DecoderLayer(nnx.Module):
@@ -173,7 +173,7 @@ class DecoderLayer(nnx.Module):
         h, new_cache = self.attn(self.input_norm(x_BTD), positions_BT, segment_ids_BT, cache_kv)
         x_BTD = x_BTD + h
         x_BTD = x_BTD + self.mlp(self.post_attn_norm(x_BTD))
-        return constrain(x_BTD, ("batch", "sequence", "embed")), new_cache
+        return constrain(x_BTD, ("batch", "sequence", "act_embed")), new_cache
 
 
 _REMAT_POLICIES = {
@@ -205,7 +205,7 @@ class Qwen2(nnx.Module):
             positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         if segment_ids_BT is None:
             segment_ids_BT = jnp.ones((B, T), jnp.int32)
-        x_BTD = constrain(self.embed.value[tokens_BT].astype(dt), ("batch", "sequence", "embed"))
+        x_BTD = constrain(self.embed[...][tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
 
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
@@ -220,7 +220,7 @@ class Qwen2(nnx.Module):
                 new_v.append(kv[1])
 
         x_BTD = self.final_norm(x_BTD)
-        head_DV = self.embed.value.T if cfg.tie_word_embeddings else self.lm_head.value
+        head_DV = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
         logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV.astype(dt), preferred_element_type=jnp.float32)
         logits_BTV = logits_BTV[..., : cfg.vocab_size]
         return logits_BTV, (None if cache is None else KVCache(k=new_k, v=new_v))

@@ -1,0 +1,110 @@
+"""SFT stage 1 (RECIPE "Spectrum"): all quality-filtered data, packed, 5 epochs, on Qwen2.5-Coder-3B.
+
+Run (after `vt convert hf-to-orbax Qwen/Qwen2.5-Coder-3B-dir checkpoints/qwen2.5-coder-3b`):
+
+    vt train --config configs/sft_stage1.py --workdir runs/sft_stage1
+
+Smoke test on CPU (tiny model, synthetic task, a few steps):
+
+    vt train --config configs/sft_stage1.py:smoke --workdir /tmp/sft_smoke
+
+Every step directory under runs/sft_stage1/checkpoints/ is a model checkpoint: Diversity-Exploring
+Distillation scores them per domain and merges the winners (vt.train.selection, `vt merge`).
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "qwen2.5-coder-3b"  # architecture; init_checkpoint's model_config.json takes precedence
+    c.model.init_checkpoint = "checkpoints/qwen2.5-coder-3b"  # base model converted with vt convert hf-to-orbax
+    c.model.param_dtype = "float32"  # fp32 master weights and AdamW moments
+    c.model.dtype = "bfloat16"  # bf16 compute (mixed precision); logits and the loss stay fp32
+    c.model.remat_policy = "full"  # recompute each layer in the backward pass: long packed rows fit in memory
+    c.model.attention_impl = "jax"  # jax.nn.dot_product_attention: the backend picks its fused kernel
+    c.model.seed = 0  # the state's RNG (and random init when init_checkpoint is empty)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.kind = "chat"  # vt.data chat pipeline: chat template, assistant-only loss, first-fit packing
+    c.data.train = "data/sft/stage1/*.jsonl"  # quality-filtered chat records (math, code, STEM, chat, IF)
+    c.data.eval = "data/sft/heldout.jsonl"  # held-out split for the periodic eval loss
+    c.data.tokenizer = "checkpoints/qwen2.5-coder-3b-hf"  # HF tokenizer directory of the base model
+    c.data.seq_len = 32768  # packed row length; not published: the base's context, so long traces fit whole
+    c.data.global_batch_size = 128  # RECIPE: global batch 128 (packed rows)
+    c.data.grad_accum_steps = 8  # micro-batches per step; size to memory (rows / accum per micro-batch)
+    c.data.num_epochs = 5.0  # RECIPE: 5 epochs; sets train.steps when that is 0
+    c.data.seed = 0  # shuffle and packing order
+    c.data.overlong = "truncate_right"  # examples longer than seq_len: keep the first seq_len tokens
+    c.data.max_skip_rate = 0.05  # fail the run when more than 5% of records are malformed or unusable
+    c.data.read_threads = 8  # grain threads that tokenise in parallel
+    c.data.eval_batches = 4  # held-out batches per evaluation
+    c.data.hard_subset = ml_collections.ConfigDict()
+    c.data.hard_subset.pass_rates = ""  # stage 1 trains on everything (stage 2 sets the profiling file)
+    c.data.hard_subset.min_trace_tokens = 5000  # stage 2 only: RECIPE "traces of at least 5K tokens"
+    c.data.hard_subset.min_error_rate = 0.75  # stage 2 only: reference model errs in >= 75% of rollouts
+    c.data.hard_subset.min_rollouts = 8  # stage 2 only: RECIPE profiles with 8 rollouts
+    c.data.hard_subset.missing = "error"  # stage 2 only: a prompt missing from the profile is a join bug
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1  # pure data parallel replicas (params replicated)
+    c.mesh.fsdp = -1  # all remaining devices: params, grads and optimiser state sharded (ZeRO-3)
+    c.mesh.tensor = 1  # tensor parallel over heads / MLP hidden; raise for very long rows
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 5e-5  # RECIPE: peak lr 5e-5
+    c.optim.final_lr = 8e-8  # RECIPE: cosine decay to 8e-8
+    c.optim.warmup_frac = 0.05  # RECIPE: 5% linear warmup
+    c.optim.b1 = 0.9  # not published for SFT: AdamW defaults
+    c.optim.b2 = 0.999  # not published for SFT: AdamW defaults
+    c.optim.eps = 1e-8  # AdamW epsilon
+    c.optim.weight_decay = 0.01  # not published for SFT: the team's RL scripts use 0.01
+    c.optim.clip_norm = 1.0  # not published for SFT: the team's RL scripts clip at 1.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 0  # 0: num_epochs x batches per epoch, counted with one pass over the data at start-up
+    c.train.eval_every = 200  # steps between held-out evaluations (and always at the end)
+    c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
+    c.train.progress = True  # tqdm progress bar
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 200  # save every N steps: the candidate pool for Diversity-Exploring Distillation
+    c.checkpoint.keep = 1000  # keep them all: every periodic checkpoint is a specialist candidate
+    c.checkpoint.best_metric = "eval_loss"  # also always keep the lowest eval loss
+    c.checkpoint.best_mode = "min"  # lower eval loss is better
+    c.checkpoint.async_save = True  # write in the background while training continues
+    c.checkpoint.checksum = True  # sha256 seal per step, verified before every restore
+
+    if arg in (None, ""):
+        return c
+    if arg == "smoke":
+        return smoke(c)
+    raise ValueError(f"unknown variant {arg!r}; known: smoke")
+
+
+def smoke(c):
+    """A few steps of the tiny model on the synthetic translation task, on CPU, in seconds."""
+    c.model.preset = "tiny"
+    c.model.init_checkpoint = ""
+    c.model.dtype = "float32"
+    c.model.remat_policy = "none"
+    c.model.attention_impl = "xla"
+    c.data.kind = "synthetic"
+    c.data.train = "synthetic"
+    c.data.eval = "synthetic"
+    c.data.tokenizer = ""
+    c.data.seq_len = 64
+    c.data.global_batch_size = 8
+    c.data.grad_accum_steps = 2
+    c.data.read_threads = 0
+    c.data.eval_batches = 2
+    c.mesh.fsdp = 1
+    c.optim.lr = 3e-3
+    c.optim.final_lr = 1e-4
+    c.optim.weight_decay = 0.0
+    c.train.steps = 6
+    c.train.eval_every = 3
+    c.checkpoint.every = 3
+    c.checkpoint.keep = 2
+    return c

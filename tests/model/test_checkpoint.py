@@ -1,0 +1,144 @@
+"""Orbax <-> Hugging Face conversion: bitwise round trip, loadable exports, and clear errors on bad input."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+
+from conftest import make_hf_model, run_vt
+
+
+def _tensors(d: Path) -> dict:
+    out = {}
+    for f in sorted(d.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_roundtrip_is_bitwise_and_loads_in_transformers(hf_dir, vt_ckpt, tmp_path):
+    from transformers import AutoModelForCausalLM
+    out = tmp_path / "hf_out"
+    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--dtype", "float32", check=True)
+    original, exported = _tensors(hf_dir), _tensors(out)
+    assert sorted(original) == sorted(exported)
+    for k in original:
+        assert original[k].dtype == exported[k].dtype and np.array_equal(original[k], exported[k]), k
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(original)
+    assert (out / "generation_config.json").is_file()
+
+    a = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    b = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    x = torch.randint(0, 300, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(a(x).logits, b(x).logits)
+
+
+def test_export_bf16_shards_and_copies_tokenizer(vt_ckpt, tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text("{}")
+    (tok / "tokenizer.json").write_text("{}")
+    out = tmp_path / "hf_bf16"
+    # A tiny shard limit forces several shards, exercising the index the way a 3B export does.
+    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--tokenizer", str(tok), "--max-shard-gb", "0.0001",
+           check=True)
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    tensors = _tensors(out)
+    assert {str(v.dtype) for v in tensors.values()} == {"bfloat16"}
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_info_reports_config_and_counts(vt_ckpt, hf_dir):
+    for path in (vt_ckpt, hf_dir):
+        proc = run_vt("info", str(path), "--json", check=True)
+        d = json.loads(proc.stdout)
+        hf = make_hf_model(tie=d["config"]["tie_word_embeddings"])
+        assert d["param_count"] == sum(p.numel() for p in hf.parameters())
+
+
+# --- bad input: one clear line naming the file/field, non-zero exit, nothing half-written --------------------
+
+def _assert_clean_failure(proc, *needles, out: Path | None = None):
+    assert proc.returncode != 0
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("vt convert: error:"), proc.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    if out is not None:
+        assert not out.exists()
+        assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp")]
+
+
+def test_missing_directory(tmp_path):
+    out = tmp_path / "ck"
+    _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(tmp_path / "nope"), str(out)), "config.json", out=out)
+
+
+def test_other_architecture_rejected(hf_dir, tmp_path):
+    bad = tmp_path / "llama"
+    bad.mkdir()
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (bad / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "ck"
+    _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), "model_type", "llama", out=out)
+
+
+def _copy_hf(src: Path, dst: Path):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+
+
+def test_shape_mismatch_names_tensor(hf_dir, tmp_path):
+    bad = tmp_path / "bad"
+    _copy_hf(hf_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["intermediate_size"] = 168
+    (bad / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "ck"
+    _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), "gate_proj.weight", "shape", out=out)
+
+
+def test_unmatched_key_is_an_error(hf_dir, tmp_path):
+    from safetensors.numpy import save_file
+    bad = tmp_path / "extra"
+    _copy_hf(hf_dir, bad)
+    tensors = _tensors(bad)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)
+    for f in bad.glob("*.safetensors"):
+        f.unlink()
+    (bad / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file(tensors, str(bad / "model.safetensors"))
+    out = tmp_path / "ck"
+    _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), "rotary_emb.inv_freq", out=out)
+
+
+def test_corrupted_safetensors(hf_dir, tmp_path):
+    bad = tmp_path / "corrupt"
+    _copy_hf(hf_dir, bad)
+    f = next(bad.glob("*.safetensors"))
+    data = bytearray(f.read_bytes())
+    f.write_bytes(bytes(data[: len(data) // 2]))  # truncated mid-tensor
+    out = tmp_path / "ck"
+    _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), f.name, out=out)
+
+
+def test_unwritable_output_dir(vt_ckpt, tmp_path):
+    """An output path under a regular file cannot be created, even by root."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(blocker / "out")), str(blocker / "out"))
+
+
+def test_existing_output_is_not_overwritten(vt_ckpt, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out)), "not empty")
+    assert (out / "precious.txt").read_text() == "keep me"

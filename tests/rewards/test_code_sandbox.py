@@ -1,0 +1,375 @@
+"""Attacks on the code sandbox: each must score 0 and leave the host untouched.
+
+Most attacks come with a *control*: the same program graded against the output it prints when the
+attack fails must score 1, proving the program really ran and the attack really was blocked (rather
+than the program crashing for an unrelated reason).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+import vt
+from vt.rewards import RewardSpecError
+from vt.rewards import sandbox as sandbox_mod
+from vt.rewards.code import CodeReward, json_equal, last_code_block, normalise_stdout
+
+from .conftest import Sampler, processes_matching, rss_bytes
+
+TEST_LIMIT_S = 2.0
+CAP = 4 << 20
+
+
+@pytest.fixture(scope="module")
+def reward():
+    with CodeReward(workers=2, test_time_limit_s=TEST_LIMIT_S, output_bytes=CAP, problem_time_limit_s=20) as r:
+        yield r
+
+
+def block(src: str) -> str:
+    return "<think>let me write it</think>\n```python\n" + textwrap.dedent(src).strip() + "\n```\n"
+
+
+def stdio(output: str, inp: str = "") -> dict:
+    return {"tests": [{"input": inp, "output": output}]}
+
+
+def grade(reward, src: str, output: str, inp: str = ""):
+    return reward([stdio(output, inp)], [block(src)])[0]
+
+
+def assert_blocked(reward, src: str, leaked: str, blocked: str = "blocked", kinds=("wrong",)):
+    """The attack's success output scores 0, its failure output scores 1 (the program did run)."""
+    attack = grade(reward, src, leaked)
+    assert attack.score == 0.0 and attack.failure in kinds, attack
+    control = grade(reward, src, blocked)
+    assert control.score == 1.0, control
+
+
+# ---- extraction and comparison -------------------------------------------------------------------
+
+
+def test_last_code_block_and_language():
+    text = "```python\nprint(1)\n```\ntext\n```py\nprint(2)\n```"
+    assert last_code_block(text) == ("py", "print(2)\n")
+    assert last_code_block("no code") is None
+    assert last_code_block("```python\nunterminated") is None
+
+
+def test_normalise_stdout_strips_trailing_whitespace_only():
+    assert normalise_stdout("1 2  \n3\t\n\n\n") == ["1 2", "3"]
+    assert normalise_stdout(" 1\n") == [" 1"]  # leading whitespace is significant
+    assert normalise_stdout("a\r\nb") == ["a", "b"]
+
+
+def test_json_equal_is_strict_about_types():
+    assert json_equal([1, 2], [1, 2]) and json_equal(0.1 + 0.2, 0.3) and json_equal(2, 2.0)
+    assert not json_equal(1, True) and not json_equal([1], [1, 2]) and not json_equal("1", 1)
+    assert not json_equal({"a": 1}, {"a": 1, "b": 2})
+
+
+# ---- correct programs pass ---------------------------------------------------------------------
+
+
+def test_stdin_and_call_based_pass(reward):
+    stdin_prog = block("a, b = map(int, input().split())\nprint(a + b)")
+    method = block("class Solution:\n    def add(self, a, b):\n        return [a + b, {'k': None}]")
+    top_level = block("def add(a, b):\n    return [a + b, {'k': None}]")
+    calls = {"tests": [{"fn_name": "add", "args": [1, 2], "expected": [3, {"k": None}]}]}
+    two = {"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "5 7", "output": "12   \n\n"}]}
+    res = reward([two, calls, calls], [stdin_prog, method, top_level])
+    assert [r.score for r in res] == [1.0, 1.0, 1.0], res
+    assert res[0].details["tests_passed"] == 2
+
+
+def test_all_tests_must_pass(reward):
+    rec = {"tests": [{"input": "1 2", "output": "3"}, {"input": "2 2", "output": "5"}]}
+    r = reward([rec], [block("a, b = map(int, input().split())\nprint(a + b)")])[0]
+    assert r.score == 0.0 and r.failure == "wrong" and r.details["tests_passed"] == 1
+
+
+def test_correct_program_printing_one_megabyte_passes(reward):
+    r = grade(reward, "print('x' * 1_000_000)", "x" * 1_000_000)
+    assert r.score == 1.0, r
+
+
+def test_missing_code_block_and_other_language_are_format_failures(reward):
+    rec = stdio("1")
+    r1, r2 = reward([rec, rec], ["print(1)", "```cpp\nint main(){}\n```"])
+    assert r1.failure == "format" and r2.failure == "format" and r1.score == r2.score == 0.0
+
+
+def test_test_case_without_expected_output_is_a_dataset_error(reward):
+    with pytest.raises(RewardSpecError, match=r"record 0: field 'tests'\[0\].*output"):
+        reward([{"tests": [{"input": "1"}]}], [block("print(1)")])
+    with pytest.raises(RewardSpecError, match=r"tests'\[1\].*expected"):
+        reward([{"tests": [{"fn_name": "f", "args": [], "expected": 1}, {"fn_name": "f", "args": []}]}], [block("")])
+    with pytest.raises(RewardSpecError, match="missing field 'tests'"):
+        reward([{}], [block("")])
+    with pytest.raises(RewardSpecError, match="non-empty"):
+        reward([{"tests": []}], [block("")])
+
+
+# ---- attacks -------------------------------------------------------------------------------------
+
+
+def test_no_network_even_to_host_loopback(reward):
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    src = f"""
+        import socket
+        try:
+            s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
+            s.sendall(b"hello")
+            print("connected")
+        except OSError:
+            print("blocked")
+    """
+    try:
+        assert_blocked(reward, src, "connected")
+        with pytest.raises(socket.timeout):
+            server.accept()  # the server never saw a connection
+    finally:
+        server.close()
+
+
+def test_environment_secrets_are_not_visible(reward, monkeypatch):
+    secret = "vt-fake-secret-" + secrets.token_hex(8)
+    monkeypatch.setenv("VT_FAKE_SECRET", secret)
+    src = f"""
+        import os, glob
+        seen = repr(dict(os.environ))
+        for p in glob.glob("/proc/*/environ") + glob.glob("/proc/*/cmdline"):
+            try:
+                seen += open(p, "rb").read().decode(errors="replace")
+            except OSError:
+                pass
+        print("leaked" if {secret!r} in seen else "blocked")
+    """
+    assert_blocked(reward, src, "leaked")
+    r = grade(reward, "import os; print(dict(os.environ))", secret)
+    assert r.score == 0.0 and secret not in repr(r.details)
+
+
+def test_host_files_cannot_be_read_or_written(reward, tmp_path):
+    canary_text = "canary-" + secrets.token_hex(8)
+    repo = Path(vt.__file__).resolve().parents[1]
+    targets = [Path.home() / f".vt_canary_{secrets.token_hex(4)}", repo / f".vt_canary_{secrets.token_hex(4)}"]
+    for t in targets:
+        t.write_text(canary_text)
+    new_files = [t.with_name(t.name + "_new") for t in targets]
+    src = f"""
+        got = []
+        for p in {[str(t) for t in targets]!r}:
+            try:
+                got.append(open(p).read())
+            except OSError:
+                pass
+            try:
+                open(p, "w").write("overwritten")
+            except OSError:
+                pass
+        for p in {[str(t) for t in new_files]!r}:
+            try:
+                open(p, "w").write("created")
+            except OSError:
+                pass
+        print(got[0] if got else "blocked")
+    """
+    try:
+        assert_blocked(reward, src, canary_text)
+        assert all(t.read_text() == canary_text for t in targets)
+        assert not any(t.exists() for t in new_files)
+    finally:
+        for t in targets + new_files:
+            t.unlink(missing_ok=True)
+
+
+def test_files_outside_the_temp_dir_cannot_be_deleted(reward, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    json_dir = Path(os.__file__).parent / "json"  # the system python's stdlib is bound read-only
+    src = f"""
+        import os, shutil, glob
+        ok = 0
+        for p in [{str(victim)!r}, "/code/solution.py", "/code/_harness.py"] + glob.glob("/usr/lib/python3*/json/*.py"):
+            try:
+                os.remove(p); ok += 1
+            except OSError:
+                pass
+        for d in ["/usr/lib", "/etc", "/bin"]:
+            try:
+                shutil.rmtree(d); ok += 1
+            except OSError:
+                pass
+        open("/tmp/mine.txt", "w").write("x")  # the sandbox's own temp dir is writable
+        os.remove("/tmp/mine.txt")
+        print("deleted" if ok else "blocked")
+    """
+    assert_blocked(reward, src, "deleted")
+    assert victim.read_text() == "keep me"
+    assert Path("/usr/lib").is_dir() and Path("/etc/passwd").exists() and json_dir.is_dir()
+
+
+def test_fork_bomb_is_bounded_and_cleaned_up(reward):
+    src = """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """
+    uids = reward.sandbox_uids
+    if not uids:
+        pytest.skip("per-sandbox uids exist only when the grader runs as root (CI does)")
+    with Sampler(lambda: len(processes_matching(uids))) as count:
+        r = grade(reward, src, "anything")
+    assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
+    # RLIMIT_NPROC (64) plus the two bwrap processes, never thousands.
+    assert count.peak <= 64 + 4, count.peak
+    assert processes_matching(uids) == []
+
+
+@pytest.mark.parametrize("parent", ["exits", "sleeps"])
+def test_setsid_daemon_dies_with_the_sandbox(reward, parent):
+    marker = f"{1000 + secrets.randbelow(10**6)}.{secrets.randbelow(10**6)}"  # unique `sleep` argument
+    src = f"""
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execvp("sleep", ["sleep", "{marker}"])
+            os._exit(0)
+        time.sleep(0.3)
+        print("spawned", flush=True)
+        {"time.sleep(600)" if parent == "sleeps" else "pass"}
+    """
+    t0 = time.monotonic()
+    r = grade(reward, src, "never")
+    returned = time.monotonic()
+    assert r.score == 0.0
+    assert r.failure == ("timeout" if parent == "sleeps" else "wrong"), r
+    # Gone within a second of the run ending (at the deadline for the sleeping parent).
+    while processes_matching(needle=marker.encode()) and time.monotonic() - returned < 1.0:
+        time.sleep(0.05)
+    assert processes_matching(needle=marker.encode()) == []
+    assert processes_matching(reward.sandbox_uids) == []
+    assert returned - t0 < TEST_LIMIT_S + 2
+
+
+@pytest.mark.parametrize("src", ["while True:\n    pass", "import time\ntime.sleep(100)"], ids=["busy", "sleep"])
+def test_busy_loop_and_sleep_time_out(reward, src):
+    t0 = time.monotonic()
+    r = grade(reward, src, "x")
+    assert r.score == 0.0 and r.failure == "timeout", r
+    assert time.monotonic() - t0 < TEST_LIMIT_S + 2
+
+
+def test_huge_print_hits_output_limit_with_bounded_grader_memory(reward):
+    before = rss_bytes()
+    with Sampler(rss_bytes) as rss:
+        r = grade(reward, "import sys\nsys.stdout.write('x' * 200_000_000)", "x")
+    assert r.score == 0.0 and r.failure == "output_limit", r
+    assert rss.peak - before < CAP + (48 << 20), (before, rss.peak)
+
+
+def test_huge_allocation_is_a_memory_failure(reward):
+    r = grade(reward, "x = bytearray(8 << 30)\nprint('allocated')", "allocated")
+    assert r.score == 0.0 and r.failure == "memory", r
+
+
+def test_large_file_write_hits_the_file_size_cap():
+    with CodeReward(workers=1, test_time_limit_s=5, file_bytes=1 << 20) as r:
+        src = "f = open('/tmp/big', 'wb')\nfor _ in range(64):\n    f.write(b'x' * (1 << 16))\nprint('wrote')"
+        res = r([stdio("wrote")], [block(src)])[0]
+    assert res.score == 0.0 and res.failure == "output_limit", res
+
+
+CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "import sys\nsys.exit(0)\ndef solve(x):\n    return x * x",
+        "import os\nos._exit(0)\ndef solve(x):\n    return x * x",
+        "import os\ndef solve(x):\n    os._exit(0)",
+        "import sys\ndef solve(x):\n    sys.exit(0)",
+        "import atexit, os\natexit.register(lambda: print('PASSED'))\ndef solve(x):\n    raise SystemExit(0)",
+    ],
+    ids=["sys.exit-top", "os._exit-top", "os._exit-in-call", "sys.exit-in-call", "atexit-PASSED"],
+)
+def test_exiting_before_the_result_fails(reward, src):
+    r = reward([CALL], [block(src)])[0]
+    assert r.score == 0.0 and r.failure == "runtime_error", r
+
+
+def test_exit_before_printing_fails_stdin_tests(reward):
+    for src in ["import sys\nsys.exit(0)\nprint(3)", "import os\nos._exit(0)"]:
+        r = grade(reward, src, "3")
+        assert r.score == 0.0 and r.failure == "wrong", r
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # an object equal to everything: not JSON, rejected in the sandbox, never compared
+        "class Any:\n    def __eq__(self, o):\n        return True\n    __ne__ = lambda s, o: False\n"
+        "    __hash__ = object.__hash__\ndef solve(x):\n    return Any()",
+        # an int that claims equality with everything serialises as its real value
+        "class Int(int):\n    def __eq__(self, o):\n        return True\ndef solve(x):\n    return Int(0)",
+        # monkey-patching builtins and json: the host never trusts the sandbox's comparison
+        "import builtins, json\nbuiltins.isinstance = lambda *a: True\nbuiltins.len = lambda x: 0\n"
+        "json.dumps = lambda *a, **k: '{\"ok\": \"PASSED\"}'\ndef solve(x):\n    return 'PASSED'",
+        # printing what looks like a pass, with a guessed marker
+        "def solve(x):\n    print('PASSED')\n    print('\\n0000 {\"ok\": 9}')\n    return None",
+    ],
+    ids=["eq-always-true", "int-subclass-eq", "patched-builtins", "printed-PASSED"],
+)
+def test_faked_equality_and_printed_passes_fail(reward, src):
+    r = reward([CALL], [block(src)])[0]
+    assert r.score == 0.0 and r.failure in ("wrong", "runtime_error"), r
+
+
+def test_printing_PASSED_fails_stdin_tests(reward):
+    r = grade(reward, "print('PASSED')\nprint('All tests passed')", "42")
+    assert r.score == 0.0 and r.failure == "wrong"
+
+
+def test_problem_time_budget_stops_remaining_tests():
+    tests = [{"input": "", "output": "x"}] * 5
+    with CodeReward(workers=1, test_time_limit_s=1.0, problem_time_limit_s=1.5) as r:
+        t0 = time.monotonic()
+        res = r([{"tests": tests}], [block("import time\ntime.sleep(0.6)\nprint('x')")])[0]
+    assert res.score == 0.0 and res.failure == "timeout" and res.details["tests_passed"] < 5, res
+    assert time.monotonic() - t0 < 4
+
+
+def test_concurrent_batch_keeps_order(reward):
+    recs = [stdio(str(i * i), str(i)) for i in range(6)]
+    comps = [block("n = int(input())\nprint(n * n)") if i % 2 == 0 else block("print(-1)") for i in range(6)]
+    assert [r.score for r in reward(recs, comps)] == [1.0, 0.0] * 3
+
+
+def test_refuses_to_run_without_isolation_unless_allowed(monkeypatch):
+    monkeypatch.setattr(sandbox_mod.shutil, "which", lambda name: None)
+    with pytest.raises(sandbox_mod.SandboxUnavailable, match="allow_unsandboxed"):
+        CodeReward(workers=1)
+    with pytest.warns(RuntimeWarning, match="NO SANDBOX"):
+        r = CodeReward(workers=1, allow_unsandboxed=True)
+    assert not r.sandbox.isolated
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = r([stdio("3", "1 2")], [block("a, b = map(int, input().split())\nprint(a + b)")])[0]
+    assert res.score == 1.0, res

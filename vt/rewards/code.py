@@ -1,0 +1,271 @@
+"""Code reward: the last fenced code block, run against unit tests in the sandbox; all tests must pass.
+
+Tests (LiveCodeBench style), per record under ``tests``:
+  - stdin/stdout: ``{"input": str, "output": str}``; stdout is compared to ``output`` after stripping
+    trailing whitespace on every line and trailing blank lines;
+  - call-based: ``{"fn_name": str, "args": [...], "expected": <JSON>}``; the function may be top-level or
+    a method of ``class Solution``. Its return value is JSON-serialised inside the sandbox, with a random
+    per-run marker, and compared *here* to ``expected``: the expected value never enters the sandbox, so
+    patched builtins, an always-true ``__eq__`` (not JSON-serialisable: rejected) or a printed "PASSED"
+    cannot fake a pass, and a program that exits before the harness prints its result fails.
+
+Each test is a separate sandboxed run (sandbox.py) with the per-test time limit; tests stop at the first
+failure and when the per-problem time budget is spent. Failure kinds: wrong, timeout, runtime_error,
+output_limit, memory, format (no Python code block); a sandbox that could not start is a verifier error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import secrets
+import signal
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vt.rewards.base import (
+    RewardFunction,
+    RewardResult,
+    RewardSpecError,
+    answer_region,
+    clip,
+    failed,
+    field,
+    map_bounded,
+    passed,
+    verifier_error,
+)
+from vt.rewards.sandbox import Limits, RunResult, Sandbox, force_rmtree, prepare_code_dir
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+PYTHON_TAGS = {"", "python", "python3", "py", "py3"}
+
+
+def last_code_block(text: str) -> tuple[str, str] | None:
+    """(language tag, code) of the last complete fenced block, or None."""
+    last = None
+    for m in _FENCE_RE.finditer(text):
+        last = m
+    if last is None:
+        return None
+    return last.group(1).lower(), last.group(2)
+
+
+@dataclasses.dataclass(frozen=True)
+class StdioTest:
+    input: str
+    output: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CallTest:
+    fn_name: str
+    args: list
+    expected: Any
+
+
+def parse_tests(tests: Any, index: int) -> list[StdioTest | CallTest]:
+    """Validate a record's ``tests``; a case without an expected output is a dataset error."""
+    where = f"record {index}: field 'tests'"
+    if isinstance(tests, str):  # datasets often store the list as a JSON string
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as e:
+            raise RewardSpecError(f"{where}: not valid JSON ({e})") from e
+    if not isinstance(tests, list) or not tests:
+        raise RewardSpecError(f"{where}: must be a non-empty list of test cases")
+    out: list[StdioTest | CallTest] = []
+    for j, t in enumerate(tests):
+        at = f"{where}[{j}]"
+        if not isinstance(t, Mapping):
+            raise RewardSpecError(f"{at}: must be an object")
+        if "fn_name" in t:
+            if not isinstance(t["fn_name"], str) or not t["fn_name"].isidentifier():
+                raise RewardSpecError(f"{at}.fn_name: must be a Python identifier")
+            if not isinstance(t.get("args"), list):
+                raise RewardSpecError(f"{at}.args: must be a list")
+            if "expected" not in t:
+                raise RewardSpecError(f"{at}: call-based test without 'expected'")
+            out.append(CallTest(t["fn_name"], t["args"], t["expected"]))
+        else:
+            if not isinstance(t.get("input"), str):
+                raise RewardSpecError(f"{at}.input: must be a string")
+            if not isinstance(t.get("output"), str):
+                raise RewardSpecError(f"{at}: stdin/stdout test without a string 'output'")
+            out.append(StdioTest(t["input"], t["output"]))
+    return out
+
+
+def normalise_stdout(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def json_equal(expected: Any, got: Any) -> bool:
+    """Structural equality of JSON values; floats within 1e-9 relative; a bool never equals a number."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return type(expected) is type(got) and expected == got
+    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        return math.isclose(expected, got, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(expected, (list, tuple)) and isinstance(got, list):
+        return len(expected) == len(got) and all(json_equal(e, g) for e, g in zip(expected, got))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(json_equal(expected[k], got[k]) for k in expected)
+    return type(expected) is type(got) and expected == got
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeConfig:
+    workers: int = 2  # problems graded concurrently (each runs its tests one after another)
+    test_time_limit_s: float = 6.0  # wall clock per test run, interpreter start-up included
+    problem_time_limit_s: float = 60.0  # budget for all of a problem's tests
+    memory_bytes: int = 2 << 30
+    output_bytes: int = 16 << 20
+    file_bytes: int = 64 << 20
+    nproc: int = 64
+    python: str | None = None  # interpreter inside the sandbox; default: the system python3
+    allow_unsandboxed: bool = False  # run WITHOUT isolation when bwrap is unavailable (warns loudly)
+
+    def limits(self, wall_s: float) -> Limits:
+        return Limits(wall_s, self.memory_bytes, self.output_bytes, self.file_bytes, self.nproc)
+
+
+class CodeReward(RewardFunction):
+    """1 if the completion's last Python code block passes every test in the sandbox, else 0."""
+
+    domain = "code"
+
+    def __init__(self, config: CodeConfig | None = None, **overrides: Any):
+        self.config = dataclasses.replace(config or CodeConfig(), **overrides)
+        c = self.config
+        self.sandbox = Sandbox(c.python, c.allow_unsandboxed, slots=c.workers)
+        self._slots = _Slots(self.sandbox.uids or [None] * c.workers)
+
+    @property
+    def sandbox_uids(self) -> list[int]:
+        """The uids untrusted programs run under (empty when the host is not root)."""
+        return list(self.sandbox.uids)
+
+    def reference(self, record: Mapping[str, Any], index: int) -> list[StdioTest | CallTest]:
+        return parse_tests(field(record, "tests", index), index)
+
+    def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
+        return map_bounded(lambda tc: self.score_one(*tc), list(zip(references, completions)), self.config.workers)
+
+    def score_one(self, tests: list[StdioTest | CallTest], completion: str) -> RewardResult:
+        block = last_code_block(answer_region(completion))
+        if block is None:
+            return failed("format", reason="no fenced code block")
+        lang, source = block
+        if lang not in PYTHON_TAGS:
+            return failed("format", reason=f"code block language {lang!r} is not Python")
+        uid = self._slots.acquire()
+        root = Path(tempfile.mkdtemp(prefix="vt-code-"))
+        try:
+            code_dir = prepare_code_dir(root, source)
+            return self._run_tests(code_dir, tests, uid)
+        finally:
+            force_rmtree(root)
+            self._slots.release(uid)
+
+    def _run_tests(self, code_dir: Path, tests: list, uid: int | None) -> RewardResult:
+        c = self.config
+        budget_end = time.monotonic() + c.problem_time_limit_s
+        for j, test in enumerate(tests):
+            left = budget_end - time.monotonic()
+            if left <= 0:
+                return failed("timeout", reason="problem time limit", tests_passed=j, tests_total=len(tests))
+            wall = min(c.test_time_limit_s, left)
+            verdict = self._run_one(code_dir, test, c.limits(wall), uid)
+            if verdict is not None:
+                kind, info = verdict
+                details = {"tests_passed": j, "tests_total": len(tests), "failed_test": j, **info}
+                if kind == "verifier_error":
+                    return verifier_error(info.get("reason", "sandbox error"), **details)
+                return failed(kind, **details)
+        return passed(tests_passed=len(tests), tests_total=len(tests))
+
+    def _run_one(self, code_dir: Path, test, limits: Limits, uid) -> tuple[str, dict] | None:
+        """None if the test passed, else (failure kind, details)."""
+        if isinstance(test, StdioTest):
+            run = self.sandbox.run(code_dir, "stdin", test.input.encode(), limits, uid)
+            bad = classify_run(run)
+            if bad is not None:
+                return bad
+            got = normalise_stdout(run.stdout.decode("utf-8", errors="replace"))
+            if got != normalise_stdout(test.output):
+                return "wrong", {"reason": "output differs", "stdout": clip("\n".join(got))}
+            return None
+        nonce = secrets.token_hex(16)
+        request = json.dumps({"nonce": nonce, "fn_name": test.fn_name, "args": test.args})
+        run = self.sandbox.run(code_dir, "call", request.encode(), limits, uid)
+        bad = classify_run(run)
+        if bad is not None:
+            return bad
+        return judge_call_result(run.stdout, nonce, test.expected)
+
+    def close(self) -> None:
+        pass
+
+
+def classify_run(run: RunResult) -> tuple[str, dict] | None:
+    """Failure kind of a run from how it ended, or None if it exited 0 within its limits."""
+    info: dict[str, Any] = {"wall_s": round(run.wall_s, 3)}
+    stderr = run.stderr_tail.decode("utf-8", errors="replace")
+    if run.status == "sandbox_error":
+        return "verifier_error", {**info, "reason": "sandbox failed to start: " + clip(stderr)}
+    if run.status in ("timeout", "output_limit"):
+        return run.status, info
+    sig = run.signal
+    if sig == signal.SIGXCPU:
+        return "timeout", {**info, "reason": "CPU time limit"}
+    # Python ignores SIGXFSZ, so a file over RLIMIT_FSIZE shows up as EFBIG ("File too large").
+    if sig == signal.SIGXFSZ or (run.returncode != 0 and "[Errno 27] File too large" in stderr):
+        return "output_limit", {**info, "reason": "file size limit"}
+    if run.returncode != 0:
+        kind = "memory" if "MemoryError" in stderr else "runtime_error"
+        return kind, {**info, "returncode": run.returncode, "stderr": clip(stderr)}
+    return None
+
+
+def judge_call_result(stdout: bytes, nonce: str, expected: Any) -> tuple[str, dict] | None:
+    """Find the harness's last marked line and compare its value to ``expected`` here, on the host."""
+    pos = stdout.rfind(b"\n" + nonce.encode())
+    if pos < 0:
+        return "runtime_error", {"reason": "no result: the program exited before the harness reported"}
+    line = stdout[pos + 1 + len(nonce) :].split(b"\n", 1)[0]
+    try:
+        result = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "runtime_error", {"reason": "unparseable result line"}
+    if not isinstance(result, dict):
+        return "runtime_error", {"reason": "malformed result"}
+    if "ok" not in result:
+        kind = result.get("error") if result.get("error") in ("memory", "runtime_error") else "runtime_error"
+        return kind, {"reason": clip(str(result.get("message", "")))}
+    if not json_equal(expected, result["ok"]):
+        return "wrong", {"reason": "return value differs", "got": clip(json.dumps(result["ok"]))}
+    return None
+
+
+class _Slots:
+    """Concurrency slots, each with its own sandbox uid (processes of two runs never share a uid)."""
+
+    def __init__(self, uids: list):
+        import queue
+
+        self._q: queue.Queue = queue.Queue()
+        for u in uids:
+            self._q.put(u)
+
+    def acquire(self):
+        return self._q.get()
+
+    def release(self, uid) -> None:
+        self._q.put(uid)

@@ -1,0 +1,398 @@
+"""Run an untrusted Python program in an isolated, bounded process tree, and read its output safely.
+
+Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
+  - new user, PID, network, IPC, UTS and cgroup namespaces (``--unshare-all``): no network at all (the
+    sandbox's loopback is its own and down), and when the PID namespace's init dies the kernel kills
+    every process in it, so daemons (``setsid`` + double fork) cannot outlive the run;
+  - ``--die-with-parent``: killing the outer bwrap process kills the namespace;
+  - a fresh root: read-only /usr (and the /bin, /lib* links), a handful of /etc files, a new /proc and
+    /dev, the solution read-only at /code, and a fresh empty directory as /tmp (the only writable path),
+    the root itself remounted read-only. /root, /home, /work, the host's /tmp are simply not there;
+  - a clean environment (bwrap itself is started with one, so not even the sandbox's init process
+    carries host variables a program could read through /proc/1/environ);
+  - when the host runs as root, bwrap is started under a dedicated unprivileged uid per concurrent
+    slot: no capabilities anywhere, and RLIMIT_NPROC actually applies (the kernel exempts uid 0 from it,
+    so a root-owned fork bomb would be unbounded);
+  - rlimits set by the harness before any solution code runs (CPU, address space, file size, open
+    files, processes);
+  - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
+    print costs the grader at most the cap.
+
+Without bubblewrap (or where it cannot create namespaces) the code reward refuses to run unless
+``allow_unsandboxed=True``, which runs the harness as a plain subprocess with only rlimits and a
+process group: no file-system, network or daemon isolation. It warns loudly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HARNESS_SOURCE = Path(__file__).with_name("_harness.py")
+STDERR_KEEP = 8192  # trailing stderr bytes kept for classification and details
+# Unprivileged uids for sandboxes when the host is root; far above any distribution's range.
+_UID_BASE = 1_000_000
+_uid_lock = threading.Lock()
+_uid_next = _UID_BASE + (os.getpid() % 50_000) * 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    wall_s: float = 6.0  # wall-clock per run, start-up included; the whole namespace is killed beyond it
+    memory_bytes: int = 2 << 30  # RLIMIT_AS per process
+    output_bytes: int = 16 << 20  # stdout cap; the run is killed at cap + 1 bytes
+    file_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file the program may write
+    nproc: int = 64  # RLIMIT_NPROC: processes + threads of the sandbox's uid
+    nofile: int = 256  # RLIMIT_NOFILE
+
+    def harness_json(self, with_nproc: bool) -> str:
+        # CPU soft limit just above the wall limit: SIGXCPU (a timeout) if a busy loop somehow outlived it.
+        return json.dumps(
+            {
+                "cpu_s": int(self.wall_s) + 2,
+                "as_bytes": self.memory_bytes,
+                "fsize_bytes": self.file_bytes,
+                "nproc": self.nproc if with_nproc else None,
+                "nofile": self.nofile,
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    status: str  # "exited" | "timeout" | "output_limit" | "sandbox_error"
+    returncode: int | None  # as seen through bwrap: 128 + signal for a signal death
+    stdout: bytes
+    stderr_tail: bytes
+    wall_s: float
+
+    @property
+    def signal(self) -> int | None:
+        rc = self.returncode
+        if rc is None:
+            return None
+        if rc < 0:
+            return -rc
+        return rc - 128 if rc > 128 else None
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+def allocate_uids(n: int) -> list[int]:
+    global _uid_next
+    with _uid_lock:
+        uids = list(range(_uid_next, _uid_next + n))
+        _uid_next += n
+    return uids
+
+
+def default_python() -> str:
+    """The interpreter for untrusted code: the system one, so nothing of the trainer's venv is exposed."""
+    for p in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(p, os.X_OK):
+            return p
+    return os.path.realpath(sys.executable)
+
+
+def _root_layout(python: str) -> list[str]:
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/localtime", "/etc/alternatives"):
+        args += ["--ro-bind-try", f, f]
+    prefix = str(Path(os.path.realpath(python)).parent.parent)
+    if not (prefix == "/usr" or prefix.startswith("/usr/")):
+        args += ["--ro-bind", prefix, prefix]  # e.g. a pyenv interpreter outside /usr
+    return args
+
+
+class Sandbox:
+    """Runs ``solution.py`` through ``_harness.py`` in a bwrap sandbox (or, if allowed, without one)."""
+
+    def __init__(self, python: str | None = None, allow_unsandboxed: bool = False, slots: int = 1):
+        self.python = python or default_python()
+        self.bwrap = shutil.which("bwrap")
+        self.is_root = os.geteuid() == 0
+        self.uids = allocate_uids(slots) if self.is_root else []
+        problem = probe(self.bwrap, self.python, self.uids[0] if self.uids else None)
+        self.isolated = problem is None
+        if not self.isolated:
+            if not allow_unsandboxed:
+                raise SandboxUnavailable(
+                    f"code sandbox unavailable ({problem}); install bubblewrap (apt-get install bubblewrap) "
+                    "and allow user namespaces, or pass allow_unsandboxed=True to run untrusted code WITHOUT "
+                    "file-system, network or daemon isolation"
+                )
+            msg = (
+                f"!!! vt code reward: NO SANDBOX ({problem}). Untrusted programs run as plain subprocesses "
+                "with only rlimits: they can read your files, reach the network and leave daemons behind. !!!"
+            )
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+            log.warning(msg)
+
+    def run(self, code_dir: Path, mode: str, stdin: bytes, limits: Limits, uid: int | None) -> RunResult:
+        """One program run. ``code_dir`` holds solution.py and _harness.py (see prepare_code_dir)."""
+        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=code_dir.parent))
+        try:
+            work = run_dir / "tmp"
+            work.mkdir(mode=0o700)
+            stdin_path = run_dir / "stdin"  # outside every bind: only the host opens it
+            stdin_path.write_bytes(stdin)
+            if uid is not None:
+                os.chmod(run_dir, 0o711)
+                os.chown(work, uid, uid)
+            with open(stdin_path, "rb") as stdin_f:
+                return self._run(code_dir, work, mode, stdin_f, limits, uid)
+        finally:
+            force_rmtree(run_dir)
+
+    def _run(self, code_dir: Path, work: Path, mode: str, stdin_f, limits: Limits, uid: int | None) -> RunResult:
+        harness = [self.python, "-I", "_harness.py", limits.harness_json(self.isolated), mode]
+        info_r, info_w = os.pipe()
+        try:
+            if self.isolated:
+                argv = bwrap_argv(self.bwrap, self.python, code_dir, work, info_w)
+                argv += [self.python, "-I", "/code/_harness.py", *harness[3:]]
+                cwd = "/"
+            else:
+                argv, cwd = harness, str(code_dir)
+                argv[2] = str(code_dir / "_harness.py")
+            ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                argv,
+                stdin=stdin_f,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_clean_env(work),
+                cwd=cwd,
+                start_new_session=True,
+                pass_fds=(info_w,) if self.isolated else (),
+                close_fds=True,
+                **ids,
+            )
+            os.close(info_w)
+            info_w = -1
+            status, out, err, started = _pump(
+                proc, start + limits.wall_s, limits.output_bytes, info_r if self.isolated else None
+            )
+            wall = time.monotonic() - start
+        finally:
+            if info_w >= 0:
+                os.close(info_w)
+            os.close(info_r)
+        if status == "exited" and not started:
+            status = "sandbox_error"
+        return RunResult(status, proc.returncode, out, err, wall)
+
+
+def bwrap_argv(bwrap: str, python: str, code_dir: Path, work: Path, info_fd: int) -> list[str]:
+    return [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",  # no nested namespaces from inside
+        "--die-with-parent",
+        "--new-session",  # no TIOCSTI into the host's terminal
+        "--cap-drop", "ALL",
+        "--hostname", "sandbox",
+        *_root_layout(python),
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--bind", str(work), "/tmp",
+        "--ro-bind", str(code_dir), "/code",
+        "--remount-ro", "/",
+        "--chdir", "/tmp",
+        "--clearenv",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+        "--setenv", "HOME", "/tmp",
+        "--setenv", "LANG", "C.UTF-8",
+        "--info-fd", str(info_fd),
+        "--",
+    ]  # fmt: skip
+
+
+def _clean_env(work: Path) -> dict[str, str]:
+    # bwrap gets this too (it is the sandbox's init); nothing of the trainer's environment leaks.
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work)}
+
+
+def _pump(proc: subprocess.Popen, deadline: float, cap: int, info_fd: int | None) -> tuple[str, bytes, bytes, bool]:
+    """Read stdout (up to cap + 1 bytes) and stderr (keep the tail) until EOF or the deadline.
+
+    Also reads bwrap's info fd, whose ``child-pid`` is the sandbox's PID-namespace init: killing that
+    process makes the kernel kill everything in the namespace *before* the init itself is reaped, so
+    once bwrap has exited nothing of the run is left (killing only the outer bwrap would leave the
+    teardown to the host's init, asynchronously).
+    Returns (status, stdout, stderr tail, whether the sandbox started).
+    """
+    out, err, info = bytearray(), bytearray(), bytearray()
+    status = "exited"
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        if info_fd is not None:
+            sel.register(info_fd, selectors.EVENT_READ, info)
+        open_streams = 2
+        while open_streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                status = "timeout"
+                break
+            for key, _ in sel.select(min(left, 1.0)):
+                chunk = os.read(key.fd, 65536)
+                buf = key.data
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_streams -= buf is not info
+                elif buf is out:
+                    out += chunk[: cap + 1 - len(out)]
+                    if len(out) > cap:
+                        status = "output_limit"
+                        break
+                elif buf is err:
+                    err += chunk
+                    del err[:-STDERR_KEEP]
+                elif len(info) < 4096:
+                    info += chunk
+            if status != "exited":
+                break
+    ns_init = _child_pid(bytes(info))
+    if status == "exited":
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            status = "timeout"  # closed its pipes but kept running
+    if status != "exited":
+        kill_tree(proc, ns_init)
+    if ns_init is not None:
+        _wait_dead(ns_init)
+    proc.stdout.close()
+    proc.stderr.close()
+    return status, bytes(out), bytes(err), ns_init is not None or info_fd is None
+
+
+def _child_pid(info: bytes) -> int | None:
+    """bwrap's info JSON ({"child-pid": N, ...}) -> N, or None if set-up never got that far."""
+    try:  # only the first JSON document: bwrap writes it before any untrusted code runs
+        pid = json.JSONDecoder().raw_decode(info.decode().lstrip())[0].get("child-pid")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 1 else None
+
+
+def _wait_dead(pid: int, timeout_s: float = 5.0) -> None:
+    """Wait until the namespace init is dead (a zombie or gone).
+
+    The outer bwrap exits as soon as the init *reports* the command's exit status, while the init may
+    still be tearing the namespace down (the kernel kills and reaps every process in it before the init
+    turns zombie). Waiting here means that when a run returns, no process of it is left.
+    """
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return
+        if state in (b"Z", b"X"):
+            return
+        time.sleep(0.002)
+    log.warning("sandbox namespace init %d still alive %.0f s after its run ended", pid, timeout_s)
+
+
+def kill_tree(proc: subprocess.Popen, ns_init: int | None = None) -> None:
+    """Kill a run and return only once every process of it is dead.
+
+    Isolated: SIGKILL the namespace's init (still the outer bwrap's child, so its pid cannot have been
+    reused); the kernel kills the whole namespace, then bwrap exits. Unsandboxed or if that fails: SIGKILL
+    the process group.
+    """
+    if ns_init is not None and proc.poll() is None:
+        try:
+            os.kill(ns_init, signal.SIGKILL)
+            proc.wait(timeout=10)
+            return
+        except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def prepare_code_dir(root: Path, source: str) -> Path:
+    """root/code with solution.py and _harness.py, readable (not writable) by the sandbox's uid."""
+    os.chmod(root, 0o711)
+    code = root / "code"
+    code.mkdir(mode=0o755)
+    (code / "solution.py").write_text(source, encoding="utf-8", errors="surrogatepass")
+    shutil.copyfile(HARNESS_SOURCE, code / "_harness.py")
+    for f in code.iterdir():
+        os.chmod(f, 0o644)
+    return code
+
+
+def force_rmtree(path: Path) -> None:
+    """rmtree that also removes what a program made unreadable (chmod 000 dirs) under our own uid."""
+
+    def fix(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+                shutil.rmtree(p, onerror=fix)
+            else:
+                func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_cached(bwrap: str | None, python: str, uid: int | None) -> str | None:
+    if bwrap is None:
+        return "bwrap not found on PATH"
+    root = Path(tempfile.mkdtemp(prefix="vt-sandbox-probe-"))
+    try:
+        code = prepare_code_dir(root, "print(6 * 7)\n")
+        sandbox = object.__new__(Sandbox)
+        sandbox.python, sandbox.bwrap, sandbox.isolated = python, bwrap, True
+        r = sandbox.run(code, "stdin", b"", Limits(wall_s=30.0), uid)
+    except OSError as e:
+        return f"could not start bwrap: {e}"
+    finally:
+        force_rmtree(root)
+    if r.status == "exited" and r.returncode == 0 and r.stdout.strip() == b"42":
+        return None
+    return f"bwrap test run failed ({r.status}, exit {r.returncode}): {r.stderr_tail[-300:].decode(errors='replace')}"
+
+
+def probe(bwrap: str | None, python: str, uid: int | None) -> str | None:
+    """None if a sandboxed hello-world works here, else why not. Cached per process."""
+    return _probe_cached(bwrap, python, uid if uid is None else _UID_BASE)  # any non-root uid will do

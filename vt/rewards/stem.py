@@ -1,0 +1,162 @@
+"""STEM reward: multiple-choice option matching and numeric answers with tolerance.
+
+The ground truth decides the mode:
+  - a single option letter A-J (``"C"``, ``"(C)"``): the completion's chosen option must match. The choice
+    is read from the answer region, first hit wins: the last ``\\boxed{...}`` (``\\boxed{C}``,
+    ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. 42 m}``), then the last "answer: C" /
+    "answer is (C)" phrase, then a region that is just an option (``"(B)"``, ``"B."``). A box naming
+    several options (``\\boxed{A, C}``) is a hedge: 0, failure "format";
+  - a number (``"9.81"``, ``"-3e-5"``, ``"\\frac{1}{3}"``): the last boxed answer (else the last "answer:"
+    phrase) parsed as a number (decimals, scientific notation, ``\\times 10^{k}``, simple fractions,
+    percent; trailing units ignored) must satisfy ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``;
+  - anything else (an expression): delegated to the math reward (math-verify in worker processes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from vt.rewards.base import (
+    RewardFunction,
+    RewardResult,
+    answer_region,
+    clip,
+    failed,
+    field,
+    map_bounded,
+    passed,
+)
+from vt.rewards.math_reward import MathConfig, MathReward, boxed_answers, ground_truth_text
+
+OPTIONS = "ABCDEFGHIJ"
+_OPTION_ONLY_RE = re.compile(r"^\s*[\(\[]?\s*([A-J])\s*[\)\]]?\s*[.:]?\s*$")
+_OPTION_LEAD_RE = re.compile(r"^\s*(?:\\text\{\s*)?[\(\[]?\s*([A-J])\s*[\)\]]?(?:\s*\})?(?:[.:)\s]|$)")
+_ANSWER_PHRASE_RE = re.compile(
+    r"answer\s*(?:is|:)?\s*(?:\*\*)?\s*[:=]?\s*(?:option\s*)?[\(\[]?\s*(\\boxed\{[^}]*\}|[A-J])\s*[\)\]]?(?![A-Za-z])",
+    re.IGNORECASE,
+)
+_NUMBER_PHRASE_RE = re.compile(r"answer\s*(?:is|:)\s*(?:\*\*)?\s*[:=]?\s*([-+−]?[\d.,]+(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)", re.I)
+
+
+def option_letter(text: str) -> str | None:
+    """'C', '(C)', '[C]', 'C.' -> 'C'; anything else None."""
+    m = _OPTION_ONLY_RE.match(text.replace("\\text{", "").replace("}", "") if "\\text{" in text else text)
+    return m.group(1) if m else None
+
+
+def chosen_options(region: str) -> list[str]:
+    """The option(s) the answer region commits to, by the precedence in the module docstring."""
+    boxes = boxed_answers(region)
+    if boxes:
+        box = boxes[-1].strip()
+        letters = re.findall(r"(?<![A-Za-z\\])([A-J])(?![A-Za-z])", box)
+        lead = _OPTION_LEAD_RE.match(box)
+        if lead and len(set(letters)) <= 1:
+            return [lead.group(1)]
+        return sorted(set(letters))
+    phrases = _ANSWER_PHRASE_RE.findall(region)
+    if phrases:
+        last = phrases[-1]
+        return chosen_options(last) if last.startswith("\\boxed") else [last.upper()]
+    letter = option_letter(region)
+    return [letter] if letter else []
+
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+
+
+def parse_number(text: str) -> float | None:
+    """A number from a short answer string; None if it is not one."""
+    s = text.strip().replace("−", "-").replace("$", "").replace("\\!", "").replace("\\,", "").replace("{,}", "")
+    s = re.sub(r"\\(?:text|mathrm|mbox)\{[^}]*\}", " ", s)  # units
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\cdot", "\\times").strip()
+    if re.fullmatch(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s.split()[0] if s.split() else ""):
+        s = s.replace(",", "", s.count(","))
+    m = re.fullmatch(rf"([-+]?)\\[dt]?frac\{{\s*({_NUM})\s*\}}\{{\s*({_NUM})\s*\}}.*", s)
+    if m:
+        den = float(m.group(3))
+        return None if den == 0 else (-1 if m.group(1) == "-" else 1) * float(m.group(2)) / den
+    m = re.fullmatch(rf"({_NUM})\s*/\s*({_NUM})", s)
+    if m:
+        den = float(m.group(2))
+        return None if den == 0 else float(m.group(1)) / den
+    m = re.match(rf"({_NUM})(?:\s*(?:[eE]\s*([-+]?\d+)|\\times\s*10\s*\^\s*\{{?\s*([-+]?\d+)\s*\}}?))?\s*(\\?%)?", s)
+    if not m or m.end() == 0:
+        return None
+    rest = s[m.end() :].strip()
+    if rest and not re.fullmatch(r"[A-Za-z°µΩ/\^\-\d\s\\{}.*]*", rest):
+        return None  # "3 + x" is not a number
+    exp = m.group(2) or m.group(3)
+    value = float(m.group(1)) * (10.0 ** int(exp) if exp else 1.0)
+    return value / 100.0 if m.group(4) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class StemConfig:
+    rel_tol: float = 1e-2  # relative tolerance for numeric answers (answers are often rounded to 3 s.f.)
+    abs_tol: float = 1e-8
+    tail_chars: int = 2000
+    math: MathConfig = MathConfig()  # for expression-valued ground truths
+
+
+class StemReward(RewardFunction):
+    domain = "stem"
+
+    def __init__(self, config: StemConfig | None = None, **overrides: Any):
+        self.config = dataclasses.replace(config or StemConfig(), **overrides)
+        self._math: MathReward | None = None  # started only if an expression-valued answer shows up
+        self._math_lock = threading.Lock()
+
+    def reference(self, record: Mapping[str, Any], index: int) -> str:
+        return ground_truth_text(field(record, "ground_truth", index), index)
+
+    def score_batch(self, references: list[str], completions: list[str]) -> list[RewardResult]:
+        workers = self.config.math.workers
+        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), workers)
+
+    def score_one(self, gold: str, completion: str) -> RewardResult:
+        region = answer_region(completion, self.config.tail_chars)
+        letter = option_letter(gold)
+        if letter is not None:
+            return self._score_option(letter, region)
+        value = parse_number(gold)
+        if value is not None and math.isfinite(value):
+            return self._score_number(value, region)
+        return self._math_reward().score_one(gold, completion)
+
+    def _score_option(self, gold: str, region: str) -> RewardResult:
+        chosen = chosen_options(region)
+        if not chosen:
+            return failed("format", reason="no option found")
+        if len(chosen) > 1:
+            return failed("format", reason=f"several options chosen: {chosen}", hedged=True)
+        details = {"answer": chosen[0], "ground_truth": gold}
+        return passed(**details) if chosen[0] == gold else failed("wrong", **details)
+
+    def _score_number(self, gold: float, region: str) -> RewardResult:
+        boxes = boxed_answers(region)
+        candidates = [boxes[-1]] if boxes else _NUMBER_PHRASE_RE.findall(region)[-1:]
+        if not candidates:
+            return failed("format", reason="no boxed or stated answer")
+        if len({re.sub(r"\s+", "", b) for b in boxes}) > 1:
+            return failed("format", reason="several different boxed answers", hedged=True)
+        value = parse_number(candidates[-1])
+        if value is None or not math.isfinite(value):
+            return failed("format", reason="answer is not a number", answer=clip(candidates[-1]))
+        ok = abs(value - gold) <= max(self.config.abs_tol, self.config.rel_tol * abs(gold))
+        details = {"answer": value, "ground_truth": gold}
+        return passed(**details) if ok else failed("wrong", **details)
+
+    def _math_reward(self) -> MathReward:
+        with self._math_lock:
+            if self._math is None:
+                self._math = MathReward(self.config.math)
+            return self._math
+
+    def close(self) -> None:
+        if self._math is not None:
+            self._math.close()

@@ -1,0 +1,56 @@
+"""`vt train` and `vt merge`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vt import VtError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="run or resume SFT from a config (configs/sft_stage1.py[:variant])",
+                              description="Run SFT; a workdir with checkpoints resumes from the newest one. "
+                                          "Override any field with --config.key=value.")
+    p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
+    p.add_argument("--workdir", required=True, type=Path, help="checkpoints, metrics.jsonl and tb/ go here")
+    p.set_defaults(func=run_train, accepts_config_overrides=True)
+
+    m = subparsers.add_parser("merge", help="average vt checkpoints at the parameter level",
+                              description="Merge model checkpoints (or learner step directories) into one: "
+                                          "out = sum_i w_i * params_i, weights normalised to sum to 1.")
+    m.add_argument("ckpts", nargs="+", type=Path, help="checkpoint directories (same architecture)")
+    m.add_argument("--out", required=True, type=Path, help="output checkpoint directory (must not exist)")
+    m.add_argument("--weights", default=None,
+                   help="comma-separated non-negative weights, one per checkpoint (default: uniform)")
+    m.set_defaults(func=run_merge)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import logging
+
+    from vt.config import load_config, to_dataclass
+    from vt.train.sft import SftConfig, train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = to_dataclass(SftConfig, load_config(args.config, args.config_overrides))
+    result = train(cfg, args.workdir)
+    loss = result.last_metrics.get("loss")
+    tail = f", loss {loss:.4f}" if loss is not None else ""
+    if "eval_loss" in result.last_metrics:
+        tail += f", eval_loss {result.last_metrics['eval_loss']:.4f}"
+    print(f"{result.status} at step {result.step}{tail}; checkpoints in {args.workdir / 'checkpoints'}")
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from vt.train.merge import merge_checkpoints
+
+    weights = None
+    if args.weights is not None:
+        try:
+            weights = [float(w) for w in args.weights.split(",")]
+        except ValueError:
+            raise VtError(f"--weights {args.weights!r}: expected comma-separated numbers") from None
+    used = merge_checkpoints(args.ckpts, args.out, weights)
+    print(f"wrote {args.out} = " + " + ".join(f"{w:.4g} * {c}" for c, w in zip(args.ckpts, used)))
+    return 0

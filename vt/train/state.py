@@ -1,0 +1,95 @@
+"""The learner's state as one pytree, and its shardings.
+
+Parameters are a flat dict "layers.0.attn.q_kernel" -> array: the same keys and layout as the `params` item
+of a model checkpoint (vt.checkpoint.params), so a train-state checkpoint is a model checkpoint too. The
+model's graph (nnx GraphDef) is static and lives in :class:`ModelDef`, outside the state.
+Optimiser moments are sharded exactly like the parameter they belong to; scalars (counts) are replicated.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from vt.checkpoint.params import path_key
+from vt.model import abstract_model
+from vt.model.config import ModelConfig
+from vt.sharding import state_shardings
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    step: jax.Array  # int32 []: optimiser updates applied so far
+    params: dict[str, jax.Array]
+    opt_state: Any
+    rng: jax.Array  # uint32 [2] raw key data, advanced once per step (SFT draws nothing from it; RL does)
+
+
+class ModelDef:
+    """The static half of the model: call `apply(params, ...)` inside jit to run the forward pass."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.graphdef, self.abstract_state = nnx.split(abstract_model(cfg))
+
+    def bind(self, params: dict[str, jax.Array]):
+        state = nnx.map_state(lambda path, var: var.replace(params[path_key(path)]), self.abstract_state)
+        return nnx.merge(self.graphdef, state)
+
+    def apply(self, params, tokens_BT, positions_BT, segment_ids_BT) -> jax.Array:
+        logits_BTV, _ = self.bind(params)(tokens_BT, positions_BT, segment_ids_BT)
+        return logits_BTV
+
+    def abstract_params(self) -> dict[str, jax.ShapeDtypeStruct]:
+        return {path_key(p): jax.ShapeDtypeStruct(v.value.shape, v.value.dtype)
+                for p, v in nnx.to_flat_state(self.abstract_state)}
+
+    def param_shardings(self, mesh: Mesh) -> dict[str, NamedSharding]:
+        return {path_key(p): v for p, v in nnx.to_flat_state(state_shardings(self.abstract_state, mesh))}
+
+
+def _replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def opt_state_shardings(abstract_opt_state, param_shardings: dict[str, NamedSharding], abstract_params, mesh: Mesh):
+    """Moments (leaves under a dict key naming a parameter, with its shape) follow that parameter's sharding."""
+    def one(path, leaf):
+        last = path[-1] if path else None
+        key = getattr(last, "key", None)
+        if isinstance(key, str) and key in param_shardings and abstract_params[key].shape == leaf.shape:
+            return param_shardings[key]
+        return _replicated(mesh)
+    return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
+
+
+def _init_fn(optimizer: optax.GradientTransformation, seed: int):
+    def init(params):
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                          rng=jax.random.key_data(jax.random.key(seed)))
+    return init
+
+
+def train_state_shardings(model_def: ModelDef, optimizer, mesh: Mesh) -> TrainState:
+    abstract = jax.eval_shape(_init_fn(optimizer, 0), model_def.abstract_params())
+    p_sh = model_def.param_shardings(mesh)
+    return TrainState(step=_replicated(mesh), params=p_sh,
+                      opt_state=opt_state_shardings(abstract.opt_state, p_sh, abstract.params, mesh),
+                      rng=_replicated(mesh))
+
+
+def abstract_train_state(model_def: ModelDef, optimizer, shardings: TrainState) -> TrainState:
+    """ShapeDtypeStructs with shardings: the restore target of a checkpoint."""
+    abstract = jax.eval_shape(_init_fn(optimizer, 0), model_def.abstract_params())
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def init_train_state(params: dict[str, jax.Array], optimizer, shardings: TrainState, seed: int) -> TrainState:
+    """Fresh optimiser state around `params`, created directly in its sharding."""
+    return jax.jit(_init_fn(optimizer, seed), in_shardings=(shardings.params,), out_shardings=shardings)(params)
