@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     except VtError as e:
         print(f"vt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vt info ... | head`
+        return 0
     except KeyboardInterrupt:
         print(f"vt {args.command}: interrupted", file=sys.stderr)
         return 130

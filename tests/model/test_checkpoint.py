@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from conftest import make_hf_model, run_vt
+from testutil import make_hf_model, run_vt
 
 
 def _tensors(d: Path) -> dict:

@@ -1,7 +1,7 @@
 """The model sharded over a (data 2, fsdp 2, tensor 2) mesh of 8 simulated CPU devices."""
 import pytest
 
-from conftest import run_multidevice
+from testutil import run_multidevice
 from vt import VtError
 from vt.sharding import LOGICAL_RULES, logical_to_spec
 

@@ -8,7 +8,7 @@ The ground truth decides the mode:
     several options (``\\boxed{A, C}``) is a hedge: 0, failure "format";
   - a number (``"9.81"``, ``"-3e-5"``, ``"\\frac{1}{3}"``): the last boxed answer (else the last "answer:"
     phrase) parsed as a number (decimals, scientific notation, ``\\times 10^{k}``, simple fractions,
-    percent; trailing units ignored) must satisfy ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``;
+    a percent sign is a unit; trailing units ignored) must satisfy ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``;
   - anything else (an expression): delegated to the math reward (math-verify in worker processes).
 """
 from __future__ import annotations
@@ -84,15 +84,14 @@ def parse_number(text: str) -> float | None:
     if m:
         den = float(m.group(2))
         return None if den == 0 else float(m.group(1)) / den
-    m = re.match(rf"({_NUM})(?:\s*(?:[eE]\s*([-+]?\d+)|\\times\s*10\s*\^\s*\{{?\s*([-+]?\d+)\s*\}}?))?\s*(\\?%)?", s)
+    m = re.match(rf"({_NUM})(?:\s*(?:[eE]\s*([-+]?\d+)|\\times\s*10\s*\^\s*\{{?\s*([-+]?\d+)\s*\}}?))?", s)
     if not m or m.end() == 0:
         return None
     rest = s[m.end() :].strip()
-    if rest and not re.fullmatch(r"[A-Za-z°µΩ/\^\-\d\s\\{}.*]*", rest):
+    if rest and not re.fullmatch(r"[A-Za-z°µΩ%/\^\-\d\s\\{}.*]*", rest):
         return None  # "3 + x" is not a number
     exp = m.group(2) or m.group(3)
-    value = float(m.group(1)) * (10.0 ** int(exp) if exp else 1.0)
-    return value / 100.0 if m.group(4) else value
+    return float(f"{m.group(1)}e{int(exp)}" if exp else m.group(1))  # one rounding, not mantissa * 10**k
 
 
 @dataclasses.dataclass(frozen=True)

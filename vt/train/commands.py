@@ -31,7 +31,8 @@ def run_train(args: argparse.Namespace) -> int:
     from vt.config import load_config, to_dataclass
     from vt.train.sft import SftConfig, train
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("vt").setLevel(logging.INFO)
     cfg = to_dataclass(SftConfig, load_config(args.config, args.config_overrides))
     result = train(cfg, args.workdir)
     loss = result.last_metrics.get("loss")
