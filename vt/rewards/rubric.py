@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, passed, verifier_error
+from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, verifier_error
 
 log = logging.getLogger(__name__)
 
@@ -306,5 +306,5 @@ class RubricReward(RewardFunction):
         if errors:
             return verifier_error("; ".join(f"{n}: {e}" for n, e in errors.items()), errors=errors)
         per = {c.name: s for c, s in mine}
-        score = sum((s - 1) / 9 for s in per.values()) / len(per)
-        return passed(judge_scores=per) if score == 1.0 else RewardResult(score, "wrong", {"judge_scores": per})
+        # A graded score, not pass/fail: no failure kind even below 1.
+        return RewardResult(sum((s - 1) / 9 for s in per.values()) / len(per), None, {"judge_scores": per})

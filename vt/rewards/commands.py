@@ -1,0 +1,145 @@
+"""`vt reward`: score a JSONL file of completions with one domain's verifiable reward.
+
+    vt reward --domain math --input rollouts.jsonl --out scored.jsonl --workers 4
+
+Each input line is an object with ``completion`` plus the domain's reference (``ground_truth`` for math
+and stem, ``tests`` for code, ``constraints`` for instruct, ``prompt`` + ``rubric`` for rubric). Each
+output line is the same object plus ``score`` (null for a verifier error) and ``details`` (with
+``failure``). The whole input is validated before anything runs; the output appears atomically (a
+temporary file renamed at the end), so a bad input never truncates an existing output.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from vt import VtError
+
+DOMAINS = ("math", "code", "stem", "instruct", "rubric")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "reward",
+        help="score completions in a JSONL file (math, code, stem, instruct, rubric)",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--domain", required=True, choices=DOMAINS)
+    p.add_argument("--input", required=True, type=Path, help="JSONL: one {'completion': ..., <reference>} per line")
+    p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
+    p.add_argument("--workers", type=int, default=2, help="concurrent verifications (processes / sandboxes)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds: math per-item deadline, code per-test limit, rubric per-request timeout")
+    p.add_argument("--batch-size", type=int, default=256, help="records scored per batch")
+    p.add_argument("--allow-unsandboxed", action="store_true",
+                   help="code: run untrusted programs WITHOUT isolation if bubblewrap is unavailable")
+    p.add_argument("--mode", choices=("strict", "loose"), default="strict", help="instruct: IFEval scoring mode")
+    p.add_argument("--judge-url", help="rubric: OpenAI-compatible API base, e.g. http://localhost:8000/v1")
+    p.add_argument("--judge-model", help="rubric: judge model name")
+    p.add_argument("--judge-api-key-env", help="rubric: name of the environment variable holding the API key")
+    p.set_defaults(func=run)
+
+
+def build_reward(args: argparse.Namespace):
+    from vt.rewards.registry import make_reward
+
+    if args.workers < 1:
+        raise VtError(f"--workers must be >= 1, got {args.workers}")
+    opts: dict[str, Any] = {}
+    t = args.timeout
+    if args.domain == "math":
+        opts = {"workers": args.workers, **({"deadline_s": t} if t else {})}
+    elif args.domain == "stem":
+        from vt.rewards.math_reward import MathConfig
+
+        opts = {"math": MathConfig(workers=args.workers, **({"deadline_s": t} if t else {}))}
+    elif args.domain == "code":
+        opts = {"workers": args.workers, "allow_unsandboxed": args.allow_unsandboxed}
+        opts.update({"test_time_limit_s": t} if t else {})
+    elif args.domain == "instruct":
+        opts = {"mode": args.mode}
+    elif args.domain == "rubric":
+        if not args.judge_url or not args.judge_model:
+            raise VtError("--domain rubric needs --judge-url and --judge-model")
+        opts = {"url": args.judge_url, "model": args.judge_model, "api_key_env": args.judge_api_key_env,
+                "concurrency": args.workers, **({"timeout_s": t} if t else {})}  # fmt: skip
+    try:
+        return make_reward(args.domain, **opts)
+    except (ValueError, RuntimeError) as e:  # SandboxUnavailable, a missing API key variable, bad options
+        raise VtError(str(e)) from e
+
+
+def read_records(path: Path) -> list[tuple[int, dict]]:
+    """(line number, record) for every non-blank line; VtError names the first bad line."""
+    if not path.is_file():
+        raise VtError(f"{path}: no such file")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise VtError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise VtError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            if not isinstance(rec.get("completion"), str):
+                raise VtError(f"{path}:{lineno}: field 'completion' missing or not a string")
+            out.append((lineno, rec))
+    if not out:
+        raise VtError(f"{path}: no records")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from vt.rewards.base import RewardSpecError
+
+    records = read_records(args.input)
+    if not args.out.parent.is_dir():
+        raise VtError(f"{args.out}: directory {args.out.parent} does not exist")
+    with build_reward(args) as reward:
+        references = []
+        for lineno, rec in records:
+            try:
+                references.append(reward.reference(rec, lineno))
+            except RewardSpecError as e:
+                raise VtError(f"{args.input}:{lineno}: {re.sub(r'^record \d+: ', '', str(e))}") from None
+        counts = _write_scored(args, reward, records, references)
+    total = sum(counts.values())
+    valid = total - counts.get("verifier_error", 0)
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(counts.items()) if k != "_score")
+    print(
+        f"vt reward: {total} records -> {args.out} (mean score {counts['_score'] / max(valid, 1):.4f} over "
+        f"{valid} verified; {summary})",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _write_scored(args, reward, records, references) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".partial", dir=args.out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for start in range(0, len(records), max(1, args.batch_size)):
+                chunk = records[start : start + args.batch_size]
+                refs = references[start : start + args.batch_size]
+                results = reward.score_batch(refs, [rec["completion"] for _, rec in chunk])
+                for (_, rec), res in zip(chunk, results):
+                    f.write(json.dumps({**rec, **res.to_json()}, ensure_ascii=False) + "\n")
+                    counts[res.failure or "passed"] += 1
+                    counts["_score"] += res.score or 0.0
+        os.replace(tmp, args.out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    counts["_score"] = counts.get("_score", 0.0)
+    return counts

@@ -1,0 +1,1 @@
+"""On-policy RL (MGPO): objective functions and the learner."""

@@ -1,0 +1,95 @@
+"""MGPO: the pure functions of the RL objective (RECIPE.md, stage 3). Each has its formula in the docstring.
+
+Shape letters: Q prompts in the batch, G responses per prompt, T response tokens (padded), so per-response
+arrays are [Q, G] and per-token arrays [Q, G, T] (or flattened [Q*G, T] where noted).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import xlogy
+
+AGGREGATIONS = ("seq_mean", "token_mean")
+
+
+def group_accuracy(correct_QG: jax.Array) -> jax.Array:
+    """p(q) = (1/G) sum_i 1[r_i = 1], from the binary correctness (never from shaped rewards)."""
+    return jnp.mean(correct_QG.astype(jnp.float32), axis=-1)
+
+
+def max_entropy_deviation(p_Q: jax.Array) -> jax.Array:
+    """D_ME(p || 0.5) = p log(p/0.5) + (1-p) log((1-p)/0.5), with 0 log 0 = 0; equals log 2 - H(p).
+    0 at p = 0.5 (the most informative prompt), log 2 at p in {0, 1}."""
+    p = jnp.asarray(p_Q, jnp.float32)
+    return xlogy(p, p) + xlogy(1 - p, 1 - p) + jnp.log(2.0)
+
+
+def mgpo_weight(p_Q: jax.Array, gamma: float) -> jax.Array:
+    """w(q) = exp(-gamma * D_ME(p(q) || 0.5)). gamma = 0 gives w = 1, i.e. plain GRPO."""
+    return jnp.exp(-gamma * max_entropy_deviation(p_Q))
+
+
+def group_advantages(rewards_QG: jax.Array, eps: float = 1e-6, ddof: int = 1) -> jax.Array:
+    """A_i = (r_i - mean_G r) / (std_G r + eps), per group. A group whose rewards are all equal gets A = 0
+    (its numerator is exactly 0), never NaN. ddof=1 is the unbiased std that verl's and TRL's GRPO use."""
+    r = jnp.asarray(rewards_QG, jnp.float32)
+    G = r.shape[-1]
+    centred = r - jnp.mean(r, axis=-1, keepdims=True)
+    var = jnp.sum(centred * centred, axis=-1, keepdims=True) / max(G - ddof, 1)
+    return centred / (jnp.sqrt(var) + eps)
+
+
+def mgpo_advantages(rewards_QG, correct_QG, gamma: float, eps: float = 1e-6, ddof: int = 1):
+    """(w(q) * A_i, w(q)): advantages from the (possibly Long2Short-shaped) rewards, weight from the binary
+    correctness."""
+    w_Q = mgpo_weight(group_accuracy(correct_QG), gamma)
+    return w_Q[:, None] * group_advantages(rewards_QG, eps, ddof), w_Q
+
+
+def truncated_importance_weight(learner_logp, sampler_logp, cap: float) -> jax.Array:
+    """Per-token min(pi_learner / pi_sampler, C): corrects for the sampler's numerics differing from the
+    learner's. A constant (no gradient flows through it)."""
+    ratio = jnp.exp(jnp.asarray(learner_logp, jnp.float32) - jnp.asarray(sampler_logp, jnp.float32))
+    return jax.lax.stop_gradient(jnp.minimum(ratio, cap))
+
+
+def clipped_surrogate(logp_NT, old_logp_NT, adv_N, mask_NT, *, eps_low: float, eps_high: float,
+                      aggregation: str = "seq_mean", is_weight_NT=None):
+    """The clipped policy-gradient objective J (to be maximised), for N = Q*G responses of T tokens:
+
+        rho_t = pi_theta(y_t) / pi_old(y_t)
+        J = agg( min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) * is_weight_t )
+
+    agg = "seq_mean": (1/N) sum_i (1/|y_i|) sum_t (RECIPE's J); "token_mean": sum over all tokens / all tokens.
+    Returns (J, metrics) with the clip fraction and mean ratio over unmasked tokens."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    mask = mask_NT.astype(jnp.float32)
+    ratio = jnp.exp(logp_NT - old_logp_NT)
+    adv = adv_N[:, None]
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = jnp.minimum(unclipped, clipped)
+    if is_weight_NT is not None:
+        per_token = per_token * is_weight_NT
+    J = aggregate(per_token, mask, aggregation)
+    n_tok = jnp.maximum(mask.sum(), 1.0)
+    metrics = {
+        "clip_fraction": jnp.sum((clipped < unclipped) * mask) / n_tok,
+        "ratio_mean": jnp.sum(ratio * mask) / n_tok,
+    }
+    return J, metrics
+
+
+def aggregate(per_token_NT, mask_NT, aggregation: str):
+    mask = mask_NT.astype(jnp.float32)
+    if aggregation == "seq_mean":
+        lengths = jnp.maximum(mask.sum(-1), 1.0)
+        return jnp.mean(jnp.sum(per_token_NT * mask, -1) / lengths)
+    return jnp.sum(per_token_NT * mask) / jnp.maximum(mask.sum(), 1.0)
+
+
+def kl_to_reference(logp_NT, ref_logp_NT):
+    """Per-token k3 estimator of KL(pi_theta || pi_ref): exp(ref - logp) - (ref - logp) - 1 (>= 0, unbiased)."""
+    d = ref_logp_NT - logp_NT
+    return jnp.exp(d) - d - 1.0

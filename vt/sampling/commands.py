@@ -1,0 +1,153 @@
+"""`vt sample`: completions for a JSONL file of prompts.
+
+Input, one JSON object per line (blank lines are skipped), exactly one of
+    {"prompt_ids": [int, ...]}      token ids, used as they are
+    {"prompt": "text"}              encoded with --tokenizer (no special tokens added)
+    {"messages": [{"role": ..., "content": ...}, ...]}   the tokenizer's chat template + generation prompt
+and optionally "max_new_tokens" (int, overrides the flag for this prompt) and "n" (samples for this prompt).
+Output, one line per sample, in input order:
+    {"index": i, "sample": j, "prompt_ids": [...], "completion_ids": [...], "logprobs": [...],
+     "finish_reason": "stop"|"length", "completion": "..." (only with --tokenizer)}
+All input is checked before the model loads; OUT is written to a temporary file and renamed at the end, so
+an error leaves an existing OUT untouched.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from vt import VtError
+
+PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
+OPTIONAL_FIELDS = ("max_new_tokens", "n")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("sample", help="generate completions for a JSONL file of prompts")
+    p.add_argument("--ckpt", type=Path, required=True, help="vt checkpoint directory")
+    p.add_argument("--prompts", type=Path, required=True, help="input JSONL (prompt_ids, prompt or messages)")
+    p.add_argument("--out", type=Path, required=True, help="output JSONL, one line per sample")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="HF tokenizer directory or SentencePiece .model (needed for prompt/messages/--stop)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1, help="-1 = off")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64, help="decode slots (concurrent samples)")
+    p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> list:
+    """Parse and check every line; VtError names the line at fault."""
+    from vt.sampling.engine import Request, check_prompt
+    if not path.is_file():
+        raise VtError(f"{path}: no such prompts file")
+    requests = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path} line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise VtError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            unknown = sorted(set(rec) - set(PROMPT_FIELDS) - set(OPTIONAL_FIELDS))
+            if unknown:
+                raise VtError(f"{where}: unknown field(s) {unknown}; expected one of {list(PROMPT_FIELDS)} "
+                              f"and optionally {list(OPTIONAL_FIELDS)}")
+            given = [k for k in PROMPT_FIELDS if k in rec]
+            if len(given) != 1:
+                raise VtError(f"{where}: expected exactly one of {list(PROMPT_FIELDS)}, got {given or 'none'}")
+            field = given[0]
+            value = rec[field]
+            if field == "prompt_ids":
+                ids = value
+                if not isinstance(ids, list):
+                    raise VtError(f"{where}: field 'prompt_ids' must be a list of integers")
+            else:
+                if tokenizer is None:
+                    raise VtError(f"{where}: field '{field}' needs --tokenizer")
+                if field == "prompt":
+                    if not isinstance(value, str):
+                        raise VtError(f"{where}: field 'prompt' must be a string")
+                    ids = tokenizer.encode(value)
+                else:
+                    if not isinstance(value, list) or not value:
+                        raise VtError(f"{where}: field 'messages' must be a non-empty list of messages")
+                    try:
+                        ids = tokenizer.encode_chat(value, add_generation_prompt=True)
+                    except VtError as e:
+                        raise VtError(f"{where}: field 'messages': {e}") from None
+            ids = check_prompt(ids, vocab_size, max_context, f"{where}: field '{field}'").tolist()
+            extra = {}
+            for k in OPTIONAL_FIELDS:
+                if k in rec:
+                    v = rec[k]
+                    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                        raise VtError(f"{where}: field '{k}' must be a positive integer, got {v!r}")
+                    extra[k] = v
+            requests.append(Request(prompt_ids=ids, **extra))
+    if not requests:
+        raise VtError(f"{path}: no prompts")
+    return requests
+
+
+def run(args: argparse.Namespace) -> int:
+    from vt.checkpoint import load_model, load_model_config
+    from vt.sampling.engine import Engine, SamplerConfig
+
+    cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop))
+    tokenizer = None
+    if args.tokenizer is not None:
+        from vt.data.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer(args.tokenizer)
+    if cfg.stop_strings and tokenizer is None:
+        raise VtError("--stop needs --tokenizer")
+    model_cfg = load_model_config(args.ckpt)
+    requests = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, model_cfg.max_position_embeddings)
+    out_dir = args.out.absolute().parent
+    if not out_dir.is_dir():
+        raise VtError(f"{args.out}: directory {out_dir} does not exist")
+
+    engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
+    total = sum(r.n or cfg.n for r in requests)
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=total, unit="sample", file=sys.stderr, desc="vt sample")
+    try:
+        results = engine.generate(requests, progress=bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".tmp", dir=out_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for i, (req, samples) in enumerate(zip(requests, results)):
+                for j, s in enumerate(samples):
+                    rec = {"index": i, "sample": j, "prompt_ids": list(req.prompt_ids),
+                           "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                    if tokenizer is not None:
+                        rec["completion"] = s.text
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, args.out)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    st = engine.last_stats
+    print(f"wrote {total} samples to {args.out}: {st.tokens} tokens in {st.seconds:.1f}s "
+          f"({st.tokens / max(st.seconds, 1e-9):.1f} tokens/s, {st.decode_steps} decode steps)", file=sys.stderr)
+    return 0
