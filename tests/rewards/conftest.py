@@ -1,12 +1,10 @@
-"""Shared fixtures for the reward tests: reward functions are costly to start, so one per module."""
+"""Helpers shared by the reward tests: process listing, RSS, a peak sampler, the test data directory."""
 from __future__ import annotations
 
 import os
 import threading
 import time
 from pathlib import Path
-
-import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

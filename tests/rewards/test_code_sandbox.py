@@ -296,6 +296,13 @@ def test_large_file_write_hits_the_file_size_cap():
     assert res.score == 0.0 and res.failure == "output_limit", res
 
 
+def test_filling_tmp_hits_its_size_cap():
+    with CodeReward(workers=1, test_time_limit_s=5, tmp_bytes=1 << 20, file_bytes=1 << 30) as r:
+        src = "for i in range(64):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (1 << 16))\nprint('wrote')"
+        res = r([stdio("wrote")], [block(src)])[0]
+    assert res.score == 0.0 and res.failure == "output_limit", res
+
+
 CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}
 
 
@@ -373,3 +380,13 @@ def test_refuses_to_run_without_isolation_unless_allowed(monkeypatch):
         warnings.simplefilter("ignore")
         res = r([stdio("3", "1 2")], [block("a, b = map(int, input().split())\nprint(a + b)")])[0]
     assert res.score == 1.0, res
+
+
+def test_a_broken_bwrap_counts_as_no_isolation(monkeypatch, tmp_path):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(sandbox_mod.shutil, "which", lambda name: str(fake))
+    with pytest.raises(sandbox_mod.SandboxUnavailable, match="bwrap test run failed|could not start bwrap"):
+        CodeReward(workers=1)

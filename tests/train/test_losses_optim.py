@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import random_batch  # tests/train/conftest.py
+from train_helpers import random_batch, tiny_setup  # noqa: F401 (fixture)
 from vt import VtError
 from vt.train.losses import masked_nll_sum, token_nll
 from vt.train.optim import OptimConfig, lr_schedule, make_optimizer, warmup_steps

@@ -12,7 +12,19 @@ from vt.rewards.base import (
 )
 from vt.rewards.registry import DOMAINS, make_reward
 
+
+
+def __getattr__(name: str):
+    # Long2Short is jax.numpy; import it only when asked so `vt reward` and the CLI stay light.
+    if name == "long2short":
+        from vt.rewards.shaping import long2short
+
+        return long2short
+    raise AttributeError(f"module 'vt.rewards' has no attribute {name!r}")
+
+
 __all__ = [
+    "long2short",
     "DOMAINS",
     "FAILURE_KINDS",
     "RewardFunction",

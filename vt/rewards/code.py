@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import queue
 import re
 import secrets
 import signal
@@ -128,12 +129,15 @@ class CodeConfig:
     memory_bytes: int = 2 << 30
     output_bytes: int = 16 << 20
     file_bytes: int = 64 << 20
+    tmp_bytes: int = 64 << 20
     nproc: int = 64
     python: str | None = None  # interpreter inside the sandbox; default: the system python3
     allow_unsandboxed: bool = False  # run WITHOUT isolation when bwrap is unavailable (warns loudly)
 
     def limits(self, wall_s: float) -> Limits:
-        return Limits(wall_s, self.memory_bytes, self.output_bytes, self.file_bytes, self.nproc)
+        return Limits(
+            wall_s, self.memory_bytes, self.output_bytes, self.file_bytes, self.nproc, tmp_bytes=self.tmp_bytes
+        )
 
 
 class CodeReward(RewardFunction):
@@ -210,8 +214,6 @@ class CodeReward(RewardFunction):
             return bad
         return judge_call_result(run.stdout, nonce, test.expected)
 
-    def close(self) -> None:
-        pass
 
 
 def classify_run(run: RunResult) -> tuple[str, dict] | None:
@@ -225,8 +227,10 @@ def classify_run(run: RunResult) -> tuple[str, dict] | None:
     sig = run.signal
     if sig == signal.SIGXCPU:
         return "timeout", {**info, "reason": "CPU time limit"}
-    # Python ignores SIGXFSZ, so a file over RLIMIT_FSIZE shows up as EFBIG ("File too large").
-    if sig == signal.SIGXFSZ or (run.returncode != 0 and "[Errno 27] File too large" in stderr):
+    # Python ignores SIGXFSZ, so a file over RLIMIT_FSIZE shows up as EFBIG ("File too large"); a full
+    # /tmp as ENOSPC.
+    full = "[Errno 27] File too large" in stderr or "[Errno 28] No space left on device" in stderr
+    if sig == signal.SIGXFSZ or (run.returncode != 0 and full):
         return "output_limit", {**info, "reason": "file size limit"}
     if run.returncode != 0:
         kind = "memory" if "MemoryError" in stderr else "runtime_error"
@@ -258,8 +262,6 @@ class _Slots:
     """Concurrency slots, each with its own sandbox uid (processes of two runs never share a uid)."""
 
     def __init__(self, uids: list):
-        import queue
-
         self._q: queue.Queue = queue.Queue()
         for u in uids:
             self._q.put(u)

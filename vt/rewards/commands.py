@@ -23,6 +23,7 @@ from typing import Any
 from vt import VtError
 
 DOMAINS = ("math", "code", "stem", "instruct", "rubric")
+_RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
 
 
 def register(subparsers) -> None:
@@ -111,21 +112,22 @@ def run(args: argparse.Namespace) -> int:
             try:
                 references.append(reward.reference(rec, lineno))
             except RewardSpecError as e:
-                raise VtError(f"{args.input}:{lineno}: {re.sub(r'^record \d+: ', '', str(e))}") from None
-        counts = _write_scored(args, reward, records, references)
-    total = sum(counts.values())
-    valid = total - counts.get("verifier_error", 0)
-    summary = ", ".join(f"{k}={v}" for k, v in sorted(counts.items()) if k != "_score")
+                raise VtError(f"{args.input}:{lineno}: {_RECORD_PREFIX.sub('', str(e))}") from None
+        counts, score_sum = _write_scored(args, reward, records, references)
+    valid = len(records) - counts.get("verifier_error", 0)
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
     print(
-        f"vt reward: {total} records -> {args.out} (mean score {counts['_score'] / max(valid, 1):.4f} over "
+        f"vt reward: {len(records)} records -> {args.out} (mean score {score_sum / max(valid, 1):.4f} over "
         f"{valid} verified; {summary})",
         file=sys.stderr,
     )
     return 0
 
 
-def _write_scored(args, reward, records, references) -> collections.Counter:
+def _write_scored(args, reward, records, references) -> tuple[collections.Counter, float]:
+    """Score in batches into a temporary file next to --out, renamed over it only when complete."""
     counts: collections.Counter = collections.Counter()
+    score_sum = 0.0
     fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".partial", dir=args.out.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -135,11 +137,10 @@ def _write_scored(args, reward, records, references) -> collections.Counter:
                 results = reward.score_batch(refs, [rec["completion"] for _, rec in chunk])
                 for (_, rec), res in zip(chunk, results):
                     f.write(json.dumps({**rec, **res.to_json()}, ensure_ascii=False) + "\n")
-                    counts[res.failure or "passed"] += 1
-                    counts["_score"] += res.score or 0.0
+                    counts[res.failure or "ok"] += 1
+                    score_sum += res.score or 0.0  # verifier errors (None) are excluded via `valid`
         os.replace(tmp, args.out)
     except BaseException:
         os.unlink(tmp)
         raise
-    counts["_score"] = counts.get("_score", 0.0)
-    return counts
+    return counts, score_sum

@@ -38,7 +38,8 @@ def compare(value: int, relation: str, num: int) -> bool:
 # ---- text helpers (regex only, linear time) ----------------------------------------------------
 
 _WORD_RE = re.compile(r"\w+", re.UNICODE)  # IFEval counts words with nltk's RegexpTokenizer(r"\w+")
-_ABBREV = r"(?<!\bMr)(?<!\bMrs)(?<!\bMs)(?<!\bDr)(?<!\bProf)(?<!\bSt)(?<!\bJr)(?<!\bSr)(?<!\bvs)(?<!\be\.g)(?<!\bi\.e)(?<!\betc)"
+_ABBREVIATIONS = ("Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Jr", "Sr", "vs", r"e\.g", r"i\.e", "etc")
+_ABBREV = "".join(rf"(?<!\b{a})" for a in _ABBREVIATIONS)  # a period after these does not end a sentence
 _SENTENCE_END_RE = re.compile(_ABBREV + r"(?<!\b[A-Z])[.!?]+[\"')\]]*(?=\s+|$)")
 
 
@@ -279,7 +280,7 @@ class Highlights(Constraint):
 
     def check(self, response):
         single = [h for h in re.findall(r"\*[^\n\*]*\*", response) if h.strip("*").strip()]
-        double = [h for h in re.findall(r"\*\*[^\n\*]*\*\*", response) if h.removeprefix("**").removesuffix("**").strip()]
+        double = [h for h in re.findall(r"\*\*[^\n\*]*\*\*", response) if h[2:-2].strip()]
         return len(single) + len(double) >= self.num
 
 
@@ -305,7 +306,7 @@ class JsonFormat(Constraint):
         text = re.sub(r"\s*```$", "", text).strip()
         try:
             json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # "[[[[..." nests past the decoder's recursion limit
             return False
         return True
 

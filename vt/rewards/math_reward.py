@@ -86,7 +86,7 @@ def top_level_items(answer: str) -> list[str]:
     ``(1, 2)``, ``\\{1, 2\\}``, ``f(1, 2)`` and ``1,000`` stay one item.
     """
     s = answer.strip()
-    if _THOUSANDS_RE.match(s.replace(" ", "")):
+    if _THOUSANDS_RE.match(s):  # "1,000" is a number; "469, 468" (with a space) is a list
         return [s]
     items, depth, last, i = [], 0, 0, 0
     while i < len(s):

@@ -30,7 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, verifier_error
@@ -57,7 +57,10 @@ SYSTEM_PROMPT = (
     "final line of exactly the form `Score: N`, where N is an integer from 1 (worst) to 10 (best)."
 )
 
-_SCORE_RE = re.compile(r"(?im)^[\s*#>_`]*(?:final\s+)?score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\s*\**\s*`?\s*$")
+# One line "Score: N" (also "**Score:** N", "Final score = N", "Score: N/10"), nothing else on it.
+_SCORE_RE = re.compile(
+    r"(?im)^[\s*#>_`]*(?:final\s+)?score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\s*\**\s*`?\s*$"
+)
 
 
 class MalformedJudgement(ValueError):
@@ -96,7 +99,7 @@ def parse_rubric(rubric: Any, where: str) -> list[Criterion]:
             if item not in CRITERIA:
                 raise RewardSpecError(f"{at}: unknown criterion {item!r}; built-in: {sorted(CRITERIA)}")
             out.append(Criterion(item, CRITERIA[item]))
-        elif isinstance(item, Mapping) and isinstance(item.get("name"), str) and isinstance(item.get("description"), str):
+        elif isinstance(item, Mapping) and all(isinstance(item.get(k), str) for k in ("name", "description")):
             out.append(Criterion(item["name"], item["description"]))
         else:
             raise RewardSpecError(f"{at}: a criterion is a built-in name or {{'name': str, 'description': str}}")
@@ -144,7 +147,8 @@ class OpenAIChatJudge:
         temperature: float = 0.0,
         max_tokens: int = 1024,
     ):
-        self.url = url.rstrip("/") if url.rstrip("/").endswith("/chat/completions") else url.rstrip("/") + "/chat/completions"
+        base = url.rstrip("/")
+        self.url = base if base.endswith("/chat/completions") else base + "/chat/completions"
         self.model = model
         self.api_key_env = api_key_env
         if api_key_env and not os.environ.get(api_key_env):

@@ -6,8 +6,8 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
     every process in it, so daemons (``setsid`` + double fork) cannot outlive the run;
   - ``--die-with-parent``: killing the outer bwrap process kills the namespace;
   - a fresh root: read-only /usr (and the /bin, /lib* links), a handful of /etc files, a new /proc and
-    /dev, the solution read-only at /code, and a fresh empty directory as /tmp (the only writable path),
-    the root itself remounted read-only. /root, /home, /work, the host's /tmp are simply not there;
+    /dev, the solution read-only at /code, and a private size-capped tmpfs as /tmp (the only writable
+    path), the root itself remounted read-only. /root, /home, /work, the host's /tmp are not there;
   - a clean environment (bwrap itself is started with one, so not even the sandbox's init process
     carries host variables a program could read through /proc/1/environ);
   - when the host runs as root, bwrap is started under a dedicated unprivileged uid per concurrent
@@ -58,6 +58,7 @@ class Limits:
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file the program may write
     nproc: int = 64  # RLIMIT_NPROC: processes + threads of the sandbox's uid
     nofile: int = 256  # RLIMIT_NOFILE
+    tmp_bytes: int = 64 << 20  # size of the sandbox's private /tmp (tmpfs): bounds all writes together
 
     def harness_json(self, with_nproc: bool) -> str:
         # CPU soft limit just above the wall limit: SIGXCPU (a timeout) if a busy loop somehow outlived it.
@@ -151,31 +152,30 @@ class Sandbox:
 
     def run(self, code_dir: Path, mode: str, stdin: bytes, limits: Limits, uid: int | None) -> RunResult:
         """One program run. ``code_dir`` holds solution.py and _harness.py (see prepare_code_dir)."""
-        run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=code_dir.parent))
-        try:
-            work = run_dir / "tmp"
-            work.mkdir(mode=0o700)
-            stdin_path = run_dir / "stdin"  # outside every bind: only the host opens it
-            stdin_path.write_bytes(stdin)
-            if uid is not None:
-                os.chmod(run_dir, 0o711)
-                os.chown(work, uid, uid)
-            with open(stdin_path, "rb") as stdin_f:
+        with tempfile.TemporaryFile() as stdin_f:  # anonymous: only the host can open it
+            stdin_f.write(stdin)
+            stdin_f.seek(0)
+            if self.isolated:
+                return self._run(code_dir, None, mode, stdin_f, limits, uid)
+            work = Path(tempfile.mkdtemp(prefix="run-", dir=code_dir.parent))
+            try:
                 return self._run(code_dir, work, mode, stdin_f, limits, uid)
-        finally:
-            force_rmtree(run_dir)
+            finally:
+                force_rmtree(work)
 
-    def _run(self, code_dir: Path, work: Path, mode: str, stdin_f, limits: Limits, uid: int | None) -> RunResult:
-        harness = [self.python, "-I", "_harness.py", limits.harness_json(self.isolated), mode]
+    def _run(self, code_dir: Path, work: Path | None, mode: str, stdin_f, limits: Limits, uid: int | None) -> RunResult:
+        limits_json = limits.harness_json(with_nproc=self.isolated)
         info_r, info_w = os.pipe()
         try:
             if self.isolated:
-                argv = bwrap_argv(self.bwrap, self.python, code_dir, work, info_w)
-                argv += [self.python, "-I", "/code/_harness.py", *harness[3:]]
+                argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w)
+                argv += [self.python, "-I", "/code/_harness.py", limits_json, mode]
                 cwd = "/"
-            else:
-                argv, cwd = harness, str(code_dir)
-                argv[2] = str(code_dir / "_harness.py")
+            else:  # allow_unsandboxed: a plain process in a scratch directory
+                argv = [self.python, "-I", str(code_dir / "_harness.py"), limits_json, mode]
+                cwd = str(work)
+                if uid is not None:
+                    os.chown(work, uid, uid)
             ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
             start = time.monotonic()
             proc = subprocess.Popen(
@@ -183,7 +183,7 @@ class Sandbox:
                 stdin=stdin_f,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=_clean_env(work),
+                env=_clean_env(),
                 cwd=cwd,
                 start_new_session=True,
                 pass_fds=(info_w,) if self.isolated else (),
@@ -205,7 +205,7 @@ class Sandbox:
         return RunResult(status, proc.returncode, out, err, wall)
 
 
-def bwrap_argv(bwrap: str, python: str, code_dir: Path, work: Path, info_fd: int) -> list[str]:
+def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int) -> list[str]:
     return [
         bwrap,
         "--unshare-all",
@@ -218,7 +218,7 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, work: Path, info_fd: int
         *_root_layout(python),
         "--proc", "/proc",
         "--dev", "/dev",
-        "--bind", str(work), "/tmp",
+        "--size", str(tmp_bytes), "--tmpfs", "/tmp",  # the only writable place, size-capped
         "--ro-bind", str(code_dir), "/code",
         "--remount-ro", "/",
         "--chdir", "/tmp",
@@ -231,9 +231,9 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, work: Path, info_fd: int
     ]  # fmt: skip
 
 
-def _clean_env(work: Path) -> dict[str, str]:
+def _clean_env() -> dict[str, str]:
     # bwrap gets this too (it is the sandbox's init); nothing of the trainer's environment leaks.
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work)}
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"}
 
 
 def _pump(proc: subprocess.Popen, deadline: float, cap: int, info_fd: int | None) -> tuple[str, bytes, bytes, bool]:

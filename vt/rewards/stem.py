@@ -39,7 +39,9 @@ _ANSWER_PHRASE_RE = re.compile(
     r"answer\s*(?:is|:)?\s*(?:\*\*)?\s*[:=]?\s*(?:option\s*)?[\(\[]?\s*(\\boxed\{[^}]*\}|[A-J])\s*[\)\]]?(?![A-Za-z])",
     re.IGNORECASE,
 )
-_NUMBER_PHRASE_RE = re.compile(r"answer\s*(?:is|:)\s*(?:\*\*)?\s*[:=]?\s*([-+−]?[\d.,]+(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)", re.I)
+_NUMBER_PHRASE_RE = re.compile(
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*[:=]?\s*([-+−]?[\d.,]+(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)", re.I
+)
 
 
 def option_letter(text: str) -> str | None:

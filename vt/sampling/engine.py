@@ -34,7 +34,7 @@ from vt.model.qwen2 import KVCache
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
-from vt.sharding import param_sharding, use_mesh
+from vt.sharding import param_sharding, state_shardings, use_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +54,11 @@ class SamplerConfig:
     refill_min_free: int = 0  # free slots that end a decode call while prompts wait; 0: max(1, B // 8)
     prefill_tokens: int = 8192  # most (padded prompts x bucket length) per prefill call
     min_prompt_bucket: int = 16
+    min_prefill_rows: int = 8  # prefill batches are padded to a power of two >= this: fewer programs to compile
 
     def __post_init__(self):
-        for name in ("batch_size", "max_new_tokens", "n", "steps_per_call", "prefill_tokens", "min_prompt_bucket"):
+        for name in ("batch_size", "max_new_tokens", "n", "steps_per_call", "prefill_tokens", "min_prompt_bucket",
+                     "min_prefill_rows"):
             if getattr(self, name) < 1:
                 raise VtError(f"sampler config: field '{name}' must be >= 1, got {getattr(self, name)}")
         if self.stop_strings and any(not s for s in self.stop_strings):
@@ -112,6 +114,41 @@ def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarr
     return arr.astype(np.int32)
 
 
+class _Programs:
+    """The jitted device functions of one (model structure, batch size, mesh, sampling rule)."""
+
+    def __init__(self, graphdef, mc, B: int, mesh: Mesh | None, params: SamplingParams, stop_ids: tuple[int, ...]):
+        self.traces = 0
+        sh = None
+        if mesh is not None:
+            vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
+            row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
+            kv = param_sharding(("batch", "cache_sequence", "kv_heads", "head_dim"),
+                                (B, 1, mc.num_kv_heads, mc.head_dim), mesh, "KV cache (batch_size, kv_heads)")
+            slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec,
+                                   key=row, tokens=row, logprobs=row)
+            sh = (KVCache(k=[kv] * mc.num_layers, v=[kv] * mc.num_layers), slots_sh)
+        out = lambda s: {} if mesh is None else dict(out_shardings=s)  # noqa: E731
+        rule = dict(params=params, stop_ids=stop_ids)
+        self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)))
+        self.insert = jax.jit(self._counted(functools.partial(steps.insert, **rule)), donate_argnums=(0, 1),
+                              **out(sh))
+        self.decode = jax.jit(self._counted(functools.partial(steps.decode, graphdef, **rule)), donate_argnums=(1, 2),
+                              **out(sh and (*sh, None)))
+        self.deactivate = jax.jit(self._counted(steps.deactivate), donate_argnums=0, **out(sh and sh[1]))
+        self.zeros = jax.jit(self._counted(lambda S: (KVCache.zeros(mc, B, S), steps.Slots.zeros(B, S))),
+                             static_argnums=0, **out(sh))
+
+    def _counted(self, fn):
+        def traced(*args, **kwargs):
+            self.traces += 1  # runs only while jax traces: once per new shape/sharding signature
+            return fn(*args, **kwargs)
+        return traced
+
+
+_programs = functools.lru_cache(maxsize=32)(_Programs)
+
+
 class Engine:
     def __init__(self, model, cfg: SamplerConfig = SamplerConfig(), mesh: Mesh | None = None, tokenizer=None):
         graphdef, state = model if isinstance(model, tuple) else nnx.split(model)
@@ -124,37 +161,16 @@ class Engine:
                          else default_stop_ids(mc.vocab_size, tokenizer, mc.eos_token_id))
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         self.stats, self.last_stats = Stats(), Stats()
-        self.compile_count = 0
         self._calls = 0
-        B = cfg.batch_size
-        self._sh = self._param_sh = None
-        if mesh is not None:
-            from vt.sharding import state_shardings
-            self._param_sh = state_shardings(state, mesh)
-            vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
-            row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
-            kv = param_sharding(("batch", "cache_sequence", "kv_heads", "head_dim"),
-                                (B, 1, mc.num_kv_heads, mc.head_dim), mesh, "KV cache (batch_size, kv_heads)")
-            slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec,
-                                   key=row, tokens=row, logprobs=row)
-            self._sh = (KVCache(k=[kv] * mc.num_layers, v=[kv] * mc.num_layers), slots_sh)
+        self._param_sh = None if mesh is None else state_shardings(state, mesh)
         self.graphdef, self.state = graphdef, self._place(state)
-        rule = dict(params=self.params, stop_ids=self.stop_ids)
-        out = {} if mesh is None else dict(out_shardings=self._sh)
-        self._prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)))
-        self._insert = jax.jit(self._counted(functools.partial(steps.insert, **rule)), donate_argnums=(0, 1), **out)
-        self._decode = jax.jit(self._counted(functools.partial(steps.decode, graphdef, **rule)),
-                               donate_argnums=(1, 2), **({} if mesh is None else dict(out_shardings=(*self._sh, None))))
-        self._deactivate = jax.jit(self._counted(steps.deactivate), donate_argnums=0,
-                                   **({} if mesh is None else dict(out_shardings=self._sh[1])))
-        self._zeros = jax.jit(self._counted(lambda S: (KVCache.zeros(mc, B, S), steps.Slots.zeros(B, S))),
-                              static_argnums=0, **out)
+        self._p = _programs(graphdef, mc, cfg.batch_size, mesh, self.params, self.stop_ids)
 
-    def _counted(self, fn):
-        def traced(*args, **kwargs):
-            self.compile_count += 1  # runs only while jax traces, i.e. once per new shape/sharding signature
-            return fn(*args, **kwargs)
-        return traced
+    @property
+    def compile_count(self) -> int:
+        """Traces of this engine's programs (shared by engines with the same model, batch size, mesh and
+        sampling rule, which reuse each other's compilations)."""
+        return self._p.traces
 
     def _place(self, state):
         return state if self._param_sh is None else jax.device_put(state, self._param_sh)
@@ -202,7 +218,7 @@ class Engine:
         seen = np.zeros(B, np.int64)  # generated count at the last stop-string check
         min_free = self.cfg.refill_min_free or max(1, B // 8)
         with self._ctx():
-            cache, slots = self._zeros(S)
+            cache, slots = self._p.zeros(S)
             base_key = jax.random.PRNGKey(seed)
             while queue or any(o is not None for o in owner):
                 free = [b for b in range(B) if owner[b] is None]
@@ -212,7 +228,7 @@ class Engine:
                     for u, b in zip(units, free):
                         owner[b] = u
                 want = min(len(queue), min_free) if (queue and self.cfg.refill) else B
-                cache, slots, n_steps = self._decode(self.state, cache, slots, jnp.int32(self.cfg.steps_per_call),
+                cache, slots, n_steps = self._p.decode(self.state, cache, slots, jnp.int32(self.cfg.steps_per_call),
                                                      jnp.int32(want))
                 active, count, stopped, n_steps = jax.device_get((slots.active, slots.count, slots.stopped, n_steps))
                 self.last_stats.decode_steps += int(n_steps)
@@ -233,7 +249,7 @@ class Engine:
                     if newly:
                         mask = np.zeros(B, bool)
                         mask[newly] = True
-                        slots = self._deactivate(slots, jnp.asarray(mask))
+                        slots = self._p.deactivate(slots, jnp.asarray(mask))
                         done += newly
                 if done:
                     tokens, logprobs = jax.device_get((slots.tokens, slots.logprobs))
@@ -266,32 +282,33 @@ class Engine:
         by_req = collections.defaultdict(list)
         for u, b in zip(units, free):
             by_req[u[0]].append((u[1], b))
+        rows = lambda n: min(_bucket(n, self.cfg.min_prefill_rows), _bucket(B))  # noqa: E731
         groups, group, longest = [], [], 0
         for i in by_req:
             longest = max(longest, len(reqs[i][0]))
-            if group and _bucket(len(group) + 1) * _bucket(longest, self.cfg.min_prompt_bucket) > self.cfg.prefill_tokens:
+            if group and rows(len(group) + 1) * _bucket(longest, self.cfg.min_prompt_bucket) > self.cfg.prefill_tokens:
                 groups.append(group)
                 group, longest = [], len(reqs[i][0])
             group.append(i)
         groups.append(group)
         S = slots.tokens.shape[1]
         for group in groups:
-            P = _bucket(len(group))
+            P = rows(len(group))
             T = min(_bucket(max(len(reqs[i][0]) for i in group), self.cfg.min_prompt_bucket), S)
             toks = np.zeros((P, T), np.int32)
             lens = np.ones(P, np.int32)
             for p, i in enumerate(group):
                 toks[p, :len(reqs[i][0])] = reqs[i][0]
                 lens[p] = len(reqs[i][0])
-            logits, small = self._prefill(self.state, jnp.asarray(toks), jnp.asarray(lens))
-            rows = [(p, i, j, b) for p, i in enumerate(group) for j, b in by_req[i]]
-            Q = _bucket(len(rows))
+            logits, small = self._p.prefill(self.state, jnp.asarray(toks), jnp.asarray(lens))
+            units = [(p, i, j, b) for p, i in enumerate(group) for j, b in by_req[i]]
+            Q = B  # one insert program per prefill shape; padding rows are dropped
             src, dst, qlen, qmax = (np.zeros(Q, np.int32), np.full(Q, B, np.int32), np.zeros(Q, np.int32),
                                     np.ones(Q, np.int32))
             ids = np.zeros((Q, 2), np.int32)
-            for q, (p, i, j, b) in enumerate(rows):
+            for q, (p, i, j, b) in enumerate(units):
                 src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (i, j)
-            cache, slots = self._insert(cache, slots, small, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)),
+            cache, slots = self._p.insert(cache, slots, small, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)),
                                         base_key)
             self.last_stats.prefill_calls += 1
         return cache, slots

@@ -266,6 +266,7 @@ class _Learner:
             now = time.perf_counter()
             dt, t_prev = now - t_prev, now
             if not m.pop("finite"):
+                self.ckpt.wait()  # saves in flight hold earlier, good states: let them land
                 raise VtError(f"non-finite loss or gradient at step {pending['step']} (loss={m['loss']}, "
                               f"grad_norm={m['grad_norm']}): run halted, the update was not applied and no "
                               f"checkpoint after step {self.ckpt.latest_step()} was written")

@@ -1,4 +1,4 @@
-"""Helpers for the learner tests: tiny model on a 1-device mesh, synthetic batches, subprocess runs."""
+"""Helpers for the learner tests (not a conftest.py: tests/conftest.py is imported as `conftest`)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo-wide tests/conftest.py helpers
 
 
 @pytest.fixture(scope="module")

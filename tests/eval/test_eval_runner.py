@@ -1,0 +1,102 @@
+"""vt eval on the real AIME 2025 file with a stand-in model: exact scores, resume = straight run, reports."""
+import json
+import math
+from pathlib import Path
+from fractions import Fraction
+
+import pytest
+
+from eval_helpers import AIME, PATTERNS, StandIn
+from vt import VtError
+from vt.eval.runner import ClrSettings, EvalConfig, SamplingSettings, run_eval
+
+
+def config(**kw):
+    base = dict(name="aime25", data=str(AIME), domain="math", ks=(1, 2, 4), maj_ks=(2, 4), chunk_problems=4,
+                progress=False, sampling=SamplingSettings(n=4))
+    return EvalConfig(**{**base, **kw})
+
+
+def expected_summary():
+    """Hand rules: pass@k = 1 - C(n-c, k) / C(n, k); maj: most votes, ties to the earliest; N does not vote."""
+    avg, p2, maj2, maj4, trunc = [], [], [], [], []
+    for i in range(30):
+        pat = PATTERNS[i % len(PATTERNS)]
+        c = pat.count("C")
+        avg.append(Fraction(c, 4))
+        p2.append(1 - Fraction(math.comb(4 - c, 2), math.comb(4, 2)))
+        for k, acc in ((2, maj2), (4, maj4)):
+            votes = [x for x in pat[:k] if x != "N"]
+            if not votes:
+                acc.append(0)
+                continue
+            nc, nw = votes.count("C"), votes.count("W")
+            acc.append(int(nc > nw or (nc == nw and votes[0] == "C")))
+        trunc.append(Fraction(pat.count("N"), 4))
+    mean = lambda xs: float(sum(Fraction(x) for x in xs) / len(xs))  # noqa: E731
+    return {"avg@n": mean(avg), "pass@1": mean(avg), "pass@2": mean(p2), "maj@2": mean(maj2), "maj@4": mean(maj4),
+            "truncated": mean(trunc)}
+
+
+def test_aime_stand_in_exact_scores(tmp_path, aime_rows, math_reward):
+    gen = StandIn(aime_rows)
+    summary = run_eval(config(), tmp_path, generator=gen, reward=math_reward)
+    exp = expected_summary()
+    for k, v in exp.items():
+        assert summary[k] == pytest.approx(v, abs=1e-12), k
+    # pass@4 = fraction of problems with any correct sample
+    assert summary["pass@4"] == pytest.approx(sum("C" in PATTERNS[i % 8] for i in range(30)) / 30)
+    assert summary["problems"] == 30 and summary["verifier_errors"] == 0 and gen.calls == 8
+    assert summary["mean_tokens"] == pytest.approx(101.5)
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(30))
+    assert rows[0]["ground_truth"] == 70 and rows[0]["samples"][1]["answer"] == "\\frac{140}{2}"
+    assert rows[0]["samples"][1]["correct"] is True
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+    assert "| aime25 | 30 |" in (tmp_path / "summary.md").read_text()
+
+
+def test_killed_and_resumed_equals_straight(tmp_path, aime_rows, math_reward):
+    straight = run_eval(config(), tmp_path / "a", generator=StandIn(aime_rows), reward=math_reward)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(config(), tmp_path / "b", generator=StandIn(aime_rows, fail_on_call=4), reward=math_reward)
+    assert len((tmp_path / "b" / "results.jsonl").read_text().splitlines()) == 12  # 3 chunks of 4 done
+    # a kill in the middle of a write: half of the last line, and one whole row of that chunk missing
+    path = tmp_path / "b" / "results.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:10]) + lines[10][:50])
+    gen = StandIn(aime_rows)
+    resumed = run_eval(config(), tmp_path / "b", generator=gen, reward=math_reward)
+    assert gen.calls == 6  # chunk 2 regenerated (its rows 8, 9 kept), chunks 3..7 new
+    assert resumed == straight
+    a = (tmp_path / "a" / "results.jsonl").read_text().splitlines()
+    b = (tmp_path / "b" / "results.jsonl").read_text().splitlines()
+    assert sorted(a) == sorted(b)
+    # a finished run resumes to the same summary without generating anything
+    gen = StandIn(aime_rows)
+    assert run_eval(config(), tmp_path / "b", generator=gen, reward=math_reward) == straight and gen.calls == 0
+
+
+def test_resume_refuses_other_settings_and_ks_can_change(tmp_path, aime_rows, math_reward):
+    run_eval(config(limit=4), tmp_path, generator=StandIn(aime_rows), reward=math_reward)
+    with pytest.raises(VtError, match="different settings"):
+        run_eval(config(limit=4, sampling=SamplingSettings(n=4, seed=1)), tmp_path, generator=StandIn(aime_rows),
+                 reward=math_reward)
+    s = run_eval(config(limit=4, ks=(1, 3)), tmp_path, generator=StandIn(aime_rows), reward=math_reward)
+    assert "pass@3" in s and "pass@2" not in s
+
+
+def test_config_validation():
+    with pytest.raises(VtError, match="config.ks"):
+        config(ks=(8,))
+    with pytest.raises(VtError, match="runs"):
+        config(clr=ClrSettings(enabled=True, K=4, runs=2))
+    with pytest.raises(VtError, match="config.domain"):
+        config(domain="chess")
+
+
+def test_eval_config_files_load():
+    from vt.config import load_config, to_dataclass
+    path = Path(__file__).resolve().parents[2] / "configs" / "eval_aime25.py"
+    for variant in ("", ":clr", ":smoke"):
+        to_dataclass(EvalConfig, load_config(f"{path}{variant}"))

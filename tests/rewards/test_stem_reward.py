@@ -1,0 +1,89 @@
+"""STEM reward: option matching, numeric tolerance, symbolic fallback."""
+from __future__ import annotations
+
+import pytest
+
+from vt.rewards.stem import StemReward, chosen_options, option_letter, parse_number
+
+
+@pytest.fixture(scope="module")
+def reward():
+    with StemReward() as r:
+        yield r
+
+
+@pytest.mark.parametrize(
+    "text, options",
+    [
+        ("\\boxed{C}", ["C"]),
+        ("so the answer is $\\boxed{(C)}$", ["C"]),
+        ("\\boxed{\\text{C}}", ["C"]),
+        ("\\boxed{C. 42 m/s}", ["C"]),
+        ("Answer: C", ["C"]),
+        ("**Answer:** (J)", ["J"]),
+        ("The answer is (B).", ["B"]),
+        ("(B)", ["B"]),
+        ("B", ["B"]),
+        ("The answer is B, no wait. Answer: D", ["D"]),  # the last statement wins
+        ("\\boxed{A, C}", ["A", "C"]),  # a hedge
+        ("\\boxed{A or C}", ["A", "C"]),
+        ("I would guess something", []),
+    ],
+)
+def test_chosen_options(text, options):
+    assert chosen_options(text) == options
+
+
+def test_option_letter_of_ground_truth():
+    assert [option_letter(g) for g in ["C", "(C)", "[c]", "C.", "K", "CD", "3"]] == ["C", "C", None, "C", None, None, None]
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("9.81", 9.81),
+        ("-3e-5", -3e-5),
+        ("3.2 \\times 10^{-4}", 3.2e-4),
+        ("\\frac{1}{3}", 1 / 3),
+        ("-\\frac{3}{4}", -0.75),
+        ("1/3", 1 / 3),
+        ("1,000", 1000.0),
+        ("9.8 \\text{ m/s}^2", 9.8),
+        ("12\\%", 12.0),
+        ("3 + x", None),
+        ("x", None),
+        ("\\frac{1}{0}", None),
+    ],
+)
+def test_parse_number(text, value):
+    got = parse_number(text)
+    assert got == pytest.approx(value) if value is not None else got is None
+
+
+def test_options_and_numbers(reward):
+    recs = [{"ground_truth": g} for g in ["C", "(B)", "B", "E", 9.81, "9.81", "9.81", "6.02e23", "0"]]
+    comps = [
+        "<think>\\boxed{A}</think>Answer: C",  # the thinking's box does not count
+        "\\boxed{B}",
+        "\\boxed{A, B}",
+        "Answer: D",
+        "\\boxed{9.8}",  # within 1 % relative
+        "The answer is 9.7",
+        "no answer here",
+        "\\boxed{6.0 \\times 10^{23}}",
+        "\\boxed{1e-12}",  # |0 - 1e-12| <= abs_tol
+    ]
+    res = reward(recs, comps)
+    assert [r.score for r in res] == [1, 1, 0, 0, 1, 0, 0, 1, 1], res
+    assert res[2].failure == "format" and res[2].details["hedged"]
+    assert res[3].failure == "wrong" and res[5].failure == "wrong" and res[6].failure == "format"
+
+
+def test_tolerances_are_configurable():
+    with StemReward(rel_tol=1e-4) as r:
+        assert [x.score for x in r([{"ground_truth": 9.81}] * 2, ["\\boxed{9.8}", "\\boxed{9.8101}"])] == [0, 1]
+
+
+def test_expression_answers_go_to_math_verify(reward):
+    res = reward([{"ground_truth": "\\sqrt{2}"}] * 2, ["\\boxed{2^{1/2}}", "\\boxed{\\sqrt{3}}"])
+    assert [r.score for r in res] == [1.0, 0.0]

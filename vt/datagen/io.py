@@ -1,0 +1,175 @@
+"""Raw rows in and out: JSONL and parquet, every field kept (vt.data.sources normalises; this does not).
+
+``read_rows(path)`` yields ``(where, row)`` with ``where`` = ``file:LINE`` / ``file:row N``; a malformed JSON
+line raises VtError naming it. ``ResumableWriter`` appends JSONL lines with a journal so a killed run
+continues exactly where it stopped (see its docstring); a ``.parquet`` output is assembled from the
+finished JSONL at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vt import VtError
+
+
+def plain(x: Any) -> Any:
+    """numpy / pyarrow leftovers -> JSON-serialisable Python."""
+    if isinstance(x, np.ndarray):
+        return [plain(v) for v in x.tolist()]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return x
+
+
+def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+    path = str(path)
+    if not os.path.isfile(path):
+        raise VtError(f"{path}: no such file")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow's error types vary by cause
+            raise VtError(f"{path}: cannot read parquet: {e}") from e
+        for i, row in enumerate(table.to_pylist()):
+            yield f"{path}:row {i}", plain(row)
+        return
+    if not path.endswith(".jsonl"):
+        raise VtError(f"{path}: unknown format (expected .jsonl or .parquet)")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise VtError(f"{path}:{lineno}: not a JSON line: {e}") from None
+            if not isinstance(obj, dict):
+                raise VtError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield f"{path}:{lineno}", obj
+
+
+def count_rows(path: str | os.PathLike) -> int:
+    path = str(path)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, "rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(plain(obj), ensure_ascii=False)
+
+
+def read_complete_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file this process appends to; a torn last line (killed mid-write) is cut off the
+    file. A bad line anywhere else is corruption: VtError naming it."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+    rows = []
+    for lineno, raw in enumerate(data[:keep].splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            rows.append(json.loads(raw))
+        except json.JSONDecodeError as e:
+            raise VtError(f"{path}:{lineno}: corrupt line ({e}); delete the file to start over") from None
+    return rows
+
+
+def append_lines(f, objs: list[dict]) -> None:
+    if objs:
+        f.write("".join(dumps(o) + "\n" for o in objs))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+class ResumableWriter:
+    """Output JSONL plus a journal: one journal line per consumed input row ``{"i": row, "out": k,
+    "reason": r}`` written *after* that row's k output lines.
+
+    On open, the journal says which input rows are done and how many output lines they own; output lines
+    past that count (a row killed half-written) are cut, so resuming never duplicates or loses a line.
+    Rejected rows go to ``<out>.rejected.jsonl`` with their reason (the "what was removed and why").
+    A ``.parquet`` output path is written through ``<out>.partial.jsonl`` and converted by ``finish()``.
+    """
+
+    def __init__(self, out_path: str | os.PathLike):
+        self.final = Path(out_path)
+        if self.final.suffix not in (".jsonl", ".parquet"):
+            raise VtError(f"{self.final}: output must be .jsonl or .parquet")
+        if self.final.suffix == ".parquet" and self.final.exists():
+            raise VtError(f"{self.final}: already exists (finished); choose another output")
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        self.path = self.final if self.final.suffix == ".jsonl" else Path(str(self.final) + ".partial.jsonl")
+        self.journal_path = Path(str(self.final) + ".journal")
+        self.rejected_path = Path(str(self.final) + ".rejected.jsonl")
+        journal = read_complete_jsonl(self.journal_path)
+        if self.path.exists() and not self.journal_path.exists():
+            raise VtError(f"{self.path}: exists without its journal {self.journal_path.name}; "
+                          "not written by this command (delete it or choose another output)")
+        self.done = {int(j["i"]) for j in journal}
+        self.counts: dict[str, int] = {}
+        for j in journal:
+            self.counts[j["reason"]] = self.counts.get(j["reason"], 0) + 1
+        owned = sum(int(j["out"]) for j in journal)
+        self.kept_rows = self._cut(self.path, owned)
+        self._cut(self.rejected_path, sum(1 for j in journal if j["reason"] != "kept"))
+        self._out = open(self.path, "a", encoding="utf-8")
+        self._rej = open(self.rejected_path, "a", encoding="utf-8")
+        self._jr = open(self.journal_path, "a", encoding="utf-8")
+
+    @staticmethod
+    def _cut(path: Path, n: int) -> list[dict]:
+        rows = read_complete_jsonl(path)
+        if len(rows) < n:
+            raise VtError(f"{path}: has {len(rows)} lines but its journal accounts for {n}; the output was "
+                          "edited or truncated (delete it and its journal to start over)")
+        if len(rows) > n:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(dumps(r) + "\n" for r in rows[:n]))
+        return rows[:n]
+
+    def write(self, i: int, outputs: list[dict], reason: str = "kept", detail: Any = None,
+              where: str = "") -> None:
+        """Record input row ``i``: its output rows (kept) or its rejection ``reason`` (+ detail)."""
+        append_lines(self._out, outputs)
+        if reason != "kept":
+            append_lines(self._rej, [{"where": where, "reason": reason, "detail": detail}])
+        append_lines(self._jr, [{"i": i, "out": len(outputs), "reason": reason}])
+        self.done.add(i)
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+    def close(self) -> None:
+        for f in (self._out, self._rej, self._jr):
+            f.close()
+
+    def finish(self, report: dict) -> dict:
+        """Close, convert to parquet if asked, write ``<out>.report.json``; returns the report."""
+        self.close()
+        if self.final.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            rows = read_complete_jsonl(self.path)
+            pq.write_table(pa.Table.from_pylist(rows), self.final)
+            self.path.unlink()
+        report = {**report, "counts": dict(sorted(self.counts.items())), "output": str(self.final),
+                  "rejected": str(self.rejected_path)}
+        Path(str(self.final) + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
+        return report

@@ -1,0 +1,27 @@
+"""`vt self-distill --config configs/self_distill.py --workdir DIR`."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "self-distill", help="stage 4: sample RL checkpoints, keep verified traces, S_LP-select an SFT set",
+        description="Writes samples_<domain>/, scores.jsonl, selected.jsonl and selection_report.json into "
+                    "--workdir; re-running resumes. Override any field with --config.key=value.")
+    p.add_argument("--config", required=True, help="configs/self_distill.py[:variant]")
+    p.add_argument("--workdir", required=True, type=Path)
+    p.set_defaults(func=run, accepts_config_overrides=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vt.config import load_config, to_dataclass
+    from vt.distill.pipeline import SelfDistillConfig, run_self_distill
+
+    cfg = to_dataclass(SelfDistillConfig, load_config(args.config, args.config_overrides))
+    report = run_self_distill(cfg, args.workdir)
+    print(json.dumps(report["domains"], indent=1))
+    print(f"{report['selected']} traces -> {args.workdir / 'selected.jsonl'}")
+    return 0

@@ -1,0 +1,141 @@
+"""The student's length-normalised NLL of a trace (RECIPE stage 4):
+
+    S_LP(q, y) = -(1/|y|) sum_{t=1}^{|y|} log pi_student(y_t | q, y_<t)
+
+One jitted forward per batch of (prompt ids, completion ids) pairs, rows sorted by length and padded to a
+power-of-two bucket so a whole data set compiles a handful of programs. With ``chunk_tokens`` > 0 the
+sequence goes through the model in chunks of that many tokens with a KV cache, so the fp32 logits held at
+once are [B, chunk, V] instead of [B, T, V] (at T = 32K and V = 152K a single row's full logits would be
+20 GB). With a mesh, rows are split over the mesh's data x fsdp axes (the model's own sharding does the
+rest); the batch size must divide by that product.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from vt import VtError
+from vt.model.qwen2 import KVCache
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoringConfig:
+    batch_size: int = 8  # rows per forward pass
+    chunk_tokens: int = 0  # 0: one forward over the whole row; else KV-cache chunks of this many tokens
+    min_bucket: int = 64  # shortest padded length
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.chunk_tokens < 0 or self.min_bucket < 1:
+            raise VtError(f"scoring config: batch_size >= 1, chunk_tokens >= 0, min_bucket >= 1; got {self}")
+
+
+def _bucket(x: int, lo: int) -> int:
+    return max(lo, 1 << max(0, x - 1).bit_length())
+
+
+def _row_nll(logits_BTV, targets_BT, mask_BT):
+    logits = logits_BTV.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    tgt = jnp.take_along_axis(logits, targets_BT[..., None], axis=-1)[..., 0]
+    nll = jnp.where(mask_BT > 0, lse - tgt, 0.0)  # where, not multiply: padded garbage cannot leak in
+    return nll.sum(-1), mask_BT.sum(-1)
+
+
+def _full(graphdef, state, tokens, targets, mask, segments):
+    model = nnx.merge(graphdef, state)
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    logits, _ = model(tokens, positions, segments)
+    return _row_nll(logits, targets, mask)
+
+
+def _chunk(graphdef, state, cache, tokens, targets, mask, start):
+    model = nnx.merge(graphdef, state)
+    B, C = tokens.shape
+    positions = start + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
+    logits, cache = model(tokens, positions, jnp.ones_like(tokens), cache=cache)
+    s, n = _row_nll(logits, targets, mask)
+    return cache, s, n
+
+
+class Scorer:
+    """``Scorer(model, cfg, mesh).nll(prompts, completions) -> np.ndarray`` of S_LP per pair."""
+
+    def __init__(self, model, cfg: ScoringConfig = ScoringConfig(), mesh=None):
+        self.graphdef, self.state = nnx.split(model)
+        self.model_cfg, self.cfg, self.mesh = model.cfg, cfg, mesh
+        self._row_sh = self._kv_sh = None
+        if mesh is not None:
+            from vt.sharding import param_sharding
+            mc = self.model_cfg
+            self._row_sh = param_sharding(("batch", None), (cfg.batch_size, 1), mesh, "scoring.batch_size")
+            kv = param_sharding(("batch", "cache_sequence", "kv_heads", "head_dim"),
+                                (cfg.batch_size, 1, mc.num_kv_heads, mc.head_dim), mesh, "scoring KV cache")
+            self._kv_sh = KVCache(k=[kv] * mc.num_layers, v=[kv] * mc.num_layers)
+        self._full = jax.jit(functools.partial(_full, self.graphdef))
+        self._chunk = jax.jit(functools.partial(_chunk, self.graphdef), donate_argnums=(1,))
+        mc = self.model_cfg
+        self._zeros = jax.jit(lambda B, S: KVCache.zeros(mc, B, S), static_argnums=(0, 1),
+                              **({} if mesh is None else dict(out_shardings=self._kv_sh)))
+
+    def _ctx(self):
+        import contextlib
+
+        from vt.sharding import use_mesh
+        return use_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def _put(self, x: np.ndarray):
+        return jnp.asarray(x) if self._row_sh is None else jax.device_put(x, self._row_sh)
+
+    def nll(self, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> np.ndarray:
+        if len(prompts) != len(completions):
+            raise VtError(f"scoring: {len(prompts)} prompts but {len(completions)} completions")
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            if not p or not c:
+                raise VtError(f"scoring: pair {i} has an empty {'prompt' if not p else 'completion'}")
+            if len(p) + len(c) > self.model_cfg.max_position_embeddings:
+                raise VtError(f"scoring: pair {i} has {len(p) + len(c)} tokens; the model holds "
+                              f"{self.model_cfg.max_position_embeddings}")
+        order = np.argsort([len(p) + len(c) for p, c in zip(prompts, completions)], kind="stable")
+        out = np.zeros(len(prompts), np.float64)
+        B = self.cfg.batch_size
+        with self._ctx():
+            for start in range(0, len(order), B):
+                idx = order[start:start + B]
+                sums, counts = self._batch([prompts[i] for i in idx], [completions[i] for i in idx])
+                out[idx] = sums[:len(idx)] / counts[:len(idx)]
+        return out
+
+    def _batch(self, prompts, completions):
+        B, cfg = self.cfg.batch_size, self.cfg
+        longest = max(len(p) + len(c) - 1 for p, c in zip(prompts, completions))
+        T = _bucket(longest, cfg.min_bucket)
+        if cfg.chunk_tokens:
+            T = -(-T // cfg.chunk_tokens) * cfg.chunk_tokens
+        T = min(T, self.model_cfg.max_position_embeddings)
+        tokens, targets = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
+        mask, segments = np.zeros((B, T), np.float32), np.zeros((B, T), np.int32)
+        for b, (p, c) in enumerate(zip(prompts, completions)):
+            seq = list(p) + list(c)
+            L = len(seq) - 1
+            tokens[b, :L], targets[b, :L], segments[b, :L] = seq[:-1], seq[1:], 1
+            mask[b, len(p) - 1:L] = 1.0  # targets that are completion tokens
+        if not cfg.chunk_tokens or cfg.chunk_tokens >= T:
+            s, n = self._full(self.state, *map(self._put, (tokens, targets, mask, segments)))
+            return np.asarray(s, np.float64), np.asarray(n, np.float64)
+        cache = self._zeros(B, T)
+        total_s, total_n = 0.0, 0.0
+        C = cfg.chunk_tokens
+        for c0 in range(0, T, C):
+            if not mask[:, c0:].any():
+                break
+            cache, s, n = self._chunk(self.state, cache, *map(self._put, (tokens[:, c0:c0 + C], targets[:, c0:c0 + C],
+                                                                        mask[:, c0:c0 + C])), jnp.int32(c0))
+            total_s, total_n = total_s + np.asarray(s, np.float64), total_n + np.asarray(n, np.float64)
+        return total_s, total_n

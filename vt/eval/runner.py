@@ -1,0 +1,349 @@
+"""`vt eval`: sample n completions per problem, score them with vt.rewards, report pass@1 / pass@k / maj@k.
+
+    summary = run_eval(cfg, out_dir)                      # loads cfg.model.ckpt through vt's sampler
+    summary = run_eval(cfg, out_dir, generator=stand_in)  # any vt.eval.generation.Generator
+
+Output directory:
+    config.json     the settings that determine the results (a resume with different ones is refused)
+    results.jsonl   one line per finished problem (samples with answer, score, failure, tokens, finish
+                    reason[, text]; per-problem metrics; CLR picks), appended and fsynced as problems finish
+    summary.json, summary.md, plot.png   written at the end
+
+Resumable: problems are cut into fixed chunks of ``chunk_problems``; chunk c is generated with seed
+``sampling.seed * 1_000_003 + c`` and sample j of problem i depends only on (seed, i, j), so a killed run
+regenerates an unfinished chunk exactly and writes only its missing problems.
+
+Verifier errors (a checker that failed: score None) are never counted as wrong: those samples are left
+out of their problem's metrics and counted in the summary (``verifier_errors``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from vt import VtError
+from vt.eval import metrics as M
+from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
+from vt.eval.generation import Generator
+from vt.sharding import MeshConfig
+
+log = logging.getLogger(__name__)
+
+DOMAINS = ("math", "code", "stem", "instruct")
+_GOLD = "\x00gold"  # cluster key shared by every verified-correct answer (all equal the ground truth)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    ckpt: str = ""  # vt checkpoint directory (`vt eval --ckpt` sets it)
+    tokenizer: str = ""  # HF tokenizer directory
+    preset: str = ""  # smoke only: random-init preset when ckpt is empty
+    dtype: str = "bfloat16"  # compute dtype of the forward pass
+    attention_impl: str = "xla"
+    mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    n: int = 64  # samples per problem
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = -1
+    max_new_tokens: int = 32768
+    max_context: int = 0  # 0: the model's max_position_embeddings
+    batch_size: int = 256  # decode slots of the engine
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ClrSettings:
+    enabled: bool = False
+    K: int = 32  # trajectories per CLR run (disjoint slices of the n samples)
+    M: int = 5  # claims per trajectory
+    runs: int = 8  # independent runs averaged; needs runs * K <= n
+    claim_max_new_tokens: int = 2048
+    verify_max_new_tokens: int = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    name: str = "eval"
+    data: str = ""  # .parquet (verl) or .jsonl
+    domain: str = "math"  # reward domain: math, code, stem, instruct
+    limit: int = 0  # first N problems only (0 = all)
+    system_prompt: str = ""  # prepended as a system message when non-empty
+    prompt_suffix: str = ""  # appended to the last user message
+    ks: tuple[int, ...] = (1, 4, 16, 64)
+    maj_ks: tuple[int, ...] = (64,)
+    chunk_problems: int = 8  # problems per generate call (also the resume unit)
+    cluster_with_math_verify: bool = True  # merge wrong answers that math-verify finds equal before voting
+    save_text: bool = True  # keep completion texts in results.jsonl
+    reward_workers: int = 2
+    progress: bool = True
+    model: ModelSettings = ModelSettings()
+    sampling: SamplingSettings = SamplingSettings()
+    clr: ClrSettings = ClrSettings()
+
+    def __post_init__(self):
+        if self.domain not in DOMAINS:
+            raise VtError(f"config.domain: {self.domain!r} is not one of {DOMAINS}")
+        if self.sampling.n < 1 or self.chunk_problems < 1:
+            raise VtError("config.sampling.n and config.chunk_problems must be >= 1")
+        for name in ("ks", "maj_ks"):
+            bad = [k for k in getattr(self, name) if not 1 <= k <= self.sampling.n]
+            if bad:
+                raise VtError(f"config.{name}: {bad} not in [1, sampling.n = {self.sampling.n}]")
+        if self.clr.enabled:
+            if self.domain not in VOTABLE_DOMAINS:
+                raise VtError(f"config.clr.enabled: CLR needs a domain with final answers {VOTABLE_DOMAINS}")
+            if self.clr.runs * self.clr.K > self.sampling.n or min(self.clr.K, self.clr.M, self.clr.runs) < 1:
+                raise VtError(f"config.clr: runs * K = {self.clr.runs * self.clr.K} must be <= sampling.n = "
+                              f"{self.sampling.n} (each run uses its own K samples)")
+
+
+def fingerprint(cfg: EvalConfig) -> dict:
+    """The settings results depend on (not progress bars, worker counts or where the weights live)."""
+    d = dataclasses.asdict(cfg)
+    for k in ("progress", "reward_workers", "save_text", "ks", "maj_ks"):
+        d.pop(k)
+    d["model"] = {k: v for k, v in d["model"].items() if k in ("ckpt", "preset", "dtype")}
+    d["sampling"].pop("batch_size")
+    return json.loads(json.dumps(d))
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    index: int
+    id: str
+    messages: list[dict]
+    row: dict  # the raw row, as the reward function reads it
+    ground_truth: Any
+
+
+def load_problems(cfg: EvalConfig) -> list[Problem]:
+    from vt.data.sources import Malformed, record_from_dict
+    from vt.datagen.io import read_rows
+    problems = []
+    for i, (where, row) in enumerate(read_rows(cfg.data)):
+        if cfg.limit and len(problems) >= cfg.limit:
+            break
+        rec = record_from_dict(row, where=where, default_id=str(i), default_domain=cfg.domain)
+        if isinstance(rec, Malformed):
+            raise VtError(str(rec))
+        msgs = [dict(m) for m in rec.prompt]
+        if not msgs or msgs[-1]["role"] != "user":
+            raise VtError(f"{where}: the prompt must end with a user message")
+        if cfg.prompt_suffix:
+            msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + cfg.prompt_suffix}
+        if cfg.system_prompt:
+            msgs = [{"role": "system", "content": cfg.system_prompt}] + [m for m in msgs if m["role"] != "system"]
+        problems.append(Problem(i, rec.id, msgs, row, rec.ground_truth))
+    if not problems:
+        raise VtError(f"{cfg.data}: no problems")
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        raise VtError(f"{cfg.data}: problem ids are not unique (results are keyed by id)")
+    return problems
+
+
+def _open_out(cfg: EvalConfig, out_dir: Path) -> dict[str, dict]:
+    from vt.datagen.io import read_complete_jsonl
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(cfg)
+    cfg_path = out_dir / "config.json"
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        if old != fp:
+            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+            raise VtError(f"{cfg_path}: this output directory holds results of different settings "
+                          f"(differs in {diff}); use another --out")
+    else:
+        cfg_path.write_text(json.dumps(fp, indent=2) + "\n")
+    return {r["id"]: r for r in read_complete_jsonl(out_dir / "results.jsonl")}
+
+
+def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
+    import jax
+
+    from vt.eval.generation import EngineGenerator
+    from vt.sampling import Engine, SamplerConfig
+    from vt.sharding import make_mesh
+    m, s = cfg.model, cfg.sampling
+    sizes = (m.mesh.data, m.mesh.fsdp, m.mesh.tensor)
+    mesh = make_mesh(m.mesh, devices=None if -1 in sizes else jax.devices()[:math.prod(sizes)])
+    mesh = None if mesh.size == 1 else mesh
+    if m.ckpt:
+        from vt.checkpoint import load_model
+        model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
+    elif m.preset:
+        from vt.model import create_model, preset
+        model = create_model(preset(m.preset, dtype=m.dtype, attention_impl=m.attention_impl), mesh)
+    else:
+        raise VtError("config.model.ckpt: no checkpoint given (vt eval --ckpt DIR)")
+    if m.tokenizer:
+        from vt.data.tokenizer import load_tokenizer
+        tok = load_tokenizer(m.tokenizer)
+    elif m.preset:  # smoke: a tiny tokenizer built on the spot
+        from vt.data.tokenizer import build_tiny_tokenizer
+        tok = build_tiny_tokenizer(out_dir / "tokenizer", vocab_size=model.cfg.vocab_size)
+    else:
+        raise VtError("config.model.tokenizer: no tokenizer directory given")
+    sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                       top_p=s.top_p, top_k=s.top_k, seed=s.seed, max_context=s.max_context or None)
+    return EngineGenerator(Engine(model, sc, mesh=mesh), tok, s.max_new_tokens)
+
+
+def score_problem(cfg: EvalConfig, problem: Problem, completions, reward, equivalent) -> dict:
+    """One results.jsonl row for a problem's completions."""
+    results = reward([problem.row] * len(completions), [c.text for c in completions])
+    samples = []
+    for c, r in zip(completions, results):
+        s = {"answer": extract_answer(cfg.domain, c.text), "score": r.score, "correct": r.score == 1.0,
+             "failure": r.failure, "tokens": c.num_tokens, "finish": c.finish_reason}
+        if cfg.save_text:
+            s["text"] = c.text
+        samples.append(s)
+    clusters = vote_clusters(cfg, samples, equivalent)
+    return {"index": problem.index, "id": problem.id, "ground_truth": problem.ground_truth, "samples": samples,
+            "clusters": clusters, "metrics": sample_metrics(cfg, samples, clusters)}
+
+
+def vote_keys(samples: list[dict]) -> list[str | None]:
+    """Cluster keys: every correct sample shares one key (all equal the gold); others their answer."""
+    return [_GOLD if s["correct"] else s["answer"] for s in samples]
+
+
+def vote_clusters(cfg: EvalConfig, samples: list[dict], equivalent) -> list[int | None]:
+    """Majority-vote cluster per sample (None: no answer, a verifier error, or a non-votable domain)."""
+    if cfg.domain not in VOTABLE_DOMAINS:
+        return [None] * len(samples)
+    eq = None
+    if equivalent is not None:
+        eq = lambda a, b: a != _GOLD and b != _GOLD and equivalent(a, b)  # noqa: E731
+    keys = [None if s["failure"] == "verifier_error" else k for s, k in zip(samples, vote_keys(samples))]
+    return M.cluster_answers(keys, eq)
+
+
+def sample_metrics(cfg: EvalConfig, samples: list[dict], clusters: list[int | None]) -> dict:
+    """Per-problem metrics over the samples whose verdict is known (verifier errors left out, counted)."""
+    keep = [i for i, s in enumerate(samples) if s["failure"] != "verifier_error"]
+    out: dict[str, Any] = {"n": len(samples), "verifier_errors": len(samples) - len(keep)}
+    if not keep:
+        return out
+    valid = [samples[i] for i in keep]
+    ks = [k for k in cfg.ks if k <= len(valid)]
+    maj_ks = [k for k in cfg.maj_ks if k <= len(valid)] if cfg.domain in VOTABLE_DOMAINS else []
+    out.update(M.problem_metrics([s["correct"] for s in valid], [clusters[i] for i in keep],
+                                 [s["finish"] for s in valid], [s["tokens"] for s in valid], ks, maj_ks))
+    return out
+
+
+def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None = None, reward=None) -> dict:
+    """Evaluate (or finish evaluating) ``cfg`` into ``out_dir``; returns the summary."""
+    from tqdm import tqdm
+
+    from vt.datagen.io import append_lines
+    from vt.rewards import make_reward
+    out_dir = Path(out_dir)
+    problems = load_problems(cfg)
+    done = _open_out(cfg, out_dir)
+    unknown = sorted(set(done) - {p.id for p in problems})
+    if unknown:
+        raise VtError(f"{out_dir / 'results.jsonl'}: holds problem ids not in {cfg.data}: {unknown[:3]}")
+    todo_chunks = sorted({p.index // cfg.chunk_problems for p in problems if p.id not in done})
+    own_reward = reward is None
+    if own_reward:
+        options = {"workers": cfg.reward_workers} if cfg.domain in ("math", "code") else {}
+        reward = make_reward(cfg.domain, **options)
+    try:
+        equivalent = None
+        if cfg.domain == "math" and cfg.cluster_with_math_verify:
+            equivalent = math_equivalence(reward)
+        if todo_chunks and generator is None:
+            generator = build_generator(cfg, out_dir)
+        bar = tqdm(total=len(problems), initial=len(done), desc=f"eval {cfg.name}", unit="problem",
+                   disable=not cfg.progress)
+        with open(out_dir / "results.jsonl", "a", encoding="utf-8") as f:
+            for c in todo_chunks:
+                chunk = [p for p in problems if p.index // cfg.chunk_problems == c]
+                seed = cfg.sampling.seed * 1_000_003 + c
+                completions = generator.generate([p.messages for p in chunk], cfg.sampling.n, seed)
+                if len(completions) != len(chunk) or any(len(x) != cfg.sampling.n for x in completions):
+                    raise VtError(f"generator returned {[len(x) for x in completions]} samples for "
+                                  f"{len(chunk)} problems, expected {cfg.sampling.n} each")
+                rows = [score_problem(cfg, p, comps, reward, equivalent) for p, comps in zip(chunk, completions)]
+                if cfg.clr.enabled:
+                    from vt.eval.clr import clr_for_rows
+                    clr_for_rows(cfg.clr, generator, chunk, rows, completions, seed)
+                for p, row in zip(chunk, rows):
+                    if p.id not in done:
+                        append_lines(f, [row])
+                        done[p.id] = row
+                        bar.update(1)
+        bar.close()
+        summary = summarize(cfg, [done[p.id] for p in problems])
+    finally:
+        if own_reward:
+            reward.close()
+    write_report(cfg, summary, out_dir)
+    return summary
+
+
+def summarize(cfg: EvalConfig, rows: list[dict]) -> dict:
+    recomputed = [sample_metrics(cfg, r["samples"], r["clusters"]) for r in rows]  # ks may differ from the run's
+    per_problem = [{k: v for k, v in m.items() if k not in ("n", "verifier_errors")} for m in recomputed]
+    scored = [m for m in per_problem if m]
+    summary: dict[str, Any] = {"name": cfg.name, "data": cfg.data, "n": cfg.sampling.n, **M.mean_over_problems(scored)}
+    summary["problems"] = len(rows)
+    summary["problems_unscored"] = len(rows) - len(scored)
+    summary["verifier_errors"] = sum(m["verifier_errors"] for m in recomputed)
+    if cfg.clr.enabled:
+        accs = [run["correct"] for r in rows for run in r.get("clr", [])]
+        per_problem_clr = [sum(run["correct"] for run in r["clr"]) / len(r["clr"]) for r in rows if r.get("clr")]
+        summary[f"clr@{cfg.clr.K}"] = float(sum(per_problem_clr) / len(per_problem_clr)) if per_problem_clr else 0.0
+        summary["clr_runs"] = len(accs)
+    return summary
+
+
+def _fmt(v) -> str:
+    return f"{100 * v:.2f}" if isinstance(v, float) else str(v)
+
+
+def write_report(cfg: EvalConfig, summary: dict, out_dir: Path) -> None:
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    metric_keys = [k for k in summary if k == "avg@n" or k.startswith(("pass@", "maj@", "clr@"))]
+    cols = ["benchmark", "problems", *metric_keys, "truncated %", "mean tokens", "verifier errors"]
+    vals = [cfg.name, str(summary["problems"]), *[_fmt(summary[k]) for k in metric_keys],
+            _fmt(summary.get("truncated", float("nan"))), f"{summary.get('mean_tokens', float('nan')):.1f}",
+            str(summary["verifier_errors"])]
+    table = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n| " + " | ".join(vals) + " |\n"
+    (out_dir / "summary.md").write_text(
+        f"# {cfg.name}: n = {cfg.sampling.n} samples per problem (metrics in %)\n\n{table}")
+    plot_summary(summary, out_dir / "plot.png")
+
+
+def plot_summary(summary: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for prefix, style in (("pass@", "o-"), ("maj@", "s--")):
+        pts = sorted((int(k[len(prefix):]), v) for k, v in summary.items() if k.startswith(prefix))
+        if pts:
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], style, label=prefix.rstrip("@") + "@k")
+    for k, v in summary.items():
+        if k.startswith("clr@"):
+            ax.axhline(100 * v, color="tab:red", ls=":", label=k)
+    ax.axhline(100 * summary.get("avg@n", 0.0), color="gray", ls=":", label="avg@n (pass@1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("%")
+    ax.set_title(f"{summary['name']} ({summary['problems']} problems, n={summary['n']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
