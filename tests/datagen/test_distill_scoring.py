@@ -12,15 +12,16 @@ from vt.distill.selection import DomainRule, ScoredTrace, band_select, select
 @pytest.fixture(scope="module")
 def tiny_model():
     from vt.model import create_model, preset
-    return create_model(preset("tiny", max_position_embeddings=256), seed=3)
+    return create_model(preset("tiny", max_position_embeddings=1024), seed=3)
 
 
 def direct_nll(model, prompt, completion):
     """-(1/|y|) sum_t log pi(y_t | q, y_<t) from one unpadded forward pass, log-softmax in numpy."""
-    import jax.numpy as jnp
-    seq = np.array(prompt + completion)[None]
-    logits, _ = model(jnp.asarray(seq))
-    logits = np.asarray(logits[0], np.float64)
+    import jax
+    from flax import nnx
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x)[0])  # jit only to skip eager dispatch
+    logits = np.asarray(forward(state, np.array(prompt + completion)[None])[0], np.float64)
     logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) - \
         logits.max(-1, keepdims=True)
     P = len(prompt)
@@ -57,7 +58,8 @@ def test_scorer_sharded_matches_unsharded():
         rng = np.random.default_rng(1)
         prompts = [rng.integers(0, 512, int(n)).tolist() for n in (3, 9, 4, 20)]
         comps = [rng.integers(0, 512, int(n)).tolist() for n in (7, 2, 30, 5)]
-        a = Scorer(create_model(cfg, mesh, seed=0), ScoringConfig(batch_size=4, chunk_tokens=16, min_bucket=8), mesh).nll(prompts, comps)
+        sharded = ScoringConfig(batch_size=4, chunk_tokens=16, min_bucket=8)
+        a = Scorer(create_model(cfg, mesh, seed=0), sharded, mesh).nll(prompts, comps)
         b = Scorer(create_model(cfg, None, seed=0), ScoringConfig(batch_size=3, min_bucket=8)).nll(prompts, comps)
         print("MAXDIFF", float(np.max(np.abs(a - b))))
     """, devices=4)

@@ -97,6 +97,24 @@ def test_config_validation():
 
 def test_eval_config_files_load():
     from vt.config import load_config, to_dataclass
-    path = Path(__file__).resolve().parents[2] / "configs" / "eval_aime25.py"
-    for variant in ("", ":clr", ":smoke"):
-        to_dataclass(EvalConfig, load_config(f"{path}{variant}"))
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    for spec in ("eval_aime25.py", "eval_aime25.py:clr", "eval_aime25.py:smoke", "eval_gpqa.py", "eval_gpqa.py:smoke",
+                 "eval_lcb.py", "eval_ifeval.py"):
+        to_dataclass(EvalConfig, load_config(f"{configs / spec}"))
+
+
+def test_ifeval_levels(tmp_path):
+    """Prompt and instruction level, strict, through the real instruct reward."""
+    from vt.eval.generation import Completion
+    rows = [{"id": "a", "prompt": "Say hi.", "constraints": [{"type": "all_lowercase"}, {"type": "no_commas"}]},
+            {"id": "b", "prompt": "Say bye.", "constraints": [{"type": "all_lowercase"}]}]
+    data = tmp_path / "if.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    class Gen:
+        def generate(self, convs, n, seed, max_new_tokens=None):
+            return [[Completion("hi, there" if "hi" in c[-1]["content"] else "BYE", 2, "stop")] for c in convs]
+    cfg = EvalConfig(name="if", data=str(data), domain="instruct", ks=(1,), maj_ks=(), progress=False,
+                     sampling=SamplingSettings(n=1))
+    s = run_eval(cfg, tmp_path / "out", generator=Gen())
+    assert s["prompt_strict"] == 0.0 and s["inst_strict"] == pytest.approx(1 / 3) and s["avg@n"] == 0.0

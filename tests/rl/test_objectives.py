@@ -106,3 +106,12 @@ def test_kl_k3_nonnegative_and_zero_at_equality():
     a, b = jnp.asarray(rng.randn(10)), jnp.asarray(rng.randn(10))
     assert np.all(np.asarray(kl_to_reference(a, b)) >= 0)
     np.testing.assert_allclose(np.asarray(kl_to_reference(a, a)), 0.0, atol=1e-7)
+
+
+def test_verifier_errors_are_left_out_not_zeroed():
+    r = np.array([[1.0, 0.0, 0.0, 1.0, 0.0]])
+    valid = np.array([[True, True, True, True, False]])
+    a = np.asarray(group_advantages(r, valid_QG=valid))
+    np.testing.assert_allclose(a[0, :4], np.asarray(group_advantages(r[:, :4]))[0], rtol=1e-6)
+    assert a[0, 4] == 0.0
+    assert float(group_accuracy(r, valid)[0]) == 0.5  # not 0.4: the unknown one is not counted as wrong

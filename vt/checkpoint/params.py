@@ -50,8 +50,10 @@ def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -
 
 
 def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax.Array]) -> None:
-    _checkpointer().save(Path(directory) / PARAMS_ITEM, params)
-    (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+    from vt.distributed import is_primary
+    _checkpointer().save(Path(directory) / PARAMS_ITEM, params)  # collective: every process writes its shards
+    if is_primary():
+        (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
 
 
 def load_model_config(ckpt_dir: Path | str, **overrides) -> ModelConfig:

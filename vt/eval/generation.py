@@ -4,8 +4,9 @@
         def generate(self, conversations, n, seed) -> list[list[Completion]]   # [i][j]: sample j of conv i
 
 ``max_new_tokens`` (optional) caps this call's completions below the generator's default (CLR's claim
-and verification prompts need fewer tokens than a solution). Sample j of conversation i must depend only on (seed, i, j) -- vt's Engine guarantees this -- so a
-killed and resumed evaluation regenerates a chunk of problems exactly. Conversations (not token ids) are
+and verification prompts need fewer tokens than a solution). Sample j of conversation i must depend only
+on (seed, i, j) -- vt's Engine guarantees this -- so a killed and resumed evaluation regenerates a chunk
+of problems exactly. Conversations (not token ids) are
 the unit so a stand-in model, vt's sampler on a checkpoint and an OpenAI-compatible endpoint all fit.
 
 A *teacher* / *judge* is the narrower ``Callable[[list[messages]], list[str | BaseException]]`` used by

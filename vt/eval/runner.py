@@ -204,6 +204,8 @@ def score_problem(cfg: EvalConfig, problem: Problem, completions, reward, equiva
     for c, r in zip(completions, results):
         s = {"answer": extract_answer(cfg.domain, c.text), "score": r.score, "correct": r.score == 1.0,
              "failure": r.failure, "tokens": c.num_tokens, "finish": c.finish_reason}
+        if cfg.domain == "instruct" and r.score is not None:  # IFEval's instruction-level verdicts
+            s["strict"], s["loose"] = list(r.details["strict"]), list(r.details["loose"])
         if cfg.save_text:
             s["text"] = c.text
         samples.append(s)
@@ -301,6 +303,8 @@ def summarize(cfg: EvalConfig, rows: list[dict]) -> dict:
     summary["problems"] = len(rows)
     summary["problems_unscored"] = len(rows) - len(scored)
     summary["verifier_errors"] = sum(m["verifier_errors"] for m in recomputed)
+    if cfg.domain == "instruct":
+        summary.update(ifeval_scores([s for r in rows for s in r["samples"] if "strict" in s]))
     if cfg.clr.enabled:
         accs = [run["correct"] for r in rows for run in r.get("clr", [])]
         per_problem_clr = [sum(run["correct"] for run in r["clr"]) / len(r["clr"]) for r in rows if r.get("clr")]
@@ -309,13 +313,26 @@ def summarize(cfg: EvalConfig, rows: list[dict]) -> dict:
     return summary
 
 
+def ifeval_scores(samples: list[dict]) -> dict[str, float]:
+    """IFEval's four numbers over all samples: prompt level (every instruction met) and instruction level
+    (fraction of all instructions met), strict and loose."""
+    if not samples:
+        return {}
+    out = {}
+    for mode in ("strict", "loose"):
+        out[f"prompt_{mode}"] = sum(all(s[mode]) for s in samples) / len(samples)
+        flat = [v for s in samples for v in s[mode]]
+        out[f"inst_{mode}"] = sum(flat) / len(flat)
+    return out
+
+
 def _fmt(v) -> str:
     return f"{100 * v:.2f}" if isinstance(v, float) else str(v)
 
 
 def write_report(cfg: EvalConfig, summary: dict, out_dir: Path) -> None:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    metric_keys = [k for k in summary if k == "avg@n" or k.startswith(("pass@", "maj@", "clr@"))]
+    metric_keys = [k for k in summary if k == "avg@n" or k.startswith(("pass@", "maj@", "clr@", "prompt_", "inst_"))]
     cols = ["benchmark", "problems", *metric_keys, "truncated %", "mean tokens", "verifier errors"]
     vals = [cfg.name, str(summary["problems"]), *[_fmt(summary[k]) for k in metric_keys],
             _fmt(summary.get("truncated", float("nan"))), f"{summary.get('mean_tokens', float('nan')):.1f}",

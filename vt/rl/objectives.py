@@ -12,9 +12,12 @@ from jax.scipy.special import xlogy
 AGGREGATIONS = ("seq_mean", "token_mean")
 
 
-def group_accuracy(correct_QG: jax.Array) -> jax.Array:
-    """p(q) = (1/G) sum_i 1[r_i = 1], from the binary correctness (never from shaped rewards)."""
-    return jnp.mean(correct_QG.astype(jnp.float32), axis=-1)
+def group_accuracy(correct_QG: jax.Array, valid_QG: jax.Array | None = None) -> jax.Array:
+    """p(q) = (1/G) sum_i 1[r_i = 1], from the binary correctness (never from shaped rewards). With `valid`,
+    responses whose verifier failed are left out of both counts."""
+    c = jnp.asarray(correct_QG, jnp.float32)
+    v = jnp.ones_like(c) if valid_QG is None else jnp.asarray(valid_QG, jnp.float32)
+    return jnp.sum(c * v, axis=-1) / jnp.maximum(jnp.sum(v, axis=-1), 1.0)
 
 
 def max_entropy_deviation(p_Q: jax.Array) -> jax.Array:
@@ -29,21 +32,26 @@ def mgpo_weight(p_Q: jax.Array, gamma: float) -> jax.Array:
     return jnp.exp(-gamma * max_entropy_deviation(p_Q))
 
 
-def group_advantages(rewards_QG: jax.Array, eps: float = 1e-6, ddof: int = 1) -> jax.Array:
+def group_advantages(rewards_QG: jax.Array, eps: float = 1e-6, ddof: int = 1,
+                     valid_QG: jax.Array | None = None) -> jax.Array:
     """A_i = (r_i - mean_G r) / (std_G r + eps), per group. A group whose rewards are all equal gets A = 0
-    (its numerator is exactly 0), never NaN. ddof=1 is the unbiased std that verl's and TRL's GRPO use."""
+    (its numerator is exactly 0), never NaN. ddof=1 is the unbiased std that verl's and TRL's GRPO use.
+    With `valid`, the statistics use only valid responses and invalid ones get A = 0 (no learning signal
+    either way from a response whose correctness is unknown)."""
     r = jnp.asarray(rewards_QG, jnp.float32)
-    G = r.shape[-1]
-    centred = r - jnp.mean(r, axis=-1, keepdims=True)
-    var = jnp.sum(centred * centred, axis=-1, keepdims=True) / max(G - ddof, 1)
+    v = jnp.ones_like(r) if valid_QG is None else jnp.asarray(valid_QG, jnp.float32)
+    n = jnp.sum(v, axis=-1, keepdims=True)
+    mean = jnp.sum(r * v, axis=-1, keepdims=True) / jnp.maximum(n, 1.0)
+    centred = (r - mean) * v
+    var = jnp.sum(centred * centred, axis=-1, keepdims=True) / jnp.maximum(n - ddof, 1.0)
     return centred / (jnp.sqrt(var) + eps)
 
 
-def mgpo_advantages(rewards_QG, correct_QG, gamma: float, eps: float = 1e-6, ddof: int = 1):
+def mgpo_advantages(rewards_QG, correct_QG, gamma: float, eps: float = 1e-6, ddof: int = 1, valid_QG=None):
     """(w(q) * A_i, w(q)): advantages from the (possibly Long2Short-shaped) rewards, weight from the binary
     correctness."""
-    w_Q = mgpo_weight(group_accuracy(correct_QG), gamma)
-    return w_Q[:, None] * group_advantages(rewards_QG, eps, ddof), w_Q
+    w_Q = mgpo_weight(group_accuracy(correct_QG, valid_QG), gamma)
+    return w_Q[:, None] * group_advantages(rewards_QG, eps, ddof, valid_QG), w_Q
 
 
 def truncated_importance_weight(learner_logp, sampler_logp, cap: float) -> jax.Array:

@@ -135,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
 
     fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".tmp", dir=out_dir)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; OUT gets the permissions of a normally created file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for i, (req, samples) in enumerate(zip(requests, results)):
                 for j, s in enumerate(samples):

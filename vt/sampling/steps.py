@@ -51,7 +51,7 @@ def forward_at(model, tokens_BT, positions_BT, cache: KVCache, idx_B):
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
     segment_ids_BT = jnp.ones(tokens_BT.shape, jnp.int32)
-    x_BTD = constrain(model.embed.value[tokens_BT].astype(dt), ("batch", "sequence", "embed"))
+    x_BTD = constrain(model.embed[...][tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
     new_k, new_v = [], []
     for i, layer in enumerate(model.layers):
         x_BTD, (k, v) = layer(x_BTD, positions_BT, segment_ids_BT, (cache.k[i], cache.v[i]))
@@ -59,7 +59,7 @@ def forward_at(model, tokens_BT, positions_BT, cache: KVCache, idx_B):
         new_v.append(v)
     x_BD = jnp.take_along_axis(x_BTD, idx_B[:, None, None], axis=1)[:, 0]
     x_BD = model.final_norm(x_BD)
-    head_DV = model.embed.value.T if cfg.tie_word_embeddings else model.lm_head.value
+    head_DV = model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]
     logits_BV = jnp.einsum("bd,dv->bv", x_BD, head_DV.astype(dt), preferred_element_type=jnp.float32)
     return logits_BV[:, : cfg.vocab_size], KVCache(k=new_k, v=new_v)
 

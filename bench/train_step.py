@@ -1,0 +1,231 @@
+"""Train-step tokens/s: vt vs Tunix's SFT trainer (PeftTrainer, full fine-tuning) vs transformers + PyTorch.
+
+    .venv/bin/python bench/train_step.py [--preset tiny] [--batch 8] [--seq 256] [--steps 20]
+
+Same architecture (vt preset -> Tunix Qwen2 ModelConfig / transformers Qwen2Config), same shapes, fp32,
+AdamW (lr 1e-4, wd 0.01) with global-norm clipping 1.0, next-token loss over every position of unpacked rows
+(Tunix's SFT trainer does not pack). Each framework runs its own training loop on a stream of random batches;
+the first `--warmup` steps (compilation) are excluded and the median over the timed steps is reported.
+
+Tunix runs in its own virtualenv (bench/.venv-tunix, created on first use with `pip install google-tunix`;
+never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
+mean little; the ratios printed at the end are the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TUNIX_VENV = REPO / "bench" / ".venv-tunix"
+LR, WD, CLIP = 1e-4, 0.01, 1.0
+
+
+def arch(args) -> dict:
+    sys.path.insert(0, str(REPO))
+    from vt.model import preset
+    c = preset(args.preset)
+    return dict(vocab=c.vocab_size, hidden=c.hidden_size, mlp=c.intermediate_size, layers=c.num_layers,
+                heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, theta=c.rope_theta,
+                eps=c.rms_norm_eps, tied=c.tie_word_embeddings)
+
+
+def batches(a: dict, batch: int, seq: int, n: int):
+    import numpy as np
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        yield rng.integers(1, a["vocab"], (batch, seq + 1)).astype(np.int32)
+
+
+def per_step(times: list[float], warmup: int) -> float:
+    return statistics.median(times[warmup:])
+
+
+# --- vt --------------------------------------------------------------------------------------------------------
+
+def run_vt(a, args) -> float:
+    import jax
+    import numpy as np
+    from vt.checkpoint.params import flat_params
+    from vt.model import create_model, preset
+    from vt.sharding import MeshConfig, make_mesh
+    from vt.train.optim import OptimConfig, make_optimizer
+    from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
+    from vt.train.step import batch_sharding, device_batch, make_train_step
+
+    cfg = preset(args.preset)
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    md = ModelDef(cfg)
+    opt, sched = make_optimizer(OptimConfig(lr=LR, final_lr=LR, warmup_frac=0.0, weight_decay=WD, clip_norm=CLIP),
+                                args.steps + args.warmup)
+    sh = train_state_shardings(md, opt, mesh)
+    state = init_train_state(flat_params(create_model(cfg, mesh)), opt, sh, 0)
+    step = make_train_step(md, opt, sched, sh, abstract_train_state(md, opt, sh), mesh, 1, args.batch, args.seq)
+    b_sh = batch_sharding(mesh)
+    times, pending = [], None
+    t = time.perf_counter()
+    for tokens in batches(a, args.batch, args.seq, args.steps + args.warmup):
+        batch = {"input_ids": tokens[:, :-1], "targets": tokens[:, 1:],
+                 "loss_mask": np.ones((args.batch, args.seq), np.float32),
+                 "segment_ids": np.ones((args.batch, args.seq), np.int32),
+                 "positions": np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))}
+        state, metrics = step(state, device_batch(batch, b_sh))
+        if pending is not None:  # as the learner does: read the previous step's metrics
+            jax.device_get(pending)
+            now = time.perf_counter()
+            times.append(now - t)
+            t = now
+        pending = metrics
+    jax.device_get(pending)
+    times.append(time.perf_counter() - t)
+    return per_step(times, args.warmup)
+
+
+# --- transformers + PyTorch --------------------------------------------------------------------------------------
+
+def run_torch(a, args) -> float:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count())
+    cfg = Qwen2Config(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["mlp"],
+                      num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
+                      head_dim=a["head_dim"], rope_theta=a["theta"], rms_norm_eps=a["eps"],
+                      tie_word_embeddings=a["tied"], max_position_embeddings=max(args.seq, 2048))
+    model = Qwen2ForCausalLM(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    times = []
+    for tokens in batches(a, args.batch, args.seq, args.steps + args.warmup):
+        t = time.perf_counter()
+        x = torch.from_numpy(tokens[:, :-1].astype("int64"))
+        y = torch.from_numpy(tokens[:, 1:].astype("int64"))
+        logits = model(input_ids=x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        loss.item()
+        times.append(time.perf_counter() - t)
+    return per_step(times, args.warmup)
+
+
+# --- Tunix (runs inside bench/.venv-tunix) ------------------------------------------------------------------------
+
+def run_tunix_worker(a, args) -> float:
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+    from tunix.models.qwen2 import model as qwen2
+    from tunix.sft import hooks, peft_trainer, utils
+
+    cfg = qwen2.ModelConfig(num_layers=a["layers"], vocab_size=a["vocab"], embed_dim=a["hidden"], hidden_dim=a["mlp"],
+                            num_heads=a["heads"], head_dim=a["head_dim"], num_kv_heads=a["kv_heads"],
+                            rope_theta=int(a["theta"]), norm_eps=a["eps"], use_tied_embedding=a["tied"])
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    starts = []
+
+    class Timer(hooks.TrainingHooks):
+        def on_train_start(self, trainer): pass
+        def on_train_end(self, trainer): starts.append(time.perf_counter())
+        def on_train_step_start(self, trainer): starts.append(time.perf_counter())
+        def on_train_step_end(self, trainer, *a, **k): pass
+        def on_eval_step_start(self, trainer): pass
+        def on_eval_step_end(self, trainer, *a, **k): pass
+
+    with mesh:
+        model = qwen2.Qwen2(cfg, rngs=nnx.Rngs(0))
+        opt = optax.chain(optax.clip_by_global_norm(CLIP), optax.adamw(LR, weight_decay=WD))
+        trainer = peft_trainer.PeftTrainer(model, opt, peft_trainer.TrainingConfig(
+            eval_every_n_steps=10 ** 9, max_steps=args.steps + args.warmup, pbar_description=None))
+
+        def gen_model_input_fn(x):
+            pad_mask = x.input_tokens != 0
+            return {"input_tokens": x.input_tokens, "input_mask": x.input_mask,
+                    "positions": utils.build_positions_from_mask(pad_mask),
+                    "attention_mask": utils.make_causal_attn_mask(pad_mask)}
+
+        trainer = trainer.with_gen_model_input_fn(gen_model_input_fn)
+        trainer.with_training_hooks(Timer())
+        # Tunix's default loss drops the last position: feed seq + 1 tokens so it trains on `seq` targets.
+        data = [peft_trainer.TrainingInput(input_tokens=t, input_mask=np.ones_like(t))
+                for t in batches(a, args.batch, args.seq, args.steps + args.warmup)]
+        trainer.train(data)
+    # step k's time = next step's start - its start (the trainer keeps <= 2 steps in flight; the end hook waits)
+    times = [b - s for s, b in zip(starts, starts[1:])]
+    return per_step(times, args.warmup)
+
+
+def run_tunix(a, args) -> tuple[float | None, str]:
+    py = TUNIX_VENV / "bin" / "python"
+    if not py.exists():
+        print(f"creating {TUNIX_VENV} (pip install google-tunix) ...", file=sys.stderr)
+        subprocess.run([sys.executable.replace("/.venv/", "/.venv/"), "-m", "venv", str(TUNIX_VENV)], check=True)
+        proc = subprocess.run([str(py), "-m", "pip", "install", "-q", "google-tunix"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return None, "pip install google-tunix failed: " + proc.stderr.strip().splitlines()[-1]
+    cmd = [str(py), __file__, "--worker", "tunix", "--arch", json.dumps(a), "--batch", str(args.batch),
+           "--seq", str(args.seq), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return float(line.split()[1]), ""
+    return None, (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed first steps (compilation)")
+    ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
+    ap.add_argument("--arch", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of each framework, interleaved; the best round's median counts (shared machines)")
+    ap.add_argument("--skip", default="", help="comma-separated: vt,tunix,torch")
+    args = ap.parse_args()
+
+    if args.worker == "tunix":
+        print("RESULT", run_tunix_worker(json.loads(args.arch), args))
+        return
+    a = arch(args)
+    tokens = args.batch * args.seq
+    results, notes = {}, {}
+    skip = set(filter(None, args.skip.split(",")))
+    runners = {"vt": lambda: run_vt(a, args), "tunix": lambda: run_tunix(a, args),
+               "transformers+torch": lambda: run_torch(a, args)}
+    runners = {k: v for k, v in runners.items() if k.split("+")[-1] not in skip and k not in skip}
+    for _ in range(args.rounds):
+        for name, run in runners.items():
+            if name in notes:
+                continue
+            out = run()
+            secs, why = out if isinstance(out, tuple) else (out, "")
+            if secs is None:
+                notes[name] = why
+            else:
+                results[name] = min(results.get(name, float("inf")), secs)
+    print(f"train step, preset {args.preset}, batch {args.batch} x seq {args.seq}, fp32, CPU x{os.cpu_count()}, "
+          f"best of {args.rounds} interleaved rounds of the median of {args.steps} steps after {args.warmup} warm-up")
+    for name, secs in results.items():
+        print(f"  {name:20s} {secs * 1e3:9.1f} ms/step  {tokens / secs:12,.0f} tokens/s")
+    for name, why in notes.items():
+        print(f"  {name:20s} not run: {why}")
+    if "vt" in results:
+        for name, secs in results.items():
+            if name != "vt":
+                print(f"  vt / {name}: {secs / results['vt']:.2f}x tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""`vt data filter|dedup|decontam|expand|judge|distill|stratify`: data construction around the stages.
+
+Every subcommand reads JSONL or parquet and writes JSONL or parquet (by the output's extension), resumes
+when re-run with the same output (``<out>.journal``), shows a progress bar, writes what it removed and
+why to ``<out>.rejected.jsonl`` and the per-reason counts to ``<out>.report.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from vt import VtError
+
+
+def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
+    p.add_argument("input", help="input .jsonl or .parquet")
+    p.add_argument("output", help=out_help)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _teacher_args(p, what="teacher"):
+    p.add_argument(f"--{what}", required=True, help="ckpt:DIR (vt sampler; needs --tokenizer) or "
+                                                    "openai:URL|MODEL[|API_KEY_ENV]")
+    p.add_argument("--tokenizer", default="", help="HF tokenizer directory for a ckpt: teacher")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=16384)
+    p.add_argument("--batch-rows", type=int, default=16, help="input rows per teacher call")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def register(subparsers) -> None:
+    data = subparsers.add_parser("data", help="data construction: filter, dedup, decontam, expand, judge, "
+                                              "distill, stratify")
+    sub = data.add_subparsers(dest="data_command", required=True)
+
+    p = sub.add_parser("filter", help="n-gram quality filters (repetition, templated degeneration, length)")
+    _io(p)
+    p.add_argument("--repetition-n", type=int, default=10)
+    p.add_argument("--max-repetition", type=float, default=0.5, help="reject above this repetition score")
+    p.add_argument("--template-n", type=int, default=6)
+    p.add_argument("--max-template", type=float, default=0.7, help="reject above this digit-blind score")
+    p.add_argument("--min-chars", type=int, default=1)
+    p.add_argument("--max-chars", type=int, default=0)
+    p.add_argument("--require-response", action="store_true", help="reject rows without an assistant turn")
+    p.set_defaults(func=run_filter)
+
+    p = sub.add_parser("dedup", help="exact and near-duplicate removal (MinHash LSH)")
+    _io(p)
+    p.add_argument("--key", choices=("prompt", "response", "all"), default="all")
+    p.add_argument("--near-threshold", type=float, default=0.8, help="Jaccard threshold; 0 = exact only")
+    p.add_argument("--num-perm", type=int, default=128)
+    p.add_argument("--shingle", type=int, default=5, help="words per shingle")
+    p.set_defaults(func=run_dedup)
+
+    p = sub.add_parser("decontam", help="drop rows sharing a word n-gram with evaluation sets")
+    _io(p)
+    p.add_argument("--eval", action="append", required=True, help="evaluation set (.jsonl/.parquet); repeatable")
+    p.add_argument("-n", "--ngram", type=int, default=13)
+    p.add_argument("--min-short-words", type=int, default=6, help="shorter eval texts match whole")
+    p.add_argument("--part", choices=("prompt", "response", "all"), default="all")
+    p.set_defaults(func=run_decontam)
+
+    p = sub.add_parser("expand", help="teacher rewrites of seed queries (concept, skeleton, constraints, "
+                                      "objective), optionally judged")
+    _io(p)
+    _teacher_args(p)
+    p.add_argument("--strategies", default="concept,skeleton,constraints,objective")
+    p.add_argument("--judge", default="", help="query-quality judge (same forms as --teacher); '' = none")
+    p.set_defaults(func=run_expand)
+
+    p = sub.add_parser("judge", help="LLM query-quality filter")
+    _io(p)
+    _teacher_args(p, "judge")
+    p.set_defaults(func=run_judge)
+
+    p = sub.add_parser("distill", help="k teacher traces per query; keep verified ones (reference or vote)")
+    _io(p)
+    _teacher_args(p)
+    p.add_argument("-k", type=int, default=8, help="samples per query")
+    p.add_argument("--domain", default="", help="math, stem, code or instruct ('' = each row's own)")
+    p.add_argument("--min-agreement", type=float, default=0.5, help="pseudo-label vote share of k")
+    p.add_argument("--no-reference", action="store_true", help="ignore references: vote even when present")
+    p.add_argument("--reward-workers", type=int, default=2)
+    p.set_defaults(func=run_distill)
+
+    p = sub.add_parser("stratify", help="curriculum manifests (stage1/stage2/pass_rates) by difficulty and length")
+    p.add_argument("input", help="verified traces (.jsonl/.parquet)")
+    p.add_argument("output", help="output directory")
+    p.add_argument("--difficulty-edges", default="0.25,0.5,0.75")
+    p.add_argument("--length-edges", default="1024,5000,16384")
+    p.add_argument("--min-trace-tokens", type=int, default=5000)
+    p.add_argument("--min-error-rate", type=float, default=0.75)
+    p.add_argument("--min-rollouts", type=int, default=8)
+    p.add_argument("--tokenizer", default="", help="count trace tokens when metadata.trace_length is absent")
+    p.set_defaults(func=run_stratify)
+
+
+def _finish(report: dict) -> int:
+    counts = report["counts"]
+    kept = counts.get("kept", 0)
+    print(f"{report['input']} -> {report['output']}: {kept} of {sum(counts.values())} rows kept")
+    for reason, n in counts.items():
+        if reason != "kept":
+            print(f"  {reason}: {n}")
+    print(f"removed rows and reasons: {report['rejected']}")
+    return 0
+
+
+def run_filter(args) -> int:
+    from vt.datagen.quality import FilterConfig, filter_step
+    from vt.datagen.stages import open_writer, run_stage
+    cfg = FilterConfig(args.repetition_n, args.max_repetition, args.template_n, args.max_template, args.min_chars,
+                       args.max_chars, args.require_response)
+    return _finish(run_stage(args.input, open_writer(args.output), filter_step(cfg), desc="filter",
+                             progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
+
+
+def run_dedup(args) -> int:
+    from vt.datagen.quality import DedupConfig, dedup_step
+    from vt.datagen.stages import open_writer, run_stage
+    cfg = DedupConfig(args.key, args.near_threshold, args.num_perm, args.shingle)
+    w = open_writer(args.output)
+    return _finish(run_stage(args.input, w, dedup_step(cfg, w.kept_rows), desc="dedup",
+                             progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
+
+
+def run_decontam(args) -> int:
+    from vt.datagen.quality import Decontaminator, decontam_step, eval_texts
+    from vt.datagen.stages import open_writer, run_stage
+    deco = Decontaminator(eval_texts(args.eval), args.ngram, args.min_short_words)
+    return _finish(run_stage(args.input, open_writer(args.output), decontam_step(deco, args.part),
+                             desc="decontam", progress=not args.no_progress,
+                             report={"eval_sets": args.eval, "ngram": args.ngram}))
+
+
+def _teacher(args, spec):
+    from vt.eval.generation import teacher_from_spec
+    return teacher_from_spec(spec, tokenizer=args.tokenizer, temperature=args.temperature, top_p=args.top_p,
+                             max_new_tokens=args.max_new_tokens, seed=args.seed)
+
+
+def run_expand(args) -> int:
+    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.teacher import expand_batch
+    judge = _teacher(args, args.judge) if args.judge else None
+    step = expand_batch(_teacher(args, args.teacher), [s.strip() for s in args.strategies.split(",") if s.strip()],
+                        judge)
+    return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+                             desc="expand", progress=not args.no_progress, report={"teacher": args.teacher}))
+
+
+def run_judge(args) -> int:
+    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.teacher import judge_batch
+    return _finish(run_stage(args.input, open_writer(args.output), batch_step=judge_batch(_teacher(args, args.judge)),
+                             batch_size=args.batch_rows, desc="judge", progress=not args.no_progress,
+                             report={"judge": args.judge}))
+
+
+def run_distill(args) -> int:
+    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.teacher import DistillConfig, distill_batch
+    from vt.rewards import make_reward
+    cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
+
+    class Rewards(dict):  # a domain's verifier starts when its first row shows up
+        def __missing__(self, d):
+            self[d] = make_reward(d, **({"workers": args.reward_workers} if d in ("math", "code") else {}))
+            return self[d]
+
+    rewards = Rewards()
+    try:
+        step = distill_batch(_teacher(args, args.teacher), cfg, rewards)
+        return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+                                 desc="distill", progress=not args.no_progress,
+                                 report={"teacher": args.teacher, "k": args.k}))
+    finally:
+        for r in rewards.values():
+            r.close()
+
+
+def _floats(text: str, name: str, cast=float) -> tuple:
+    try:
+        return tuple(cast(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise VtError(f"--{name} {text!r}: expected comma-separated numbers") from None
+
+
+def run_stratify(args) -> int:
+    from vt.datagen.stratify import StratifyConfig, run_stratify as run
+    cfg = StratifyConfig(_floats(args.difficulty_edges, "difficulty-edges"),
+                         _floats(args.length_edges, "length-edges", int), args.min_trace_tokens, args.min_error_rate, args.min_rollouts, args.tokenizer)
+    manifest = run(args.input, Path(args.output), cfg)
+    print(json.dumps({k: manifest[k] for k in ("stage1", "stage2", "prompts_with_pass_rate")}))
+    return 0

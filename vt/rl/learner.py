@@ -1,0 +1,340 @@
+"""The MGPO learner (RECIPE stages 3 and 5): on-policy RL with max-entropy prompt weighting.
+
+    result = train_rl(to_dataclass(RLConfig, load_config("configs/mgpo_math.py")), workdir)
+
+One RL step: Q prompts -> G samples each from the current policy (vt.sampling, log-probs kept) -> verifier
+rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt.rl.objectives) -> pi_old and
+truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
+surrogate -> the new weights pushed into the sampler in place.
+
+Determinism: prompts of step s are a fixed function of (data.seed, s) and the sampler's randomness a fixed
+function of (rollout seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
+exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
+
+Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vt import VtError
+from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
+from vt.rl import objectives as obj
+from vt.rl.rollouts import Scored, build_batch, rollout_and_score
+from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
+from vt.sharding import MeshConfig, make_mesh
+from vt.train.metrics import MetricsWriter
+from vt.train.optim import OptimConfig, make_optimizer
+from vt.train.sft import ModelSection, _Preemption, resolve_model_config
+from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLData:
+    train: str = ""  # prompt records (vt.data.open_source spec: verl parquet, JSONL, ...)
+    eval: str = ""  # held-out prompts for accuracy ("" = none)
+    domain: str = ""  # reward domain for every record; "" = each record's own `domain`
+    tokenizer: str = ""  # HF tokenizer directory or SentencePiece model
+    profile: str = ""  # pass-rate JSONL (`vt profile`): prompts at exactly 0 or 1 are dropped at start
+    max_prompt_tokens: int = 2048
+    seed: int = 0  # prompt order
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    group_size: int = 16  # G responses per prompt
+    prompts_per_step: int = 64  # Q prompts per RL step
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 4096
+    batch_size: int = 256  # decode slots of the sampler
+    steps_per_call: int = 64  # decode steps per host round trip
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MgpoSection:
+    gamma: float = 1.0  # w(q) = exp(-gamma D_ME); not published: 0 = GRPO
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: str = "seq_mean"  # seq_mean (RECIPE's J) | token_mean
+    adv_eps: float = 1e-6
+    std_ddof: int = 1
+    is_cap: float = 2.0  # C in min(pi_learner / pi_sampler, C)
+    kl_coef: float = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
+    long2short_lambda: float = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
+    mini_batches: int = 1  # optimiser updates per RL batch
+
+
+@dataclasses.dataclass(frozen=True)
+class RLTrain:
+    steps: int = 100
+    eval_every: int = 0  # steps between held-out accuracy evaluations (and always at start and end)
+    eval_samples: int = 4  # samples per held-out prompt (avg@n accuracy at the rollout temperature)
+    eval_prompts: int = 64  # held-out prompts used per evaluation
+    progress: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    model: ModelSection = ModelSection()
+    data: RLData = RLData()
+    rollout: Rollout = Rollout()
+    mgpo: MgpoSection = MgpoSection()
+    mesh: MeshConfig = MeshConfig()
+    optim: OptimConfig = OptimConfig(lr=1e-6, final_lr=1e-6, warmup_frac=0.0)
+    train: RLTrain = RLTrain()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    rewards: dict = dataclasses.field(default_factory=dict)  # domain -> reward constructor options
+
+
+@dataclasses.dataclass
+class RLResult:
+    step: int
+    status: str
+    last_metrics: dict[str, Any]
+    eval_history: list[tuple[int, float]]
+
+
+def load_records(spec: str, where: str):
+    from vt.data import open_source
+    from vt.data.sources import Malformed
+    source = open_source(spec)
+    records = [source[i] for i in range(len(source))]
+    bad = [r for r in records if isinstance(r, Malformed)]
+    if bad:
+        raise VtError(f"{where}: {len(bad)} malformed record(s), first at {bad[0].where}: {bad[0].reason}")
+    if not records:
+        raise VtError(f"{where}={spec!r}: no records")
+    return records
+
+
+def drop_trivial(records, profile_path: str):
+    """RECIPE: before an RL phase, drop prompts the starting checkpoint always or never solves."""
+    from vt.data import load_pass_rates
+    rates = load_pass_rates(profile_path)
+    kept = [r for r in records if r.prompt_id in rates and 0.0 < rates[r.prompt_id].pass_rate < 1.0]
+    return kept, len(records) - len(kept)
+
+
+def prompts_for_step(n_records: int, step: int, Q: int, seed: int) -> np.ndarray:
+    """Indices of step `step`'s prompts: consecutive slices of per-epoch permutations (deterministic)."""
+    start = step * Q
+    out = []
+    while len(out) < Q:
+        epoch, offset = divmod(start + len(out), n_records)
+        perm = np.random.default_rng([seed, epoch]).permutation(n_records)
+        out.extend(perm[offset: offset + Q - len(out)].tolist())
+    return np.asarray(out)
+
+
+class _Learner:
+    def __init__(self, cfg: RLConfig, workdir: Path):
+        from vt.data import load_tokenizer
+        from vt.rewards.registry import make_reward
+        from vt.sampling.engine import Engine, SamplerConfig
+
+        self.cfg, self.workdir = cfg, workdir
+        if cfg.mgpo.aggregation not in obj.AGGREGATIONS:
+            raise VtError(f"config mgpo.aggregation={cfg.mgpo.aggregation!r}: expected one of {obj.AGGREGATIONS}")
+        if not cfg.data.tokenizer:
+            raise VtError("config data.tokenizer must be set")
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.records = load_records(cfg.data.train, "data.train")
+        self.dropped = 0
+        if cfg.data.profile:
+            self.records, self.dropped = drop_trivial(self.records, cfg.data.profile)
+            if not self.records:
+                raise VtError(f"data.profile={cfg.data.profile}: every prompt has pass rate 0 or 1")
+        self.eval_records = load_records(cfg.data.eval, "data.eval") if cfg.data.eval else []
+        domains = {cfg.data.domain} if cfg.data.domain else {r.domain for r in self.records + self.eval_records}
+        self.rewards = {d: make_reward(d, **cfg.rewards.get(d, {})) for d in sorted(domains)}
+
+        self.mesh = make_mesh(cfg.mesh)
+        self.model_cfg = resolve_model_config(cfg.model)
+        self.md = ModelDef(self.model_cfg)
+        self.optimizer, self.schedule = make_optimizer(cfg.optim, cfg.train.steps * cfg.mgpo.mini_batches)
+        self.sh = train_state_shardings(self.md, self.optimizer, self.mesh)
+        self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
+        self.ckpt = CheckpointManager(workdir / "checkpoints", cfg.checkpoint, self.model_cfg)
+        r, m = cfg.rollout, cfg.mgpo
+        self.logps = make_token_logps(self.md, self.mesh, r.temperature)
+        self.update = make_rl_step(self.md, self.optimizer, self.schedule, self.sh, self.mesh,
+                                   temperature=r.temperature, eps_low=m.eps_low, eps_high=m.eps_high,
+                                   aggregation=m.aggregation, kl_coef=m.kl_coef)
+        self.sampler_cfg = SamplerConfig(batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
+                                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                         steps_per_call=r.steps_per_call, seed=r.seed)
+        self._engine_cls = Engine
+        self.engine = None
+        self.ref_params = None
+
+    def _nnx_state(self, params):
+        from flax import nnx
+        return nnx.state(self.md.bind(params))
+
+    def initial_state(self) -> TrainState:
+        from vt.checkpoint.params import flat_params, load_model
+        latest = self.ckpt.latest_step()
+        if latest is not None:
+            r = self.ckpt.restore(latest, self.abstract)
+            log.info("resumed from %s", self.ckpt.step_dir(latest))
+            return TrainState(step=jax.device_put(np.int32(latest * self.cfg.mgpo.mini_batches), self.sh.step),
+                              params=r.params, opt_state=r.opt_state, rng=jax.device_put(r.rng, self.sh.rng))
+        m = self.cfg.model
+        if m.init_checkpoint:
+            model = load_model(m.init_checkpoint, self.mesh, param_dtype=m.param_dtype, dtype=m.dtype,
+                               remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+        else:
+            from vt.model import create_model
+            model = create_model(self.model_cfg, self.mesh, seed=m.seed)
+        return init_train_state(flat_params(model), self.optimizer, self.sh, m.seed)
+
+    def rollout(self, records, step: int, group_size: int, seed_offset: int = 0) -> Scored:
+        seed = int(np.random.default_rng([self.cfg.rollout.seed, seed_offset, step]).integers(2**31))
+        return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
+                                 seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
+                                 domain=self.cfg.data.domain)
+
+    def evaluate(self, step: int) -> float:
+        t = self.cfg.train
+        recs = self.eval_records[: t.eval_prompts]
+        scored = self.rollout(recs, step, t.eval_samples, seed_offset=1)
+        return float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan")
+
+    def advantages(self, s: Scored) -> tuple[np.ndarray, np.ndarray]:
+        m = self.cfg.mgpo
+        rewards = s.rewards
+        if m.long2short_lambda > 0:
+            from vt.rewards.shaping import long2short
+            rewards = np.asarray(long2short(np.where(s.correct, 1.0, s.rewards), s.lengths, m.long2short_lambda))
+        adv, w = obj.mgpo_advantages(rewards, s.correct, m.gamma, m.adv_eps, m.std_ddof, s.valid)
+        return np.asarray(adv), np.asarray(w)
+
+    def train_on(self, state: TrainState, s: Scored) -> tuple[TrainState, dict]:
+        m = self.cfg.mgpo
+        adv, w = self.advantages(s)
+        host = build_batch(s, adv, self.model_cfg.max_position_embeddings)
+        sh = batch_shardings(self.mesh, list(host) + ["old_logp", "is_weight", "ref_logp"])
+        dev = {k: jax.device_put(v, sh[k]) for k, v in host.items()}
+        dev["old_logp"] = old = self.logps(state.params, dev)
+        dev["is_weight"] = obj.truncated_importance_weight(old, dev["sampler_logp"], m.is_cap)
+        if m.kl_coef:
+            dev["ref_logp"] = self.logps(self.ref_params, dev)
+        mask = dev["mask"]
+        n_tok = jnp.maximum(mask.sum(), 1.0)
+        stats = {"is_weight_mean": jnp.sum(dev["is_weight"] * mask) / n_tok,
+                 "is_weight_capped": jnp.sum((dev["is_weight"] >= m.is_cap) * mask) / n_tok,
+                 "mismatch_kl": jnp.sum(obj.kl_to_reference(dev["sampler_logp"], old) * mask) / n_tok}
+        N = mask.shape[0]
+        if N % m.mini_batches:
+            raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide Q*G={N}")
+        size = N // m.mini_batches
+        order = np.random.default_rng([self.cfg.rollout.seed, int(jax.device_get(state.step))]).permutation(N)
+        keys = [k for k in list(ROW_KEYS) + ["adv"] if k in dev]
+        for i in range(m.mini_batches):
+            idx = jnp.asarray(order[i * size:(i + 1) * size]) if m.mini_batches > 1 else None
+            mb = {k: dev[k] if idx is None else jax.device_put(dev[k][idx], sh[k]) for k in keys}
+            state, metrics = self.update(state, mb)
+        metrics = {k: float(v) for k, v in jax.device_get({**metrics, **stats}).items()}
+        metrics["w_mean"] = float(w.mean())
+        return state, metrics
+
+    def run(self) -> RLResult:
+        cfg = self.cfg
+        state = self.initial_state()
+        start = int(jax.device_get(state.step)) // cfg.mgpo.mini_batches
+        if cfg.mgpo.kl_coef:
+            self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
+        self.engine = self._engine_cls((self.md.graphdef, self._nnx_state(state.params)), self.sampler_cfg,
+                                       mesh=self.mesh, tokenizer=self.tokenizer)
+        writer = MetricsWriter(self.workdir, total_steps=cfg.train.steps, start_step=start,
+                               progress=cfg.train.progress)
+        history, last, status, step = [], {}, "finished", start
+        Q, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        try:
+            with _Preemption() as preempt:
+                if self.eval_records and start == 0:
+                    history.append((0, self.evaluate(0)))
+                    writer.write(0, {"eval_accuracy": history[-1][1]})
+                for step in range(start, cfg.train.steps):
+                    t0 = time.perf_counter()
+                    recs = [self.records[i] for i in prompts_for_step(len(self.records), step, Q, cfg.data.seed)]
+                    scored = self.rollout(recs, step, G)
+                    t1 = time.perf_counter()
+                    state, metrics = self.train_on(state, scored)
+                    if not metrics.pop("finite"):
+                        self.ckpt.wait()
+                        raise VtError(f"non-finite loss or gradient at RL step {step + 1}: run halted; no "
+                                      f"checkpoint after step {self.ckpt.latest_step()} was written")
+                    self.engine.update_weights(self._nnx_state(state.params))
+                    t2 = time.perf_counter()
+                    metrics.update(self.rollout_metrics(scored), time_rollout_s=t1 - t0, time_train_s=t2 - t1,
+                                   prompts_dropped=self.dropped)
+                    done = step + 1
+                    final = done == cfg.train.steps or preempt.requested
+                    if self.eval_records and (final or (cfg.train.eval_every and done % cfg.train.eval_every == 0)):
+                        metrics["eval_accuracy"] = self.evaluate(done)
+                        history.append((done, metrics["eval_accuracy"]))
+                    writer.write(done, metrics)
+                    last = metrics
+                    if final or done % cfg.checkpoint.every == 0:
+                        self.ckpt.save(done, state, None, metrics=metrics)
+                    step = done
+                    if preempt.requested:
+                        status = "preempted"
+                        break
+        finally:
+            self.ckpt.close()
+            writer.close()
+            for r in self.rewards.values():
+                r.close()
+        return RLResult(step=step, status=status, last_metrics=last, eval_history=history)
+
+    def initial_reference(self, state: TrainState):
+        m = self.cfg.model
+        if m.init_checkpoint:
+            from vt.checkpoint.params import flat_params, load_model
+            return flat_params(load_model(m.init_checkpoint, self.mesh, param_dtype=m.param_dtype, dtype=m.dtype))
+        return state.params
+
+    @staticmethod
+    def rollout_metrics(s: Scored) -> dict[str, float]:
+        p = np.asarray(obj.group_accuracy(s.correct, s.valid))
+        h = hashlib.sha256()
+        for group in s.samples:
+            for smp in group:
+                h.update(np.asarray(smp.completion_ids, np.int32).tobytes() + b"|")
+        out = {"rollout_hash": h.hexdigest()[:16],
+               "reward_mean": float(s.rewards[s.valid].mean()) if s.valid.any() else float("nan"),
+               "accuracy": float(p.mean()), "groups_all_correct": float((p == 1).mean()),
+               "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~s.valid).mean()),
+               "response_len_mean": float(s.lengths.mean()), "response_len_max": float(s.lengths.max()),
+               "truncated_fraction": float(s.truncated.mean())}
+        for d in sorted(set(s.domains)):
+            rows = [i for i, x in enumerate(s.domains) if x == d]
+            v = s.valid[rows]
+            out[f"reward_mean/{d}"] = float(s.rewards[rows][v].mean()) if v.any() else float("nan")
+        return out
+
+
+def train_rl(cfg: RLConfig, workdir: Path | str) -> RLResult:
+    """Run (or resume) MGPO in `workdir` until `train.steps`, a SIGTERM, or a non-finite step."""
+    workdir = Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+    return _Learner(cfg, workdir).run()

@@ -1,0 +1,96 @@
+"""From prompts to a scored, learner-ready RL batch: sample G responses, verify, shape, build token rows.
+
+Host-side and framework-light: the device work is the sampler's (vt.sampling) and the learner's (vt.rl.step).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from vt import VtError
+from vt.data.sources import Record
+from vt.rewards.base import RewardFunction, scores_and_mask
+from vt.sampling.engine import Engine, Request, Sample
+
+
+def reward_record(record: Record) -> dict[str, Any]:
+    """What the verifiers read: the reference fields (ground_truth, tests, constraints, rubric) and the prompt."""
+    prompt = "\n".join(m["content"] for m in record.prompt if m["role"] == "user")
+    return {**record.metadata, "ground_truth": record.ground_truth, "prompt": prompt, "id": record.id}
+
+
+def prompt_ids(record: Record, tokenizer, max_prompt_tokens: int) -> list[int]:
+    ids = tokenizer.encode_chat(list(record.prompt), add_generation_prompt=True)
+    if len(ids) > max_prompt_tokens:
+        raise VtError(f"{record.where or record.id}: prompt has {len(ids)} tokens, more than "
+                      f"data.max_prompt_tokens={max_prompt_tokens}")
+    return ids
+
+
+@dataclasses.dataclass
+class Scored:
+    """G samples for each of Q prompts with their verdicts. Arrays are [Q, G]."""
+    prompts: list[list[int]]
+    samples: list[list[Sample]]
+    correct: np.ndarray  # bool: reward == 1 (binary correctness: what p(q) counts)
+    rewards: np.ndarray  # float32 reward scores (partial credit possible; 0 at verifier errors)
+    valid: np.ndarray  # bool: the verifier produced a verdict
+    lengths: np.ndarray  # int: completion tokens
+    truncated: np.ndarray  # bool: finish_reason == "length"
+    domains: list[str]
+
+
+def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
+                      *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "") -> Scored:
+    prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
+    samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed)
+    Q, G = len(records), group_size
+    scores = np.zeros((Q, G), np.float32)
+    valid = np.zeros((Q, G), bool)
+    domains = [domain or r.domain for r in records]
+    for d in sorted(set(domains)):
+        if d not in rewards:
+            raise VtError(f"records of domain {d!r} but no reward configured for it (have {sorted(rewards)})")
+        rows = [q for q in range(Q) if domains[q] == d]
+        recs = [reward_record(records[q]) for q in rows for _ in range(G)]
+        texts = [s.text if s.text is not None else tokenizer.decode(s.completion_ids, skip_special_tokens=True)
+                 for q in rows for s in samples[q]]
+        s, v = scores_and_mask(rewards[d](recs, texts))
+        scores[rows] = s.reshape(len(rows), G)
+        valid[rows] = v.reshape(len(rows), G)
+    lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
+    truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
+    return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
+                  lengths=lengths, truncated=truncated, domains=domains)
+
+
+def bucket_length(n: int, lo: int = 16) -> int:
+    """Row lengths are padded to powers of two so the learner compiles a handful of shapes, not one per step."""
+    return max(lo, 1 << math.ceil(math.log2(max(n, 1))))
+
+
+def build_batch(scored: Scored, advantages_QG: np.ndarray, max_len: int) -> dict[str, np.ndarray]:
+    """Token rows [N = Q*G, T]: prompt + completion, right-padded. Position t predicts targets[t]; `mask` is 1
+    where that target is a completion token, and `sampler_logp` holds the sampler's log-prob of it."""
+    rows = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
+    T = min(bucket_length(max(len(p) + len(s.completion_ids) - 1 for p, s in rows)), max_len)
+    N = len(rows)
+    out = {k: np.zeros((N, T), np.int32) for k in ("tokens", "targets", "positions", "segment_ids")}
+    out["mask"] = np.zeros((N, T), np.float32)
+    out["sampler_logp"] = np.zeros((N, T), np.float32)
+    for i, (p, s) in enumerate(rows):
+        ids = np.asarray(list(p) + list(s.completion_ids), np.int32)[: T + 1]
+        n = len(ids) - 1
+        out["tokens"][i, :n] = ids[:-1]
+        out["targets"][i, :n] = ids[1:]
+        out["positions"][i, :n] = np.arange(n)
+        out["segment_ids"][i, :n] = 1
+        first = len(p) - 1  # position whose target is the first completion token
+        k = max(0, n - first)
+        out["mask"][i, first:first + k] = 1.0
+        out["sampler_logp"][i, first:first + k] = np.asarray(s.logprobs[:k], np.float32)
+    out["adv"] = np.asarray(advantages_QG, np.float32).reshape(N)
+    return out
