@@ -27,6 +27,8 @@ setup(
         "math-verify>=0.7",
         "pyarrow>=15",
         "jinja2>=3.1",  # renders Hugging Face chat templates
+        "matplotlib>=3.8",  # evaluation and demo plots (Agg backend)
+        "datasketch>=1.6",  # MinHash near-duplicate removal in data construction
     ],
     extras_require={
         # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.

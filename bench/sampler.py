@@ -98,7 +98,7 @@ def run_hf(args, hf_dir: Path, work) -> dict:
         mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts])
         with torch.no_grad():
             out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=max_new, min_new_tokens=max_new, eos_token_id=None, pad_token_id=0)
+                                 max_new_tokens=max_new, eos_token_id=None, pad_token_id=0)
         return out.shape[1] - L
 
     one(batches[0][0][:4], 4)  # warm-up

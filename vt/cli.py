@@ -17,6 +17,10 @@ COMMAND_MODULES = (
     "vt.sampling.commands",  # sample
     "vt.rewards.commands",  # reward
     "vt.train.commands",  # train, merge
+    "vt.rl.commands",  # profile
+    "vt.eval.commands",  # eval
+    "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
+    "vt.distill.commands",  # self-distill
 )
 
 

@@ -122,3 +122,14 @@ def test_self_distill_end_to_end(tmp_path, aime_rows, math_reward, tiny_model):
     p = tok.encode_chat(r["messages"][:-1], add_generation_prompt=True)
     c = tok.encode(r["messages"][-1]["content"]) + [tok.token_to_id("<|im_end|>")]
     assert r["metadata"]["s_lp"] == pytest.approx(direct_nll(tiny_model, p, c), rel=1e-4)
+
+
+def test_self_distill_config_loads():
+    from pathlib import Path
+
+    from vt.config import load_config, to_dataclass
+    from vt.distill.pipeline import SelfDistillConfig
+    path = Path(__file__).resolve().parents[2] / "configs" / "self_distill.py"
+    for variant in ("", ":smoke"):
+        cfg = to_dataclass(SelfDistillConfig, load_config(f"{path}{variant}"))
+        assert cfg.selection.rules.math.length_edges == (4096, 8192, 16384)

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Run a vt command on every worker of a Cloud TPU VM slice (multi-host, no Pathways).
+#
+#   launch/tpu_pod.sh --name vt-v5p --zone us-east5-a --type v5p-32 -- \
+#       vt train --config configs/sft_stage1.py --workdir /mnt/shared/runs/sft_stage1
+#
+# Steps (each one can be run alone with --only STEP):
+#   create  create the slice with gcloud unless it already exists (then it is reused)
+#   sync    copy this checkout (git-tracked and untracked, non-ignored files) to ~/vt on every worker,
+#           create ~/vt/.venv and install vt[tpu] there
+#   run     run the command on all workers at once (gcloud ... ssh --worker=all), streaming every worker's
+#           output here; vt.distributed.initialize() on each worker finds the others through the TPU metadata
+#           server, so the command is the same everywhere
+#   delete  tear the slice down (only with --delete or --only delete)
+# The workdir (checkpoints are written by all workers together) must be a filesystem every worker sees:
+# a Filestore or gcsfuse mount at the same path. The compilation cache may be a gs:// URL.
+#
+# Options:
+#   --name NAME             TPU VM name (required)
+#   --zone ZONE             zone (required)
+#   --type TYPE             accelerator type, e.g. v5p-32, v6e-16 (required to create)
+#   --version VERSION       TPU software version (default: tpu-ubuntu2204-base)
+#   --project PROJECT       gcloud project (default: gcloud's configured one)
+#   --spot                  create a Spot slice (preemptible: `vt train` resumes from its workdir on rerun)
+#   --cache DIR             JAX_COMPILATION_CACHE_DIR on the workers (e.g. gs://BUCKET/jax-cache)
+#   --only STEP             run one step: create | sync | run | delete
+#   --delete                delete the slice after the run
+#   --dry-run               print every gcloud command instead of running it
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() { echo "launch/tpu_pod.sh: error: $*" >&2; exit 2; }
+
+name="" zone="" type="" version="tpu-ubuntu2204-base" project="" spot=0 cache="" only="" delete=0 dry_run=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --name) name="${2:?}"; shift 2 ;;
+    --zone) zone="${2:?}"; shift 2 ;;
+    --type) type="${2:?}"; shift 2 ;;
+    --version) version="${2:?}"; shift 2 ;;
+    --project) project="${2:?}"; shift 2 ;;
+    --spot) spot=1; shift ;;
+    --cache) cache="${2:?}"; shift 2 ;;
+    --only) only="${2:?}"; shift 2 ;;
+    --delete) delete=1; shift ;;
+    --dry-run) dry_run=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; break ;;
+    *) die "unknown option $1 (the command goes after --)" ;;
+  esac
+done
+[[ -n "$name" ]] || die "--name is required"
+[[ -n "$zone" ]] || die "--zone is required"
+case "$only" in ""|create|sync|run|delete) ;; *) die "--only must be create, sync, run or delete, got '$only'" ;; esac
+want() { [[ -z "$only" || "$only" == "$1" ]]; }
+if want run && [[ $# -eq 0 ]]; then die "no command given (usage: launch/tpu_pod.sh [options] -- COMMAND ...)"; fi
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+tpu=(gcloud compute tpus tpu-vm)
+where=(--zone "$zone")
+[[ -n "$project" ]] && where+=(--project "$project")
+
+run() {  # print in dry-run mode, execute otherwise
+  if [[ "$dry_run" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi
+}
+
+if want create; then
+  if [[ "$dry_run" == 0 ]] && "${tpu[@]}" describe "$name" "${where[@]}" >/dev/null 2>&1; then
+    echo "launch/tpu_pod.sh: reusing existing TPU VM $name" >&2
+  else
+    [[ -n "$type" ]] || die "--type is required to create $name"
+    create=("${tpu[@]}" create "$name" "${where[@]}" --accelerator-type "$type" --version "$version")
+    [[ "$spot" == 1 ]] && create+=(--spot)
+    [[ "$dry_run" == 1 ]] && echo "# create $name unless \`${tpu[*]} describe $name\` finds it"
+    run "${create[@]}"
+  fi
+fi
+
+if want sync; then
+  tarball="${TMPDIR:-/tmp}/vt-src-$name.tar.gz"
+  if [[ "$dry_run" == 1 ]]; then
+    echo "# pack: git -C $repo ls-files -z --cached --others --exclude-standard | tar -czf $tarball --null -T -"
+  else
+    git -C "$repo" ls-files -z --cached --others --exclude-standard | tar -C "$repo" -czf "$tarball" --null -T -
+  fi
+  run "${tpu[@]}" scp "$tarball" "$name:vt-src.tar.gz" "${where[@]}" --worker=all
+  install='rm -rf ~/vt && mkdir -p ~/vt && tar -C ~/vt -xzf ~/vt-src.tar.gz && cd ~/vt && python3 -m venv .venv && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[tpu]"'
+  run "${tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command "$install"
+fi
+
+if want run; then
+  envs="VT_DISTRIBUTED=auto"
+  [[ -n "$cache" ]] && envs+=" JAX_COMPILATION_CACHE_DIR=$(printf '%q' "$cache")"
+  remote="cd ~/vt && . .venv/bin/activate && env $envs $(printf '%q ' "$@")"
+  run "${tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command "$remote" || status=$?
+fi
+
+if [[ "$delete" == 1 || "$only" == delete ]]; then  # also after a failed run: a forgotten slice costs money
+  run "${tpu[@]}" delete "$name" "${where[@]}" --quiet
+fi
+exit "${status:-0}"

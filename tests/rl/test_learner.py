@@ -1,0 +1,91 @@
+"""The MGPO learner end to end: real sampler, real math verifier, real optimiser."""
+import os
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from rl_helpers import build_task, metrics, rl_config
+from testutil import REPO
+from vt.checkpoint import load_model
+from vt.checkpoint.params import flat_params
+from vt.rl.learner import prompts_for_step, train_rl
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    return build_task(tmp_path_factory.mktemp("rl_task"))
+
+
+def test_mgpo_raises_held_out_accuracy(task, tmp_path):
+    """Fixed seed; generous margin. Measured when written: 0.31 -> 0.63 held-out avg@4 in 30 steps."""
+    result = train_rl(rl_config(task), tmp_path / "mgpo")
+    (s0, before), (s1, after) = result.eval_history[0], result.eval_history[-1]
+    assert s0 == 0 and s1 == 30
+    assert 0.1 <= before <= 0.6, before  # the starting point the issue asks for
+    assert after >= before + 0.15, result.eval_history
+    rows = metrics(tmp_path / "mgpo")
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 30
+    for key in ("reward_mean", "accuracy", "w_mean", "entropy", "clip_fraction", "is_weight_mean", "mismatch_kl",
+                "response_len_mean", "truncated_fraction", "time_rollout_s", "time_train_s", "reward_mean/math"):
+        assert key in steps[0], key
+    # on-policy with one update per batch: the learner reproduces the sampler's log-probs
+    assert all(abs(r["mismatch_kl"]) < 1e-4 for r in steps)
+
+
+def test_resume_gives_the_same_rollouts_and_params(task, tmp_path):
+    """Stop after 3 steps, resume to 6: the same rollouts (hashes) and bitwise-equal params as 6 straight."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    over = {"train.eval_every": 0, "checkpoint.every": 3}
+    train_rl(rl_config(task, **{**over, "train.steps": 6}), straight)
+    train_rl(rl_config(task, **{**over, "train.steps": 3}), resumed)
+    train_rl(rl_config(task, **{**over, "train.steps": 6}), resumed)
+    a = {r["step"]: r for r in metrics(straight) if "rollout_hash" in r}
+    b = {r["step"]: r for r in metrics(resumed) if "rollout_hash" in r}
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
+    assert [a[s]["rollout_hash"] for s in a] == [b[s]["rollout_hash"] for s in a]
+    pa = flat_params(load_model(straight / "checkpoints" / "6"))
+    pb = flat_params(load_model(resumed / "checkpoints" / "6"))
+    for k in pa:
+        assert np.array_equal(np.asarray(pa[k]), np.asarray(pb[k])), k
+
+
+def test_prompt_order_is_deterministic_and_covers_epochs():
+    a = prompts_for_step(10, 0, 4, seed=1), prompts_for_step(10, 1, 4, seed=1), prompts_for_step(10, 2, 4, seed=1)
+    first_epoch = np.concatenate(a)[:10]
+    assert sorted(first_epoch.tolist()) == list(range(10))
+    np.testing.assert_array_equal(prompts_for_step(10, 1, 4, seed=1), a[1])
+
+
+def test_sharded_rl_matches_single_device(task, tmp_path):
+    """Two RL steps on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices equal one device (same rollouts,
+    params within 1e-5)."""
+    code = textwrap.dedent(f"""
+        import sys, json
+        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
+        from rl_helpers import rl_config
+        from vt.rl.learner import train_rl
+        from pathlib import Path
+        task = {{"root": Path({str(task['root'])!r}), "ckpt": Path({str(task['ckpt'])!r}), "tok": Path({str(task['tok'])!r})}}
+        mesh = json.loads(sys.argv[1])
+        cfg = rl_config(task, **{{"train.steps": 2, "train.eval_every": 0, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
+                                 "mesh.tensor": mesh[2]}})
+        train_rl(cfg, sys.argv[2])
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    for name, mesh in (("one", [1, 1, 1]), ("eight", [2, 2, 2])):
+        d = {"one": [1, 1, 1], "eight": [2, 2, 2]}[name]
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(mesh if name == "eight" else d),
+                               str(tmp_path / name)], env=env if name == "eight" else os.environ.copy(),
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = metrics(tmp_path / "one"), metrics(tmp_path / "eight")
+    assert [r["rollout_hash"] for r in a if "rollout_hash" in r] == [r["rollout_hash"] for r in b if "rollout_hash" in r]
+    pa = flat_params(load_model(tmp_path / "one" / "checkpoints" / "2"))
+    pb = flat_params(load_model(tmp_path / "eight" / "checkpoints" / "2"))
+    for k in pa:
+        np.testing.assert_allclose(np.asarray(pa[k]), np.asarray(pb[k]), atol=1e-5, rtol=0, err_msg=k)
