@@ -79,17 +79,20 @@ if [[ -z "$log_dir" ]]; then
 fi
 mkdir -p "$log_dir"
 
+# Each process leads its own process group (setsid), so stopping it reaches its children too.
+group=()
+if command -v setsid >/dev/null; then group=(setsid); fi
 pids=()
 stop_all() {  # SIGTERM (a learner checkpoints on it), SIGKILL whatever is still there 10 s later
   local pid alive
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
   for _ in $(seq 1 20); do
     alive=0
     for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
     [[ "$alive" == 0 ]] && return 0
     sleep 0.5
   done
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
 }
 trap 'stop_all; exit 130' INT
 trap 'stop_all; exit 143' TERM
@@ -100,9 +103,9 @@ if [[ "$timeout_s" -gt 0 ]]; then runner=(timeout -k 10 "$timeout_s"); fi
 for ((i = 0; i < num; i++)); do
   mapfile -t vars < <(process_env "$i")
   if [[ "$i" == 0 ]]; then
-    env "${vars[@]}" "${runner[@]}" "$@" &
+    "${group[@]}" env "${vars[@]}" "${runner[@]}" "$@" &
   else
-    env "${vars[@]}" "${runner[@]}" "$@" >"$log_dir/process_$i.log" 2>&1 &
+    "${group[@]}" env "${vars[@]}" "${runner[@]}" "$@" >"$log_dir/process_$i.log" 2>&1 &
   fi
   pids+=("$!")
 done

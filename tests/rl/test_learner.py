@@ -62,8 +62,10 @@ def test_prompt_order_is_deterministic_and_covers_epochs():
 
 
 def test_sharded_rl_matches_single_device(task, tmp_path):
-    """Two RL steps on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices equal one device (same rollouts,
-    params within 1e-5)."""
+    """Two RL steps on a (data 2, fsdp 2, tensor 2) mesh of 8 CPU devices equal one device: identical rollouts,
+    losses within 1e-5, params within 5e-5 max-abs. The parameter bound is 2.5% of the largest possible two-step
+    update (2 x lr = 2e-3): Adam divides by sqrt(v), so a float-reassociation difference of ~1e-7 in a
+    near-zero gradient legitimately becomes a difference of a fraction of lr in that element."""
     code = textwrap.dedent(f"""
         import sys, json
         sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
@@ -88,4 +90,28 @@ def test_sharded_rl_matches_single_device(task, tmp_path):
     pa = flat_params(load_model(tmp_path / "one" / "checkpoints" / "2"))
     pb = flat_params(load_model(tmp_path / "eight" / "checkpoints" / "2"))
     for k in pa:
-        np.testing.assert_allclose(np.asarray(pa[k]), np.asarray(pb[k]), atol=1e-5, rtol=0, err_msg=k)
+        np.testing.assert_allclose(np.asarray(pa[k]), np.asarray(pb[k]), atol=5e-5, rtol=0, err_msg=k)
+    la = [r["loss"] for r in a if "loss" in r]
+    lb = [r["loss"] for r in b if "loss" in r]
+    np.testing.assert_allclose(la, lb, atol=1e-5, rtol=0)
+
+
+def test_profile_then_drop_trivial_prompts(task, tmp_path):
+    """`vt profile` writes pass rates the RL learner and SFT stage 2 read; it resumes without re-profiling."""
+    from testutil import run_vt
+    from vt.data import load_pass_rates
+    from vt.data.tasks import math_record, write_jsonl
+    from vt.rl.learner import drop_trivial, load_records
+    data = write_jsonl(tmp_path / "p.jsonl", [math_record(i, 0, with_answer=False, max_operand=3) for i in range(12)])
+    out = tmp_path / "profile.jsonl"
+    args = ["profile", "--ckpt", str(task["ckpt"]), "--tokenizer", str(task["tok"]), "--data", str(data),
+            "--out", str(out), "--k", "8", "--max-new-tokens", "8", "--domain", "math"]
+    run_vt(*args, check=True)
+    rates = load_pass_rates(out)
+    assert len(rates) == 12 and all(r.n == 8 for r in rates.values())
+    before = out.read_text()
+    assert "profiled 0 prompts" in run_vt(*args, check=True).stdout
+    assert out.read_text() == before
+    kept, dropped = drop_trivial(load_records(str(data), "data"), str(out))
+    assert dropped == sum(r.pass_rate in (0.0, 1.0) for r in rates.values())
+    assert all(0 < rates[r.prompt_id].pass_rate < 1 for r in kept)

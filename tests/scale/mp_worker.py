@@ -1,13 +1,15 @@
 """One process of a multi-process check, started by launch/local.sh (or alone for the 1-process reference).
 
     python tests/scale/mp_worker.py train   --out OUT.npz [--save CKPT] [--restore CKPT --restore-out R.npz]
-    python tests/scale/mp_worker.py restore --ckpt CKPT --out OUT.npz --mesh DATA,FSDP,TENSOR
+    python tests/scale/mp_worker.py restore --ckpt CKPT --out OUT.npz [--ckpt ... --out ...] --mesh D,F,T
+        [--train-state WORKDIR:STEP --train-state-out OUT.npz --config SPEC --override=--config.x=y ...]
 
 `train` runs the real compiled SFT step (vt.train.step) for a few steps on a (data 2, fsdp 2, tensor 2) mesh.
 The global batch is the same whatever the process count: the rows of two data shards, process p feeding shard p
 when there are two processes and one process feeding both otherwise. Process 0 writes the per-step losses and
 the final parameters (gathered) to OUT.npz; `--save` writes the trained parameters as a model checkpoint
-(collectively); `--restore` loads a checkpoint onto this run's mesh and writes what it read.
+(collectively); `--restore` loads a checkpoint onto this run's mesh and writes what it read. `restore` reads
+model checkpoints, and optionally a learner checkpoint of `vt train`, onto the mesh given.
 """
 from __future__ import annotations
 
@@ -89,8 +91,34 @@ def train(args) -> None:
 def restore(args) -> None:
     from vt.checkpoint.params import flat_params, load_model
     data, fsdp, tensor = (int(x) for x in args.mesh.split(","))
-    model = load_model(args.ckpt, make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor)))
-    write(args.out, {f"param/{k}": v for k, v in gather(flat_params(model)).items()})
+    mesh = make_mesh(MeshConfig(data=data, fsdp=fsdp, tensor=tensor))
+    for ckpt, out in zip(args.ckpt, args.out):
+        write(out, {f"param/{k}": v for k, v in gather(flat_params(load_model(ckpt, mesh))).items()})
+    if args.train_state:
+        restore_train_state(args, mesh)
+
+
+def restore_train_state(args, mesh) -> None:
+    """A learner checkpoint (params + AdamW moments + RNG) restored onto `mesh` with the run's own config."""
+    from vt.checkpoint.manager import CheckpointManager
+    from vt.config import load_config, to_dataclass
+    from vt.train.optim import make_optimizer
+    from vt.train.sft import SftConfig, resolve_model_config
+    from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
+
+    workdir, step = args.train_state.rsplit(":", 1)
+    cfg = to_dataclass(SftConfig, load_config(args.config, args.override))
+    optimizer, _ = make_optimizer(cfg.optim, cfg.train.steps)
+    md = ModelDef(resolve_model_config(cfg.model))
+    sh = train_state_shardings(md, optimizer, mesh)
+    manager = CheckpointManager(f"{workdir}/checkpoints", cfg.checkpoint, md.cfg)
+    try:
+        r = manager.restore(int(step), abstract_train_state(md, optimizer, sh))
+    finally:
+        manager.close()
+    leaves = {f"opt/{i}": v for i, v in enumerate(jax.tree.leaves(r.opt_state)) if getattr(v, "ndim", 0) >= 1}
+    write(args.train_state_out, {**{f"param/{k}": v for k, v in gather(r.params).items()}, **gather(leaves),
+                                 "rng": r.rng, "step": r.step})
 
 
 def main() -> int:
@@ -102,9 +130,13 @@ def main() -> int:
     t.add_argument("--restore", default="")
     t.add_argument("--restore-out", default="")
     r = sub.add_parser("restore")
-    r.add_argument("--ckpt", required=True)
-    r.add_argument("--out", required=True)
+    r.add_argument("--ckpt", action="append", default=[], help="model checkpoint (repeatable, pairs with --out)")
+    r.add_argument("--out", action="append", default=[])
     r.add_argument("--mesh", default="1,8,1")
+    r.add_argument("--train-state", default="", help="WORKDIR:STEP of a `vt train` run")
+    r.add_argument("--train-state-out", default="")
+    r.add_argument("--config", default="", help="that run's config spec")
+    r.add_argument("--override", action="append", default=[], help="that run's --config.x=y overrides")
     args = p.parse_args()
     train(args) if args.cmd == "train" else restore(args)
     return 0

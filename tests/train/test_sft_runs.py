@@ -28,9 +28,14 @@ def test_config_loads_and_smoke_variant_trains(spec, tmp_path):
     full = _cfg(spec)
     assert full.model.preset == "qwen2.5-coder-3b" and full.optim.lr == 5e-5 and full.optim.final_lr == 8e-8
     assert full.optim.warmup_frac == 0.05 and full.data.global_batch_size == 128
-    result = train(_cfg(spec + ":smoke", "--config.train.steps=2", "--config.checkpoint.every=2"), tmp_path)
+    result = train(_cfg(spec + ":smoke", "--config.train.steps=2", "--config.checkpoint.every=2",
+                        "--config.train.peak_flops=1e12"), tmp_path)
     assert result.status == "finished" and result.step == 2
-    assert [m["step"] for m in _metrics(tmp_path)] == [1, 2]
+    lines = _metrics(tmp_path)
+    assert [m["step"] for m in lines] == [1, 2]
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "mfu", "padding_fraction", "batch_hash"):
+        assert key in lines[-1], key
+    assert "eval_loss" in lines[-1] and (tmp_path / "tb").is_dir()
     assert (tmp_path / "checkpoints" / "2" / "vt_checksums.json").is_file()
 
 

@@ -243,34 +243,17 @@ class Engine:
                 self.last_stats.decode_calls += 1
                 owned = [b for b in range(B) if owner[b] is not None]
                 done = [b for b in owned if not active[b]]
-                cut = {}
-                if self.cfg.stop_strings:
-                    fresh = [b for b in owned if count[b] > seen[b]]
-                    tokens = np.asarray(slots.tokens) if fresh else None
-                    for b in fresh:
-                        seen[b] = count[b]
-                        L = len(reqs[owner[b][0]][0])
-                        hit = find_stop_string(tokens[b, L:L + count[b]].tolist(), self._text, self.cfg.stop_strings)
-                        if hit:
-                            cut[b] = hit
-                    newly = [b for b in cut if active[b]]
-                    if newly:
-                        mask = np.zeros(B, bool)
-                        mask[newly] = True
-                        slots = self._p.deactivate(slots, jnp.asarray(mask))
-                        done += newly
+                cut = self._stop_strings(slots, owned, owner, count, seen, reqs) if self.cfg.stop_strings else {}
+                newly = [b for b in cut if active[b]]
+                if newly:
+                    slots = self._p.deactivate(slots, jnp.asarray(np.isin(np.arange(B), newly)))
+                    done += newly
                 if done:
                     tokens, logprobs = jax.device_get((slots.tokens, slots.logprobs))
                     for b in done:
                         i, j = owner[b]
-                        L = len(reqs[i][0])
-                        ids, lps = tokens[b, L:L + count[b]].tolist(), logprobs[b, L:L + count[b]].tolist()
-                        if b in cut:
-                            m, text = cut[b]
-                            results[i][j] = Sample(ids[:m], lps[:m], "stop", text)
-                        else:
-                            results[i][j] = Sample(ids, lps, "stop" if stopped[b] else "length",
-                                                   self._text(ids) if self.tokenizer is not None else None)
+                        L, n = len(reqs[i][0]), count[b]
+                        results[i][j] = self._sample(tokens[b, L:L + n], logprobs[b, L:L + n], stopped[b], cut.get(b))
                         self.last_stats.tokens += len(results[i][j].completion_ids)
                         owner[b], seen[b] = None, 0
                     if progress is not None:
@@ -282,6 +265,27 @@ class Engine:
 
     def _text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_strings(self, slots, owned, owner, count, seen, reqs) -> dict[int, tuple[int, str]]:
+        """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string."""
+        fresh = [b for b in owned if count[b] > seen[b]]
+        tokens = np.asarray(slots.tokens) if fresh else None
+        cut = {}
+        for b in fresh:
+            seen[b] = count[b]
+            L = len(reqs[owner[b][0]][0])
+            hit = find_stop_string(tokens[b, L:L + count[b]].tolist(), self._text, self.cfg.stop_strings)
+            if hit:
+                cut[b] = hit
+        return cut
+
+    def _sample(self, ids, logprobs, stopped: bool, cut: tuple[int, str] | None) -> Sample:
+        ids, logprobs = ids.tolist(), logprobs.tolist()
+        if cut is not None:
+            m, text = cut
+            return Sample(ids[:m], logprobs[:m], "stop", text)
+        return Sample(ids, logprobs, "stop" if stopped else "length",
+                      self._text(ids) if self.tokenizer is not None else None)
 
     def _admit(self, cache, slots, units, free, reqs, base_key):
         """Prefill the distinct prompts of `units` (in groups of at most `prefill_tokens` padded tokens) and

@@ -160,6 +160,9 @@ def count_steps(cfg: SftConfig, model_cfg: ModelConfig) -> int:
     # One pass over this process's share, packed as in training: exact batches per epoch.
     one_epoch = dataclasses.replace(cfg.data, eval=cfg.data.train)
     n = sum(1 for _ in build_data(one_epoch, model_cfg, "eval"))
+    if jax.process_count() > 1:  # shares may pack into different counts: every process must run the same steps
+        from jax.experimental import multihost_utils
+        n = int(np.min(multihost_utils.process_allgather(np.int32(n))))
     if n == 0:
         raise VtError(f"data.train={cfg.data.train!r} does not fill a single batch of {cfg.data.global_batch_size} rows")
     return max(1, math.ceil(cfg.data.num_epochs * n))

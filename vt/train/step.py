@@ -73,8 +73,8 @@ def _loss_and_grads(model_def: ModelDef, params, batch, param_sh):
 def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                     state_sh: TrainState, abstract_state: TrainState, mesh: Mesh,
                     micro_batches: int, micro_batch_size: int, seq_len: int) -> Callable:
-    """Compile the train step for one batch shape; returns the compiled executable (call it with
-    (state, device_batch)) whose `cost_analysis()` also gives the FLOPs per step."""
+    """Compile the train step for one batch shape, once, ahead of time; returns the executable, called as
+    `step(state, device_batch)`. A batch of another shape or sharding is an error, never a silent retrace."""
     b_sh = batch_sharding(mesh)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
@@ -117,12 +117,3 @@ def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh) -> Callable:
             return jitted(params, batch)
     return run
 
-
-def step_flops(compiled) -> float | None:
-    """FLOPs of one compiled step as XLA counts them (None when the backend does not say)."""
-    try:
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get("flops")) if cost and cost.get("flops") else None
-    except Exception:  # cost analysis is advisory; some backends do not implement it
-        return None

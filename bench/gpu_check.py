@@ -1,0 +1,270 @@
+"""GPU runbook: on one NVIDIA GPU, the coder-3b shape with random weights, three checks, one table, < 8 minutes.
+
+    .venv/bin/python bench/gpu_check.py                 # H100/H200: SFT MFU, sampler bandwidth, RL step
+    .venv/bin/python bench/gpu_check.py --json out.json # also write the numbers
+    .venv/bin/python bench/gpu_check.py --tiny          # CPU smoke test of this script (numbers meaningless)
+
+  sft      one optimiser step of the real SFT train step (vt.train.step): fp32 master weights and AdamW, bf16
+           compute, `--attention` (cuDNN flash attention by default), full remat, --batch rows of --seq tokens
+           in --accum micro-batches. MFU = model FLOPs per step (vt.train.metrics: 6 N per token plus
+           attention) / step time / --peak-flops (H100/H200 dense bf16: 989 TFLOP/s). Goal >= 45%.
+  sampler  vt.sampling.Engine, bf16 weights, --sampler-batch slots, --prompt random prompt tokens, --new tokens
+           each (no stop tokens, so every slot decodes to the end). Tokens/s of the whole generate call and the
+           fraction of the HBM-bandwidth bound: per decode step the weights are read once and each slot's keys
+           and values up to its current length (average prompt + new/2), bytes / step time / --hbm-bw
+           (H200: 4.8 TB/s). Goal > 60%.
+  rl       one MGPO update (vt.rl.step): the old-policy log-prob pass plus the clipped-surrogate step on
+           --rl-rows rows of --rl-seq tokens, with the SFT check's train state.
+
+Each check runs on its own; one that fails is reported in the table with its error, and the others still run.
+XLA flags for NVIDIA GPUs come from vt/distributed.py (NVIDIA_XLA_FLAGS), set before the backend starts.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+H200_PEAK_FLOPS = 989e12  # dense bf16, per GPU
+H200_HBM_BW = 4.8e12  # bytes/s
+
+
+@dataclasses.dataclass
+class Row:
+    check: str
+    shape: str
+    seconds: float | None = None  # per step (sft, rl) or per decode step (sampler)
+    throughput: str = ""
+    efficiency: str = ""
+    numbers: dict = dataclasses.field(default_factory=dict)
+    error: str = ""
+
+
+def _block(tree):
+    import jax
+    jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
+    return tree
+
+
+def model_cfg(args, **changes):
+    from vt.model import preset
+    return preset("tiny" if args.tiny else "qwen2.5-coder-3b", **changes)
+
+
+def random_rows(rng, vocab: int, shape) -> dict:
+    """Packed-row batch layout of vt.data.packing, one document per row, loss on every target."""
+    import numpy as np
+    T = shape[-1]
+    ids = rng.integers(0, vocab, size=shape).astype(np.int32)
+    return {"input_ids": ids, "targets": np.roll(ids, -1, axis=-1), "loss_mask": np.ones(shape, np.float32),
+            "segment_ids": np.ones(shape, np.int32),
+            "positions": np.broadcast_to(np.arange(T, dtype=np.int32), shape).copy()}
+
+
+def check_sft(args, mesh, out: dict) -> Row:
+    import jax
+    import numpy as np
+    from vt.checkpoint.params import flat_params
+    from vt.model import create_model
+    from vt.train.metrics import model_flops_per_token
+    from vt.train.optim import OptimConfig, make_optimizer
+    from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
+    from vt.train.step import batch_sharding, device_batch, make_train_step
+
+    cfg = model_cfg(args, param_dtype="float32", dtype="bfloat16", remat_policy=args.remat,
+                    attention_impl=args.attention)
+    B, A, T = args.batch, args.accum, args.seq
+    row = Row("sft", f"{'tiny' if args.tiny else 'coder-3b'} {B}x{T} tokens, {A} micro-batches, remat {args.remat}, "
+                     f"attention {args.attention}")
+    optimizer, schedule = make_optimizer(OptimConfig(lr=1e-5), 1000)
+    md = ModelDef(cfg)
+    sh = train_state_shardings(md, optimizer, mesh)
+    state = init_train_state(flat_params(create_model(cfg, mesh, seed=0)), optimizer, sh, seed=0)
+    t0 = time.perf_counter()
+    step = make_train_step(md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh), mesh, A, B // A, T)
+    compile_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    batch = device_batch({k: v.reshape(A, B // A, T) for k, v in random_rows(rng, cfg.vocab_size, (B, T)).items()},
+                         batch_sharding(mesh))
+    state, m = _block(step(state, batch))  # first run: allocation and autotuning
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        state, m = _block(step(state, batch))
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    flops = model_flops_per_token(cfg, T) * B * T
+    mfu = flops / dt / (args.peak_flops * jax.device_count())
+    row.seconds = dt
+    row.throughput = f"{B * T / dt:,.0f} tok/s"
+    row.efficiency = f"MFU {100 * mfu:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s"
+    row.numbers = dict(step_s=dt, tokens_per_s=B * T / dt, mfu=mfu, model_flops_per_step=flops,
+                       compile_s=compile_s, loss=float(m["loss"]))
+    out["sft"] = (md, optimizer, schedule, sh, state)
+    return row
+
+
+def check_sampler(args, mesh) -> Row:
+    import numpy as np
+    from vt.model import create_model, param_count
+    from vt.sampling.engine import Engine, Request, SamplerConfig
+
+    cfg = model_cfg(args, param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
+    B, P, N = args.sampler_batch, args.prompt, args.new
+    row = Row("sampler", f"batch {B}, prompt {P} + {N} new tokens, bf16")
+    engine = Engine(create_model(cfg, mesh, seed=0),
+                    SamplerConfig(batch_size=B, max_new_tokens=N, temperature=1.0, stop_token_ids=(),
+                                  steps_per_call=args.steps_per_call), mesh=mesh)
+    rng = np.random.default_rng(0)
+    requests = [Request(prompt_ids=rng.integers(0, cfg.vocab_size, P).tolist()) for _ in range(B)]
+    t0 = time.perf_counter()
+    engine.generate(requests, seed=0)  # compiles prefill / insert / decode for these shapes
+    compile_s = time.perf_counter() - t0
+    engine.generate(requests, seed=1)
+    s = engine.last_stats
+    step_s = s.seconds / max(s.decode_steps, 1)
+    weight_bytes = param_count(cfg, padded=True) * 2
+    avg_len = P + N / 2
+    kv_bytes = 2 * cfg.num_layers * B * avg_len * cfg.num_kv_heads * cfg.head_dim * 2
+    frac = (weight_bytes + kv_bytes) / step_s / args.hbm_bw
+    row.seconds = step_s
+    row.throughput = f"{s.tokens / s.seconds:,.0f} tok/s"
+    row.efficiency = f"HBM {100 * frac:.1f}% of {args.hbm_bw / 1e12:.1f} TB/s"
+    row.numbers = dict(decode_step_s=step_s, tokens_per_s=s.tokens / s.seconds, hbm_fraction=frac,
+                       bytes_per_step=weight_bytes + kv_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
+                       decode_steps=s.decode_steps, tokens=s.tokens, seconds=s.seconds, compile_s=compile_s)
+    return row
+
+
+def check_rl(args, mesh, sft) -> Row:
+    import jax.numpy as jnp
+    import numpy as np
+    from vt.rl.step import batch_shardings, make_rl_step, make_token_logps
+    from vt.train.metrics import model_flops_per_token
+
+    md, optimizer, schedule, sh, state = sft
+    N, T = args.rl_rows, args.rl_seq
+    row = Row("rl", f"{N} rows x {T} tokens: old-policy log-probs + one MGPO update")
+    rng = np.random.default_rng(1)
+    r = random_rows(rng, md.cfg.vocab_size, (N, T))
+    mask = np.zeros((N, T), np.float32)
+    mask[:, T // 4:] = 1.0  # the first quarter is the prompt
+    batch = {"tokens": r["input_ids"], "targets": r["targets"], "positions": r["positions"],
+             "segment_ids": r["segment_ids"], "mask": mask, "is_weight": np.ones((N, T), np.float32),
+             "adv": rng.standard_normal(N).astype(np.float32)}
+    import jax
+    batch = jax.device_put(batch, batch_shardings(mesh, batch))
+    logps = make_token_logps(md, mesh, temperature=1.0)
+    rl_step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.2,
+                           aggregation="seq_mean", kl_coef=0.0)
+
+    def one(state):
+        old = logps(state.params, batch)
+        b = dict(batch, old_logp=old, ref_logp=jnp.zeros_like(old))
+        return _block(rl_step(state, b))
+
+    t0 = time.perf_counter()
+    state, m = one(state)
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        state, m = one(state)
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    # forward (2N) for the old log-probs + forward/backward (6N) for the update
+    flops = model_flops_per_token(md.cfg, T) * N * T * (8 / 6)
+    mfu = flops / dt / (args.peak_flops * jax.device_count())
+    row.seconds = dt
+    row.throughput = f"{N * T / dt:,.0f} tok/s"
+    row.efficiency = f"MFU {100 * mfu:.1f}%"
+    row.numbers = dict(step_s=dt, tokens_per_s=N * T / dt, mfu=mfu, compile_s=compile_s, loss=float(m["loss"]))
+    return row
+
+
+def table(rows: list[Row]) -> str:
+    head = ("check", "shape", "s/step", "throughput", "efficiency")
+    body = [(r.check, r.shape, "-" if r.seconds is None else f"{r.seconds:.4f}", r.throughput,
+             r.efficiency if not r.error else f"FAILED: {r.error}") for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, body)])
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="tiny model and shapes: a CPU smoke test of this script")
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=8, help="SFT rows per step")
+    ap.add_argument("--accum", type=int, default=2, help="SFT micro-batches per step")
+    ap.add_argument("--remat", default="full")
+    ap.add_argument("--attention", default="cudnn", help="xla | jax | cudnn (SFT and RL checks)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after the first (median reported)")
+    ap.add_argument("--sampler-batch", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=512)
+    ap.add_argument("--steps-per-call", type=int, default=64)
+    ap.add_argument("--rl-rows", type=int, default=8)
+    ap.add_argument("--rl-seq", type=int, default=2048)
+    ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
+    ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
+    ap.add_argument("--only", default="sft,sampler,rl", help="comma-separated subset of checks")
+    ap.add_argument("--json", default="", help="also write the numbers to this file")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.seq, args.batch, args.accum, args.remat, args.attention, args.steps = 64, 4, 2, "none", "xla", 1
+        args.sampler_batch, args.prompt, args.new, args.steps_per_call = 8, 8, 16, 8
+        args.rl_rows, args.rl_seq = 4, 64
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from vt.distributed import apply_nvidia_env
+    if not args.tiny:
+        apply_nvidia_env()  # before the first device use
+    import jax
+    from vt.sharding import MeshConfig, make_mesh
+
+    t_start = time.perf_counter()
+    dev = jax.devices()[0]
+    print(f"gpu_check: {jax.device_count()} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}", flush=True)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
+    wanted = args.only.split(",")
+    rows, shared = [], {}
+
+    def run(name, fn, *a):
+        if name not in wanted:
+            return
+        print(f"gpu_check: {name} ...", flush=True)
+        try:
+            rows.append(fn(*a))
+        except Exception as e:  # a runbook reports every check; this one's failure must not hide the others
+            traceback.print_exc()
+            rows.append(Row(name, "", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+
+    run("sampler", check_sampler, args, mesh)  # first: its bf16 model is freed before the SFT state exists
+    run("sft", check_sft, args, mesh, shared)
+    if "rl" in wanted:
+        if "sft" in shared:
+            run("rl", check_rl, args, mesh, shared["sft"])
+        else:
+            rows.append(Row("rl", "", error="needs the sft check's train state"))
+    total = time.perf_counter() - t_start
+    print()
+    print(table(rows))
+    print(f"total {total:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": dev.device_kind, "total_s": total, "args": vars(args),
+                                               "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+    return 1 if any(r.error for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

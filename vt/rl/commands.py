@@ -1,0 +1,32 @@
+"""`vt profile`: pass rates of a checkpoint on a prompt set (RL prompt filtering, SFT stage-2 selection)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="sample k responses per prompt, verify, write pass rates (JSONL)",
+                              description="One line per prompt id: {id, pass_rate, n, verifier_errors}. "
+                                          "Appends and skips ids already in --out, so a killed run resumes.")
+    p.add_argument("--ckpt", required=True, type=Path, help="vt checkpoint to profile")
+    p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory or SentencePiece model")
+    p.add_argument("--data", required=True, help="prompt records: verl parquet, JSONL, ... (vt.data.open_source)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--k", type=int, default=8, help="samples per prompt (RECIPE: 8)")
+    p.add_argument("--domain", default="", help="reward domain for every record (default: each record's own)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=64, help="decode slots")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_profile)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from vt.rl.profile import profile
+    added = profile(args.ckpt, args.tokenizer, args.data, args.out, k=args.k, domain=args.domain,
+                    temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size, seed=args.seed)
+    print(f"profiled {added} prompts -> {args.out}")
+    return 0

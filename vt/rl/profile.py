@@ -1,0 +1,90 @@
+"""Pass-rate profiling: k samples per prompt from a checkpoint, verified; one JSON line per prompt id.
+
+    {"id": "<prompt id>", "pass_rate": c / n, "n": n, "verifier_errors": e}
+
+The SFT stage-2 filter (vt.data.curriculum.load_pass_rates) and the RL learner's `data.profile` (drop prompts at
+exactly 0 or 1) read this file. Profiling appends as it goes and skips ids already in the file, so a killed run
+resumes where it stopped. n counts only samples the verifier could judge.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from vt import VtError
+
+log = logging.getLogger(__name__)
+
+
+def done_ids(out: Path) -> set[str]:
+    if not out.is_file():
+        return set()
+    ids = set()
+    for i, line in enumerate(out.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise VtError(f"{out}:{i}: not a profile line (a JSON object with 'id'); refusing to append") from None
+    return ids
+
+
+def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 8, domain: str = "",
+            temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 4096, batch_size: int = 64,
+            prompts_per_call: int = 64, max_prompt_tokens: int = 4096, seed: int = 0, progress: bool = True) -> int:
+    """Profile every prompt of `data` not yet in `out`; returns how many were added."""
+    import numpy as np
+
+    from vt.checkpoint import load_model
+    from vt.data import load_tokenizer
+    from vt.rewards.registry import make_reward
+    from vt.rl.learner import load_records
+    from vt.rl.rollouts import rollout_and_score
+    from vt.sampling.engine import Engine, SamplerConfig
+
+    out = Path(out)
+    seen = done_ids(out)
+    records = [r for r in load_records(data, "--data") if str(r.prompt_id) not in seen]
+    if not records:
+        return 0
+    tokenizer = load_tokenizer(tokenizer_path)
+    engine = Engine(load_model(ckpt), SamplerConfig(batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                                    temperature=temperature, top_p=top_p, seed=seed),
+                    tokenizer=tokenizer)
+    domains = {domain} if domain else {r.domain for r in records}
+    rewards = {d: make_reward(d) for d in domains}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(records), desc="profile", dynamic_ncols=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(out, "a") as f:
+            for start in range(0, len(records), prompts_per_call):
+                chunk = records[start:start + prompts_per_call]
+                # The seed depends on the chunk's first prompt, not its position, so a resumed run samples
+                # each prompt exactly as a straight run would have.
+                digest = hashlib.sha256(str(chunk[0].prompt_id).encode()).digest()
+                call_seed = int(np.random.default_rng([seed, int.from_bytes(digest[:4], "little")]).integers(1 << 31))
+                s = rollout_and_score(engine, tokenizer, chunk, rewards, group_size=k, seed=call_seed,
+                                      max_prompt_tokens=max_prompt_tokens, domain=domain)
+                for q, r in enumerate(chunk):
+                    n = int(s.valid[q].sum())
+                    if n == 0:  # no verdict at all: leave it out, so a later run profiles it again
+                        log.warning("prompt %s: all %d samples hit verifier errors; not recorded", r.prompt_id, k)
+                        continue
+                    rate = float(s.correct[q].sum() / n)
+                    f.write(json.dumps({"id": str(r.prompt_id), "pass_rate": rate, "n": n,
+                                        "verifier_errors": int(k - n)}) + "\n")
+                f.flush()
+                if bar is not None:
+                    bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+        for fn in rewards.values():
+            fn.close()
+    return len(records)
