@@ -210,7 +210,7 @@ def parse(argv=None):
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512)
     ap.add_argument("--steps-per-call", type=int, default=64)
-    ap.add_argument("--rl-rows", type=int, default=8)
+    ap.add_argument("--rl-rows", type=int, default=4)
     ap.add_argument("--rl-seq", type=int, default=2048)
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)

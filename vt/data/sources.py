@@ -37,6 +37,9 @@ from vt import VtError
 
 ROLES = ("system", "user", "assistant", "tool")
 METADATA_KEYS = ("difficulty", "pass_rate", "trace_length", "prompt_id")
+# Verifier references other than ground_truth, kept in metadata for vt.rewards: unit tests (code),
+# instruction constraints (instruct), rubric names (rubric).
+REFERENCE_KEYS = ("tests", "constraints", "rubric")
 
 # Reasons a record can be rejected; the pipeline counts every skip under exactly one of these.
 MALFORMED_JSON = "malformed_json"
@@ -146,7 +149,7 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
     meta_in = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     extra = obj.get("extra_info") if isinstance(obj.get("extra_info"), dict) else {}
     metadata = dict(meta_in)
-    for k in METADATA_KEYS:
+    for k in METADATA_KEYS + REFERENCE_KEYS:
         if k in obj:
             metadata[k] = obj[k]
     if extra:

@@ -98,8 +98,11 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str):
 
 def _write_cache(buf_BSKH, new_BTKH, start_B):
     """Write each row's new keys at its own offset (rows decode at different positions under slot refill)."""
-    return jax.vmap(lambda buf, new, s: jax.lax.dynamic_update_slice(buf, new.astype(buf.dtype), (s, 0, 0)))(
-        buf_BSKH, new_BTKH, start_B)
+    # One scatter of B*T rows rather than vmap(dynamic_update_slice): on CPU the vmapped form compiles to a
+    # scatter that rewrites the whole cache every decode step (2.3x slower decode at S=384).
+    B, T = new_BTKH.shape[:2]
+    slots_BT = start_B[:, None] + jnp.arange(T, dtype=start_B.dtype)
+    return buf_BSKH.at[jnp.arange(B)[:, None], slots_BT].set(new_BTKH.astype(buf_BSKH.dtype), unique_indices=True)
 
 
 class Attention(nnx.Module):

@@ -12,7 +12,7 @@ import numpy as np
 
 from vt import VtError
 from vt.data.sources import Record
-from vt.rewards.base import RewardFunction, scores_and_mask
+from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.sampling.engine import Engine, Request, Sample
 
 
@@ -58,7 +58,11 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
         recs = [reward_record(records[q]) for q in rows for _ in range(G)]
         texts = [s.text if s.text is not None else tokenizer.decode(s.completion_ids, skip_special_tokens=True)
                  for q in rows for s in samples[q]]
-        s, v = scores_and_mask(rewards[d](recs, texts))
+        try:
+            results = rewards[d](recs, texts)
+        except RewardSpecError as e:  # a data bug: name the record that carries it
+            raise VtError(f"{records[rows[0]].where or records[rows[0]].id} (batch of domain {d}): {e}") from None
+        s, v = scores_and_mask(results)
         scores[rows] = s.reshape(len(rows), G)
         valid[rows] = v.reshape(len(rows), G)
     lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])

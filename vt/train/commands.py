@@ -29,11 +29,18 @@ def run_train(args: argparse.Namespace) -> int:
     import logging
 
     from vt.config import load_config, to_dataclass
-    from vt.train.sft import SftConfig, train
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("vt").setLevel(logging.INFO)
-    cfg = to_dataclass(SftConfig, load_config(args.config, args.config_overrides))
+    raw = load_config(args.config, args.config_overrides)
+    if "rollout" in raw:  # an RL config (configs/mgpo_*.py, long2short.py, instruct_rl.py)
+        from vt.rl.learner import RLConfig, train_rl
+        result = train_rl(to_dataclass(RLConfig, raw), args.workdir)
+        acc = f", held-out accuracy {result.eval_history[-1][1]:.3f}" if result.eval_history else ""
+        print(f"{result.status} at step {result.step}{acc}; checkpoints in {args.workdir / 'checkpoints'}")
+        return 0
+    from vt.train.sft import SftConfig, train
+    cfg = to_dataclass(SftConfig, raw)
     result = train(cfg, args.workdir)
     loss = result.last_metrics.get("loss")
     tail = f", loss {loss:.4f}" if loss is not None else ""

@@ -24,15 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from vt import VtError
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased estimate of P(at least one of k samples is correct) from n samples with c correct."""
-    if not 0 <= c <= n or k < 1 or k > n:
-        raise VtError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
-    if n - c < k:
-        return 1.0
-    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+from vt.eval.metrics import pass_at_k  # noqa: F401 (one implementation, re-exported here)
 
 
 @dataclasses.dataclass(frozen=True)

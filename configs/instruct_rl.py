@@ -1,0 +1,39 @@
+"""MGPO instruct RL (RECIPE stage 5: rule-based constraint rewards and rubric judge rewards).
+
+    vt train --config configs/instruct_rl.py --workdir runs/instruct_rl
+    vt train --config configs/instruct_rl.py:smoke --workdir /tmp/instruct_rl_smoke
+
+Everything else is configs/mgpo_math.py; only the fields below differ.
+"""
+from pathlib import Path
+
+import ml_collections
+
+from vt.config import load_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def get_config(arg=None):
+    if arg not in (None, "", "smoke"):
+        raise ValueError(f"unknown variant {arg!r} (known: smoke)")
+    smoke = arg == "smoke"
+    c = load_config(str(HERE / "mgpo_math.py") + (":smoke" if smoke else ""))
+    # Instruct RL (RECIPE stage 5) mixes two rewards in one run, chosen per record by its `domain`:
+    # "instruct" (rule-based constraints, partial credit = fraction met) and "rubric" (a judge model).
+    c.data.domain = ""  # "" = each record's own domain
+    c.rewards.instruct = ml_collections.ConfigDict()
+    c.rewards.instruct.mode = "strict"  # strict IFEval-style checking during RL (loose for evaluation only)
+    if smoke:
+        c.data.train = c.data.eval = str(HERE / "smoke_data" / "instruct.jsonl")
+        return c
+    c.model.init_checkpoint = "runs/self_distill/final"  # after offline self-distillation
+    c.data.train = "data/rl/instruct.jsonl"  # constrained prompts (domain instruct) + open prompts (domain rubric)
+    c.data.eval = "data/eval/ifeval.jsonl"
+    c.data.profile = ""  # rubric scores are graded, not pass/fail: no 0/1 filtering
+    c.rewards.rubric = ml_collections.ConfigDict()
+    c.rewards.rubric.url = "http://127.0.0.1:8000/v1/chat/completions"  # any OpenAI-compatible judge endpoint
+    c.rewards.rubric.model = "judge"  # model name at that endpoint
+    c.rewards.rubric.api_key_env = "JUDGE_API_KEY"  # environment variable holding the key ("" = none)
+    c.rewards.rubric.concurrency = 16  # requests in flight
+    return c

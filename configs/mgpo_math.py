@@ -1,0 +1,140 @@
+"""MGPO math RL (RECIPE stage 3, first phase) on the merged SFT checkpoint of Qwen2.5-Coder-3B.
+
+Run (after SFT, Diversity-Exploring Distillation and `vt profile` of the starting checkpoint):
+
+    vt train --config configs/mgpo_math.py --workdir runs/mgpo_math
+
+Smoke test on CPU (tiny random model, a few steps through the real sampler and math verifier):
+
+    vt train --config configs/mgpo_math.py:smoke --workdir /tmp/mgpo_smoke
+
+The other RL phases (long2short.py, mgpo_code.py, mgpo_stem.py, instruct_rl.py) start from this file and
+change what differs. Sweep: `get_sweep()` below (launch/sweep.py).
+"""
+from pathlib import Path
+
+import ml_collections
+
+SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
+
+
+def get_config(arg=None):
+    c = ml_collections.ConfigDict()
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "qwen2.5-coder-3b"  # architecture when init_checkpoint is empty (tests only)
+    c.model.init_checkpoint = "runs/sft_merged"  # the merged SFT specialists (Diversity-Exploring Distillation)
+    c.model.param_dtype = "float32"  # fp32 master weights: updates of lr 1e-6 vanish in bf16
+    c.model.dtype = "bfloat16"  # compute dtype of the learner and the sampler
+    c.model.remat_policy = "full"  # long responses: recompute layers in the backward pass
+    c.model.attention_impl = "jax"  # jax.nn.dot_product_attention (cuDNN flash on NVIDIA GPUs with "cudnn")
+    c.model.seed = 0  # random init only when init_checkpoint is empty
+
+    c.data = ml_collections.ConfigDict()
+    c.data.train = "data/rl/math.parquet"  # prompts with ground truths (verl parquet or JSONL)
+    c.data.eval = "data/eval/aime25.parquet"  # held-out prompts for the accuracy curve
+    c.data.domain = "math"  # reward for every record: last \boxed{} checked with math-verify
+    c.data.tokenizer = "checkpoints/qwen2.5-coder-3b-hf"  # HF tokenizer directory of the base model
+    c.data.profile = "runs/profile/math.jsonl"  # `vt profile` of the starting checkpoint: p in {0, 1} dropped
+    c.data.max_prompt_tokens = 2048  # longer prompts are a data error, named by record
+    c.data.seed = 0  # prompt order
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.group_size = 16  # G: the team's public scripts
+    c.rollout.prompts_per_step = 64  # prompts per RL step: the team's public scripts
+    c.rollout.temperature = 1.0  # on-policy sampling at T = 1
+    c.rollout.top_p = 1.0  # no nucleus truncation during RL (the learner's pi is the full softmax)
+    c.rollout.top_k = -1  # off
+    c.rollout.max_new_tokens = 65536 - 2048  # one long window throughout (RECIPE: 64K, no 16K -> 32K curriculum)
+    c.rollout.batch_size = 256  # decode slots; slot refill keeps them busy through the length tail
+    c.rollout.steps_per_call = 64  # decode steps per host round trip
+    c.rollout.seed = 0  # sampler randomness is a function of (seed, step, request, sample): exact resume
+
+    c.mgpo = ml_collections.ConfigDict()
+    c.mgpo.gamma = 1.0  # w(q) = exp(-gamma * D_ME(p || 0.5)); not published; 0 = GRPO
+    c.mgpo.eps_low = 0.2  # clip range below 1 (team scripts: 0.2)
+    c.mgpo.eps_high = 0.2  # clip range above 1 (team scripts: 0.2)
+    c.mgpo.aggregation = "seq_mean"  # RECIPE's J: mean over responses of per-response token means
+    c.mgpo.adv_eps = 1e-6  # A = (r - mean) / (std + eps)
+    c.mgpo.std_ddof = 1  # unbiased group std, as in verl's GRPO
+    c.mgpo.is_cap = 2.0  # truncated importance sampling: min(pi_learner / pi_sampler, C); not published
+    c.mgpo.kl_coef = 0.0  # no KL term in the reports
+    c.mgpo.long2short_lambda = 0.0  # Long2Short off in this phase (see long2short.py)
+    c.mgpo.mini_batches = 1  # one update per batch (team scripts)
+
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.data = 1  # replicas
+    c.mesh.fsdp = -1  # all remaining devices: ZeRO-3 sharding of params and optimiser state
+    c.mesh.tensor = 1  # tensor parallel; raise on long contexts
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.lr = 1e-6  # team scripts: constant 1e-6
+    c.optim.final_lr = 1e-6  # equal to lr: a constant schedule
+    c.optim.warmup_frac = 0.0  # no warmup
+    c.optim.b1 = 0.9  # AdamW (0.9, 0.999)
+    c.optim.b2 = 0.999
+    c.optim.eps = 1e-8
+    c.optim.weight_decay = 0.01  # team scripts
+    c.optim.clip_norm = 1.0  # team scripts
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 1000  # RL steps; not published: stop on the held-out curve
+    c.train.eval_every = 50  # steps between held-out accuracy evaluations
+    c.train.eval_samples = 8  # avg@8 at the rollout temperature
+    c.train.eval_prompts = 64  # held-out prompts per evaluation
+    c.train.progress = True  # tqdm progress bar
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 50  # save every N RL steps
+    c.checkpoint.keep = 5  # newest kept
+    c.checkpoint.best_metric = "eval_accuracy"  # and the best held-out accuracy
+    c.checkpoint.best_mode = "max"
+    c.checkpoint.async_save = True  # write while the next rollouts run
+    c.checkpoint.checksum = True  # sha256 seal per step, verified on restore
+
+    c.rewards = ml_collections.ConfigDict()  # per-domain options for vt.rewards.make_reward
+    c.rewards.math = ml_collections.ConfigDict()
+    c.rewards.math.workers = 8  # killable math-verify worker processes
+
+    if arg in (None, ""):
+        return c
+    if arg == "smoke":
+        return smoke(c, "math.jsonl", "math")
+    raise ValueError(f"unknown variant {arg!r} (known: smoke)")
+
+
+def smoke(c, data_file: str, domain: str):
+    """A tiny random model for a few RL steps on CPU, through the real sampler and verifier."""
+    c.model.preset = "tiny"
+    c.model.init_checkpoint = ""
+    c.model.dtype = "float32"
+    c.model.remat_policy = "none"
+    c.model.attention_impl = "xla"
+    c.data.train = str(SMOKE_DATA / data_file)
+    c.data.eval = str(SMOKE_DATA / data_file)
+    c.data.domain = domain
+    c.data.tokenizer = str(SMOKE_DATA / "tokenizer")
+    c.data.profile = ""
+    c.rollout.group_size = 4
+    c.rollout.prompts_per_step = 4
+    c.rollout.max_new_tokens = 16
+    c.rollout.batch_size = 16
+    c.rollout.steps_per_call = 16
+    c.optim.lr = 1e-4
+    c.optim.final_lr = 1e-4
+    c.train.steps = 2
+    c.train.eval_every = 0
+    c.train.eval_samples = 2
+    c.train.eval_prompts = 4
+    c.train.progress = False
+    c.checkpoint.every = 2
+    c.checkpoint.async_save = False
+    for opts in c.rewards.values():
+        if "workers" in opts:
+            opts.workers = 2
+    return c
+
+
+def get_sweep():
+    """gamma x lr grid; launch/sweep.py expands it into named runs of --config overrides."""
+    return [{"mgpo.gamma": g, "optim.lr": lr, "optim.final_lr": lr} for g in (0.0, 0.5, 1.0, 2.0) for lr in (5e-7, 1e-6)]
