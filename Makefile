@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Re-install only when setup.py changes.
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
-# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward.
-APT_PACKAGES := bubblewrap
+# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward; shellcheck
+# lints the launchers.
+APT_PACKAGES := bubblewrap shellcheck
 
 .PHONY: test demo install system-deps bench clean
 

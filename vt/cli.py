@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.config_overrides = extra
     try:
+        # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
+        from vt.distributed import initialize
+        initialize()
         return int(args.func(args) or 0)
     except VtError as e:
         print(f"vt {args.command}: error: {e}", file=sys.stderr)

@@ -207,9 +207,12 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
     """Write config.json, generation_config.json, sharded safetensors + index, and tokenizer files.
 
     Shards are flushed as soon as they fill, so peak host memory is one shard plus one tensor. The directory
-    appears only when complete (written under a temporary name, then renamed)."""
+    appears only when complete (written under a temporary name, then renamed). Multi-process: every process
+    consumes `tensors` (gathering is collective) but only process 0 writes files."""
     import ml_dtypes
     from safetensors.numpy import save_file
+
+    from vt.distributed import is_primary
 
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
     if np_dtype is None:
@@ -227,7 +230,8 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
             nonlocal pending, pending_bytes
             if pending:
                 name = f"model-{len(shards) + 1:05d}.safetensors"
-                save_file(pending, str(tmp / name), metadata={"format": "pt"})
+                if is_primary():
+                    save_file(pending, str(tmp / name), metadata={"format": "pt"})
                 shards.append(list(pending))
                 pending, pending_bytes = {}, 0
 
@@ -239,6 +243,8 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
             pending_bytes += w.nbytes
             total_bytes += w.nbytes
         flush()
+        if not is_primary():
+            return
         # Rename shards to the HF convention model-0000k-of-0000n once n is known.
         for k, keys in enumerate(shards, start=1):
             final = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
