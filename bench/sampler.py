@@ -1,7 +1,7 @@
 """Rollout tokens/s: vt's engine vs transformers `generate` vs the Tunix sampler, same weights, same workload.
 
     .venv/bin/python bench/sampler.py [--prompts 64] [--n 4] [--batch-size 64] [--short 32] [--long 256]
-                                      [--long-every 8] [--size tiny|small] [--skip-tunix]
+                                      [--long-every 8] [--size tiny|small] [--skip-tunix] [--skip-hf]
     .venv/bin/python bench/sampler.py --setup-tunix     # once: a separate venv with google-tunix (see below)
 
 Workload (RL-shaped): `--prompts` random prompts of 16..64 tokens, `--n` samples each at temperature 1.0 (no
@@ -53,7 +53,8 @@ def workload(args):
 def fixed_batches(work, n, batch):
     """The samples in request order, cut into batches: [(prompts, max target in batch)]."""
     rows = [(p, m) for p, m in work for _ in range(n)]
-    return [([p for p, _ in rows[i:i + batch]], max(m for _, m in rows[i:i + batch])) for i in range(0, len(rows), batch)]
+    chunks = [rows[i:i + batch] for i in range(0, len(rows), batch)]
+    return [([p for p, _ in c], max(m for _, m in c)) for c in chunks]
 
 
 def make_weights(args, out: Path) -> None:
@@ -191,6 +192,7 @@ def main():
     ap.add_argument("--long-every", type=int, default=8)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--skip-tunix", action="store_true")
+    ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--setup-tunix", action="store_true")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--hf-dir", type=Path, help=argparse.SUPPRESS)
@@ -206,7 +208,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = Path(tmp) / "hf"
         make_weights(args, hf_dir)
-        results = {"vt": run_vt(args, hf_dir, work), "transformers": run_hf(args, hf_dir, work)}
+        results = {"vt": run_vt(args, hf_dir, work),
+                   "transformers": dict(error="skipped") if args.skip_hf else run_hf(args, hf_dir, work)}
         results["tunix"] = dict(error="skipped") if args.skip_tunix else run_tunix(args, hf_dir)
 
     wanted = sum(m for _, m in work) * args.n

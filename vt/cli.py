@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "vt.eval.commands",  # eval
     "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
     "vt.distill.commands",  # self-distill
+    "vt.pipeline_commands",  # pipeline, demo
 )
 
 

@@ -133,6 +133,8 @@ class Context:
         """A finished upstream stage's manifest (in a dry run: a placeholder naming the future checkpoint)."""
         m = self.manifest(stage)
         if m is not None:
+            if m.get("checkpoint") and not Path(m["checkpoint"]).is_absolute():
+                m["checkpoint"] = str(self.workdir / m["checkpoint"])  # manifests name their own files relatively
             return m
         if self.dry:
             return {"stage": stage, "checkpoint": str(self.stage_dir(stage) / "<checkpoint>"), "metrics": {}}
@@ -218,12 +220,9 @@ def validate(cfg: PipelineConfig, workdir: Path, stages: list[str] | None = None
 
 # --- running ----------------------------------------------------------------------------------------------------
 
-def fingerprint(config) -> str:
-    def plain(x):
-        return dataclasses.asdict(x) if dataclasses.is_dataclass(x) else x
-    if isinstance(config, dict):
-        config = {k: plain(v) for k, v in config.items()}
-    text = json.dumps(plain(config), sort_keys=True, default=str)
+def fingerprint(config, workdir: Path) -> str:
+    """Hash of a stage's resolved config; the work directory's own path is left out, so it can move."""
+    text = json.dumps(_plain_config(config), sort_keys=True, default=str).replace(str(workdir), "{workdir}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -277,7 +276,7 @@ def run_pipeline(cfg: PipelineConfig, workdir: Path | str, *, from_stage: str | 
             continue
         m = ctx.manifest(stage)
         plan = S.PLANS[stage](ctx, ctx.section(stage), ctx.stage_dir(stage))
-        fp = fingerprint(plan.config)
+        fp = fingerprint(plan.config, workdir)
         if m is not None:
             if m.get("fingerprint") != fp:
                 raise VtError(f"stage {stage!r} finished in {ctx.stage_dir(stage)} with a different config; "
@@ -304,8 +303,11 @@ def run_stage(ctx: Context, stage: str, plan, fp: str, out) -> dict:
     heldout = {}
     if stage in MODEL_STAGES and ctx.cfg.probe.data and result.checkpoint:
         heldout = S.heldout_accuracy(ctx, result.checkpoint, sdir)
+    ckpt = result.checkpoint
+    if ckpt and Path(ckpt).is_relative_to(ctx.workdir):
+        ckpt = str(Path(ckpt).relative_to(ctx.workdir))
     manifest = {"stage": stage, "status": "done", "fingerprint": fp, "wall_s": round(time.perf_counter() - t0, 1),
-                "resumed": resumed, "inputs": result.inputs, "checkpoint": result.checkpoint,
+                "resumed": resumed, "inputs": result.inputs, "checkpoint": ckpt,
                 "metrics": result.metrics, "heldout": heldout, "config": _plain_config(plan.config),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write_json(sdir / MANIFEST, manifest)

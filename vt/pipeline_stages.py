@@ -82,7 +82,7 @@ class DataStage:
     rl_per_domain: int = 256  # RL prompts per domain
     heldout_per_domain: int = 64  # held-out prompts per domain (the accuracy table, eval)
     probe_per_domain: int = 32  # probing prompts per domain (Pass@K checkpoint selection), disjoint from held-out
-    vocab_size: int = 400  # SentencePiece vocabulary (<= the model's 512)
+    vocab_size: int = 512  # SentencePiece vocabulary: exactly the model's (see run_data)
 
 
 def plan_data(ctx: Context, section: dict, sdir: Path) -> Plan:
@@ -115,6 +115,11 @@ def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
                                                             with_answer=False, start=10_000))
     write_jsonl(out / "sft_heldout.jsonl", heldout_sft)
     tok = build_tiny_sentencepiece(out / "tokenizer.model", task_corpus(c.seed), vocab_size=c.vocab_size)
+    # SentencePiece refuses to decode an id beyond its vocabulary, and a model with a larger embedding can
+    # sample one: the vocabularies must match exactly.
+    if tok.vocab_size != c.vocab_size:
+        raise VtError(f"the SentencePiece model has {tok.vocab_size} pieces, not vocab_size={c.vocab_size} "
+                      f"(the corpus is too small for that many); the model could sample undecodable ids")
     return StageOutput(metrics={"sft_records": len(sft), "vocab_size": tok.vocab_size},
                        inputs={"generated_into": str(out)})
 
@@ -488,7 +493,7 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
     engine = Engine(load_model(ckpt, dtype="float32"), SamplerConfig(temperature=0.0, max_new_tokens=c.check_max_new_tokens,
                                                                      batch_size=max(8, len(prompts))), tokenizer=tok)
     ours = [s[0].completion_ids for s in engine.generate([Request(prompt_ids=p) for p in prompts], seed=0)]
-    model = AutoModelForCausalLM.from_pretrained(str(hf), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
     model.eval()
     stop = list(engine.stop_ids)
     rows, matches = [], 0

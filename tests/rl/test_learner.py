@@ -115,3 +115,16 @@ def test_profile_then_drop_trivial_prompts(task, tmp_path):
     kept, dropped = drop_trivial(load_records(str(data), "data"), str(out))
     assert dropped == sum(r.pass_rate in (0.0, 1.0) for r in rates.values())
     assert all(0 < rates[r.prompt_id].pass_rate < 1 for r in kept)
+
+
+def test_options_kl_long2short_minibatches_token_mean(task, tmp_path):
+    """The optional parts of the objective run together: KL to the frozen start, Long2Short shaping,
+    several updates per batch and token-mean aggregation."""
+    cfg = rl_config(task, **{"train.steps": 2, "train.eval_every": 0, "mgpo.kl_coef": 0.1,
+                             "mgpo.long2short_lambda": 0.2, "mgpo.mini_batches": 2, "mgpo.aggregation": "token_mean"})
+    result = train_rl(cfg, tmp_path / "opts")
+    rows = [r for r in metrics(tmp_path / "opts") if "loss" in r]
+    assert len(rows) == 2 and result.step == 2
+    assert all(np.isfinite(r["kl_ref"]) and r["kl_ref"] >= 0 for r in rows)
+    # metrics come from the last mini-batch, taken after the first update moved the policy off the reference
+    assert 0 < rows[0]["kl_ref"] < rows[1]["kl_ref"] < 1.0

@@ -108,7 +108,8 @@ def test_bad_flags_and_missing_files(sampling_ckpt, tmp_path, capsys):
     _write(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2, 3]}])
     base = ["sample", "--ckpt", str(sampling_ckpt), "--prompts", str(tmp_path / "in.jsonl"), "--out",
             str(tmp_path / "out.jsonl"), "--no-progress"]
-    for extra, message in [(["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"), (["--batch-size", "0"], "batch_size"),
+    for extra, message in [(["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"),
+                           (["--batch-size", "0"], "batch_size"),
                            (["--stop", "x"], "--stop needs --tokenizer")]:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err

@@ -27,7 +27,8 @@ for temp in (0.0, 1.0):
     a = Engine(single, sc).generate(reqs)
     eng = Engine(sharded, sc, mesh=mesh)
     b = eng.generate(reqs)
-    report[f"ids_equal_{temp}"] = [[s.completion_ids for s in x] for x in a] == [[s.completion_ids for s in x] for x in b]
+    ids = lambda r: [[s.completion_ids for s in x] for x in r]
+    report[f"ids_equal_{temp}"] = ids(a) == ids(b)
     report[f"logprob_diff_{temp}"] = max(float(np.max(np.abs(np.subtract(s.logprobs, t.logprobs))))
                                          for x, y in zip(a, b) for s, t in zip(x, y))
 report["tensor_sharded"] = "tensor" in str(eng.state["layers"][0]["attn"]["q_kernel"][...].sharding.spec)

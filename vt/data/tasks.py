@@ -7,6 +7,11 @@ recipe can be exercised on a laptop CPU in minutes (`make demo`, the RL tests).
 `noise` makes a deliberately imperfect SFT teacher: with that probability the assistant's answer is a wrong
 one, so a model trained on it starts RL with a measurable, improvable accuracy.
 
+Every answer starts with a `<think>` block, as VibeThinker's responses do. With a SentencePiece tokenizer
+that matters: `<think>` is an atomic piece, so the tokens of the prompt (`...assistant\n`) are the same
+whether or not an answer follows; an answer starting with plain text can merge with the prompt's last newline
+into one piece (`\n*`), and the model would never see at inference the prompt tokens it was trained on.
+
 Domains (each a `<domain>_record(index, seed, ...)` function; `with_answer=False` gives the prompt-only form
 RL, profiling and evaluation read):
   - math (`math_record`: `a+b` -> `\\boxed{a+b}`; `arith_record`: the same with a worked step in `<think>`,
@@ -72,9 +77,10 @@ def arith_record(index: int, seed: int, *, max_operand: int = 9, noise: float = 
     a, b = (int(x) for x in rng.integers(0, max_operand + 1, 2))
     answer = a + b
     pid = f"math-{split}-{a}+{b}"
-    rec = {"id": f"math-{split}-{index}", "domain": "math", "prompt_id": pid,
+    rec = {"id": f"math-{split}-{index}", "domain": "math",
            "messages": [{"role": "user", "content": f"{a}+{b}"}], "ground_truth": str(answer)}
     if with_answer:
+        rec["prompt_id"] = pid  # several traces of one query (multi-path); a prompt-only record is its own id
         shown = _wrong(rng, answer, 0, 2 * max_operand) if rng.random() < noise else answer
         step = f"{a}+{b}={shown}" + (f". {b}+{a}={shown}" if rng.random() < long_frac else "")
         rec["messages"].append({"role": "assistant", "content": f"<think>{step}</think>\\boxed{{{shown}}}"})
@@ -86,24 +92,25 @@ CODE_OPS = ("+", "-", "*")
 
 def code_record(index: int, seed: int, *, max_k: int = 5, noise: float = 0.0, with_answer: bool = True,
                 split: str = "train") -> dict:
-    """"f(x) returns x OP k": a Python function in a fenced block, graded by two call-based unit tests."""
+    """"f(x) returns x OP k": `<think>x+3</think>` then a Python function in a fenced block, graded by two call-based unit tests."""
     rng = _rng(seed, split, index, 2)
     op = CODE_OPS[int(rng.integers(len(CODE_OPS)))]
     k = int(rng.integers(1, max_k + 1))
     fn = {"+": lambda x: x + k, "-": lambda x: x - k, "*": lambda x: x * k}[op]
     xs = [int(x) for x in rng.integers(-9, 10, 2)]
-    rec = {"id": f"code-{split}-{index}", "domain": "code", "prompt_id": f"code-{split}-x{op}{k}",
+    rec = {"id": f"code-{split}-{index}", "domain": "code",
            "messages": [{"role": "user", "content": f"Write f(x) that returns x{op}{k}."}],
            "tests": [{"fn_name": "f", "args": [x], "expected": fn(x)} for x in xs]}
     rec["metadata"] = {"tests": rec["tests"]}  # vt.data records keep reference fields under metadata
     if with_answer:
+        rec["prompt_id"] = f"code-{split}-x{op}{k}"
         shown_op, shown_k = op, k
         if rng.random() < noise:
             if rng.random() < 0.5:
                 shown_k = _wrong(rng, k, 1, max_k)
             else:
                 shown_op = CODE_OPS[(CODE_OPS.index(op) + 1 + int(rng.integers(2))) % 3]
-        body = f"```python\ndef f(x):\n    return x{shown_op}{shown_k}\n```"
+        body = f"<think>x{shown_op}{shown_k}</think>```python\ndef f(x):\n    return x{shown_op}{shown_k}\n```"
         rec["messages"].append({"role": "assistant", "content": body})
     return rec
 
@@ -133,7 +140,7 @@ WORDS = {"colors": ("red", "blue", "green", "pink", "gray"), "animals": ("cat", 
 
 def instruct_record(index: int, seed: int, *, max_items: int = 3, noise: float = 0.0, with_answer: bool = True,
                     split: str = "train") -> dict:
-    """"List 2 animals as bullets in uppercase." -> `* CAT\\n* OWL`: item count and letter case, checked by the
+    """"List 2 animals as bullets in uppercase." -> `<think>2 u</think>* CAT\\n* OWL`: item count and letter case, checked by the
     instruction-following reward (partial credit: the fraction of the two constraints met)."""
     rng = _rng(seed, split, index, 4)
     topic = sorted(WORDS)[int(rng.integers(len(WORDS)))]
@@ -152,7 +159,9 @@ def instruct_record(index: int, seed: int, *, max_items: int = 3, noise: float =
                 shown_case = "lowercase" if case == "uppercase" else "uppercase"
         words = [str(w) for w in rng.choice(WORDS[topic], size=shown_n, replace=False)]
         words = [w.upper() if shown_case == "uppercase" else w for w in words]
-        rec["messages"].append({"role": "assistant", "content": "\n".join(f"* {w}" for w in words)})
+        plan = f"{shown_n} {shown_case[0]}"
+        rec["messages"].append({"role": "assistant",
+                                "content": f"<think>{plan}</think>" + "\n".join(f"* {w}" for w in words)})
     return rec
 
 

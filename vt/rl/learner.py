@@ -35,7 +35,7 @@ from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.metrics import MetricsWriter
 from vt.train.optim import OptimConfig, make_optimizer
-from vt.train.sft import ModelSection, _Preemption, resolve_model_config
+from vt.train.sft import ModelSection, _Preemption, initial_params, resolve_model_config, restored_state
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
 
 log = logging.getLogger(__name__)
@@ -187,21 +187,13 @@ class _Learner:
         return nnx.state(self.md.bind(params))
 
     def initial_state(self) -> TrainState:
-        from vt.checkpoint.params import flat_params, load_model
         latest = self.ckpt.latest_step()
         if latest is not None:
             r = self.ckpt.restore(latest, self.abstract)
             log.info("resumed from %s", self.ckpt.step_dir(latest))
-            return TrainState(step=jax.device_put(np.int32(latest * self.cfg.mgpo.mini_batches), self.sh.step),
-                              params=r.params, opt_state=r.opt_state, rng=jax.device_put(r.rng, self.sh.rng))
-        m = self.cfg.model
-        if m.init_checkpoint:
-            model = load_model(m.init_checkpoint, self.mesh, param_dtype=m.param_dtype, dtype=m.dtype,
-                               remat_policy=m.remat_policy, attention_impl=m.attention_impl)
-        else:
-            from vt.model import create_model
-            model = create_model(self.model_cfg, self.mesh, seed=m.seed)
-        return init_train_state(flat_params(model), self.optimizer, self.sh, m.seed)
+            return restored_state(r, latest * self.cfg.mgpo.mini_batches, self.sh)
+        return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer, self.sh,
+                                self.cfg.model.seed)
 
     def rollout(self, records, step: int, group_size: int, seed_offset: int = 0) -> Scored:
         seed = int(np.random.default_rng([self.cfg.rollout.seed, seed_offset, step]).integers(2**31))
@@ -305,11 +297,9 @@ class _Learner:
         return RLResult(step=step, status=status, last_metrics=last, eval_history=history)
 
     def initial_reference(self, state: TrainState):
-        m = self.cfg.model
-        if m.init_checkpoint:
-            from vt.checkpoint.params import flat_params, load_model
-            return flat_params(load_model(m.init_checkpoint, self.mesh, param_dtype=m.param_dtype, dtype=m.dtype))
-        return state.params
+        """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
+        return initial_params(self.cfg.model, self.model_cfg, self.mesh) if self.cfg.model.init_checkpoint \
+            else state.params
 
     @staticmethod
     def rollout_metrics(s: Scored) -> dict[str, float]:

@@ -116,6 +116,24 @@ def resolve_model_config(m: ModelSection) -> ModelConfig:
     return preset(m.preset, **over)
 
 
+def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, jax.Array]:
+    """The starting parameters of a run, created or restored directly in their sharding on `mesh`."""
+    from vt.checkpoint.params import flat_params, load_model
+    if m.init_checkpoint:
+        model = load_model(m.init_checkpoint, mesh, param_dtype=m.param_dtype, dtype=m.dtype,
+                           remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+    else:
+        from vt.model import create_model
+        model = create_model(model_cfg, mesh, seed=m.seed)
+    return flat_params(model)
+
+
+def restored_state(r, optimizer_steps: int, sh: TrainState) -> TrainState:
+    """A TrainState from a checkpoint restore; the step counter is not stored as an array, only in meta."""
+    return TrainState(step=jax.device_put(np.int32(optimizer_steps), sh.step), params=r.params,
+                      opt_state=r.opt_state, rng=jax.device_put(r.rng, sh.rng))
+
+
 def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
     """A grain IterDataset of this process's batches (`split`: "train" repeats forever, "eval" is one pass)."""
     pi, pc = jax.process_index(), jax.process_count()
@@ -226,18 +244,9 @@ class _Learner:
         if latest is not None:
             r = self.ckpt.restore(latest, self.abstract, iterator)
             log.info("resumed from %s", self.ckpt.step_dir(latest))
-            return TrainState(step=jax.device_put(np.int32(latest), self.sh.step), params=r.params,
-                              opt_state=r.opt_state, rng=jax.device_put(r.rng, self.sh.rng))
-        m = self.cfg.model
-        if m.init_checkpoint:
-            from vt.checkpoint.params import flat_params, load_model
-            model = load_model(m.init_checkpoint, self.mesh, param_dtype=m.param_dtype, dtype=m.dtype,
-                               remat_policy=m.remat_policy, attention_impl=m.attention_impl)
-        else:
-            from vt.checkpoint.params import flat_params
-            from vt.model import create_model
-            model = create_model(self.model_cfg, self.mesh, seed=m.seed)
-        return init_train_state(flat_params(model), self.optimizer, self.sh, m.seed)
+            return restored_state(r, latest, self.sh)
+        return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer, self.sh,
+                                self.cfg.model.seed)
 
     def evaluate(self, params) -> float:
         total = count = 0.0

@@ -1,0 +1,363 @@
+"""Seconds per RL step and its split (sampling / reward / training): vt's MGPO learner vs Tunix's GRPOLearner.
+
+    .venv/bin/python bench/rl_step.py [--steps 8] [--warmup 2] [--prompts 16] [--group 8] [--max-new 8]
+                                      [--vt-reward python|verifier] [--skip-tunix]
+
+Same tiny model, tokenizer, prompts and workload for both. The model is the tests' verifiable toy
+(tests/rl/rl_helpers.build_task: tiny BPE tokenizer, `a+b` -> `\\boxed{a+b}`, a tiny Qwen2 SFT'd for
+`--sft-steps`), exported from vt with vt.checkpoint.params.export_to_hf and loaded into Tunix's Qwen2 from
+those safetensors (as bench/sampler.py does). Each RL step: Q=`--prompts` chat-rendered prompts (the very
+prompts vt's learner picks for that step: vt.rl.learner.prompts_for_step), G=`--group` samples each at
+temperature 1.0 (no top-k/top-p), at most `--max-new` new tokens, stop at the tokenizer's eos ids, a reward,
+group-relative advantages (GRPO: vt runs mgpo.gamma=0), the clipped surrogate (eps 0.2, per-sequence mean,
+no KL), one AdamW update per batch (lr 1e-3 constant, wd 0.01, clip 1.0), fp32, one CPU device.
+
+Reward: by default both use the same cheap Python check (`python_reward`: the last `\\boxed{...}` equals
+the answer), handed to vt's learner in place of the domain verifier it builds (make_reward("math")), so the
+split compares like with like; `--vt-reward verifier` keeps vt's real math verifier (math-verify in worker
+processes) instead. Tunix gets the Python check as its reward_fns.
+
+Timing: each framework runs `--warmup + --steps + 1` RL steps through its own learner loop (vt:
+vt.rl.learner's _Learner.run; Tunix: GRPOLearner.train). A step's time is from its start to the next step's
+start (so loop overhead counts; the first `--warmup` steps, which compile, and the last step, which vt
+follows with a checkpoint save, are left out); the table shows the median over the timed steps. The split:
+  vt     sampling = time_rollout_s - reward, training = time_train_s (learner logp forward for pi_old and
+         the importance weights + the update + the in-place weight push), both from metrics.jsonl;
+         reward timed by wrapping the learner's reward functions.
+  Tunix  sampling = RLCluster.generate, reward = RLLearner._compute_rewards, training = RLCluster.update_actor
+         (followed by a block_until_ready on the actor's params so device work is not charged to the next
+         step's sampling) + RLCluster.sync_weights (not called here: actor and rollout share one mesh, so
+         Tunix shares the weights), all timed by wrapping those methods on the instances.
+  other  = step - sampling - reward - training (batch building, advantages, metrics, host glue).
+
+Tunix runs in its own virtualenv (bench/.venv-tunix, as bench/train_step.py uses; never in .venv), in a
+subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
+little; the Tunix/vt ratio printed at the end is the result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TUNIX_VENV = Path(os.environ.get("VT_TUNIX_VENV", REPO / "bench" / ".venv-tunix"))
+LR, WD, CLIP, EPS_CLIP = 1e-3, 0.01, 1.0, 0.2
+PARTS = ("sampling", "reward", "training", "other")
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def python_reward(completion: str, answer: str) -> float:
+    """The cheap check both frameworks can run: 1.0 when the last `\\boxed{...}` holds the answer."""
+    boxes = _BOXED.findall(completion)
+    return float(bool(boxes) and boxes[-1].strip() == str(answer).strip())
+
+
+def timed_steps(starts: list[float], warmup: int, steps: int) -> list[tuple[int, float]]:
+    """(step index, seconds) for the timed steps: start-to-next-start, skipping warm-up and the last step."""
+    return [(i, starts[i + 1] - starts[i]) for i in range(warmup, min(warmup + steps, len(starts) - 1))]
+
+
+def summarize(starts, parts: dict[str, list[float]], warmup: int, steps: int) -> dict:
+    """Median step time and the median of each part over the timed steps; `other` is what is left."""
+    rows = []
+    for i, total in timed_steps(starts, warmup, steps):
+        row = {"step": total, **{k: v[i] for k, v in parts.items()}}
+        row["other"] = total - sum(row[k] for k in parts)
+        rows.append(row)
+    if not rows:
+        raise RuntimeError(f"no timed steps ({len(starts)} step starts recorded)")
+    return {"median": {k: statistics.median(r[k] for r in rows) for k in ("step",) + PARTS},
+            "steps": rows}
+
+
+# --- the shared workload -------------------------------------------------------------------------------------
+
+def prepare(args, tmp: Path) -> tuple[dict, dict]:
+    """Build the toy task, export its checkpoint as HF safetensors, and fix each step's prompts."""
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests" / "rl"))
+    from rl_helpers import build_task
+    from vt.checkpoint.params import export_to_hf, load_model
+    from vt.data import load_tokenizer
+    from vt.rl.learner import load_records, prompts_for_step
+
+    t0 = time.perf_counter()
+    task = build_task(tmp / "task", sft_steps=args.sft_steps)
+    hf_dir = tmp / "hf"
+    export_to_hf(load_model(task["ckpt"]), hf_dir, tokenizer_dir=task["tok"])
+    tok = load_tokenizer(task["tok"])
+    records = load_records(str(task["root"] / "rl.jsonl"), "data.train")
+    total = args.warmup + args.steps + 1
+    steps = []
+    for s in range(total):
+        recs = [records[i] for i in prompts_for_step(len(records), s, args.prompts, 0)]
+        steps.append([{"text": tok.apply_chat_template(list(r.prompt), add_generation_prompt=True),
+                       "ids": tok.encode_chat(list(r.prompt), add_generation_prompt=True),
+                       "answer": str(r.ground_truth)} for r in recs])
+    spec = {"hf_dir": str(hf_dir), "tokenizer": str(task["tok"]), "steps": steps,
+            "eos_ids": sorted(int(i) for i in tok.eos_token_ids), "group": args.group, "max_new": args.max_new,
+            "warmup": args.warmup, "n_steps": args.steps}
+    print(f"task built and exported in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return task, spec
+
+
+# --- vt ------------------------------------------------------------------------------------------------------
+
+def run_vt(args, task: dict, workdir: Path) -> dict:
+    from rl_helpers import metrics, rl_config
+    from vt.rewards.base import RewardFunction, failed, passed
+    from vt.rl.learner import _Learner
+
+    class PythonReward(RewardFunction):
+        """python_reward behind vt's reward-function contract."""
+        domain = "math"
+
+        def reference(self, record, index):
+            return record["ground_truth"]
+
+        def score_batch(self, references, completions):
+            return [passed() if python_reward(c, a) else failed("wrong") for a, c in zip(references, completions)]
+
+    class Timed:
+        """A reward function that records how long each batch took."""
+        def __init__(self, fn, times):
+            self.fn, self.times = fn, times
+
+        def __call__(self, records, completions):
+            t = time.perf_counter()
+            try:
+                return self.fn(records, completions)
+            finally:
+                self.times.append(time.perf_counter() - t)
+
+        def close(self):
+            self.fn.close()
+
+    total = args.warmup + args.steps + 1
+    cfg = rl_config(task, **{
+        "data.eval": "", "mgpo.gamma": 0.0, "mgpo.kl_coef": 0.0, "mgpo.eps_low": EPS_CLIP, "mgpo.eps_high": EPS_CLIP,
+        "mgpo.aggregation": "seq_mean", "mgpo.mini_batches": 1,
+        "rollout.group_size": args.group, "rollout.prompts_per_step": args.prompts,
+        "rollout.max_new_tokens": args.max_new, "rollout.batch_size": args.prompts * args.group,
+        "rollout.temperature": 1.0,
+        "optim.lr": LR, "optim.final_lr": LR, "optim.weight_decay": WD, "optim.clip_norm": CLIP,
+        "train.steps": total, "train.progress": False})
+    workdir.mkdir(parents=True, exist_ok=True)
+    learner = _Learner(cfg, workdir)  # train_rl(cfg, workdir) is this plus config.json; we swap the rewards first
+    reward_times, starts = [], []
+    if args.vt_reward == "python":
+        for r in learner.rewards.values():
+            r.close()
+        learner.rewards = {d: PythonReward() for d in learner.rewards}
+    learner.rewards = {d: Timed(r, reward_times) for d, r in learner.rewards.items()}
+    rollout = learner.rollout
+
+    def rollout_marking_step_start(records, step, group_size, seed_offset=0):
+        starts.append(time.perf_counter())  # no evaluation runs, so every rollout call starts an RL step
+        return rollout(records, step, group_size, seed_offset)
+
+    learner.rollout = rollout_marking_step_start
+    result = learner.run()
+    if result.step != total:
+        raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
+    rows = [m for m in metrics(workdir) if "time_train_s" in m]
+    parts = {"sampling": [m["time_rollout_s"] - r for m, r in zip(rows, reward_times)], "reward": reward_times,
+             "training": [m["time_train_s"] for m in rows]}
+    out = summarize(starts, parts, args.warmup, args.steps)
+    out["notes"] = {"reward_mean": statistics.mean(m["reward_mean"] for m in rows),
+                    "response_len_mean": statistics.mean(m["response_len_mean"] for m in rows)}
+    return out
+
+
+# --- Tunix (runs inside bench/.venv-tunix) ---------------------------------------------------------------------
+
+def run_tunix_worker(spec: dict) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from transformers import AutoTokenizer
+    from tunix.models.qwen2 import model as qwen2_model
+    from tunix.models.qwen2 import params as qwen2_params
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+
+    hf_dir = Path(spec["hf_dir"])
+    hf = json.loads((hf_dir / "config.json").read_text())
+    cfg = qwen2_model.ModelConfig(
+        num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
+        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"], rope_theta=int(hf["rope_theta"]), norm_eps=hf["rms_norm_eps"],
+        use_tied_embedding=hf["tie_word_embeddings"], dtype=jnp.float32, param_dtype=jnp.float32)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
+    for step in spec["steps"]:  # the same prompt tokens as vt, or the comparison is off
+        for p in step:
+            got = tokenizer.encode(p["text"])
+            if got != p["ids"]:
+                raise RuntimeError(f"HF tokenizer gives {got} for {p['text']!r}, vt gives {p['ids']}")
+    prompt_len = 1 << max(len(p["ids"]) for s in spec["steps"] for p in s).bit_length()  # power of two >= longest
+    G, max_new = spec["group"], spec["max_new"]
+    total = len(spec["steps"])
+
+    model = qwen2_params.create_model_from_safe_tensors(str(hf_dir), cfg, mesh)
+    rollout_cfg = base_rollout.RolloutConfig(
+        max_tokens_to_generate=max_new, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=prompt_len,
+        kv_cache_size=prompt_len + max_new, eos_tokens=spec["eos_ids"])
+    training_cfg = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optax.chain(optax.clip_by_global_norm(CLIP),
+                                    optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)),
+        eval_every_n_steps=10 ** 9, max_steps=total, pbar_description=None)
+    cluster = rl_cluster_lib.RLCluster(
+        actor=model, reference=None, tokenizer=tokenizer,
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                          rl_cluster_lib.Role.ROLLOUT: mesh},
+            rollout_engine="vanilla", offload_to_cpu=False, training_config=training_cfg, rollout_config=rollout_cfg))
+
+    def reward_fn(prompts, completions, answer, **_):
+        return [python_reward(c, a) for c, a in zip(completions, answer)]
+
+    algo = grpo_learner.GRPOConfig(num_generations=G, num_iterations=1, beta=0.0, epsilon=EPS_CLIP,
+                                   loss_agg_mode="sequence-mean-token-mean")
+    learner = grpo_learner.GRPOLearner(cluster, algo, reward_fns=[reward_fn])
+
+    times = {k: [] for k in ("sampling", "reward", "training")}
+    starts, stats = [], {"reward": [], "length": []}
+
+    def timed(obj, name, part, after=None):
+        fn = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            if after is not None:
+                after(out)
+            times[part].append(time.perf_counter() - t)
+            return out
+        setattr(obj, name, wrapper)
+
+    timed(cluster, "generate", "sampling",
+          lambda out: stats["length"].append(float(np.mean([len(t) for t in out.tokens]))))
+    timed(learner, "_compute_rewards", "reward", lambda r: stats["reward"].append(float(np.mean(r))))
+    timed(cluster, "update_actor", "training",
+          lambda _: jax.block_until_ready(jax.tree.leaves(cluster.actor_trainer.model)))
+    sync_times = []
+    sync = cluster.sync_weights
+
+    def timed_sync():
+        t = time.perf_counter()
+        sync()
+        sync_times.append((len(starts) - 1, time.perf_counter() - t))
+    cluster.sync_weights = timed_sync
+    run_global_step = learner._run_global_step
+
+    def marking_step_start(*a, **k):
+        starts.append(time.perf_counter())
+        return run_global_step(*a, **k)
+    learner._run_global_step = marking_step_start
+
+    # Arrays, as a grain batch would be: the learner repeats every leaf G times along axis 0 (a list of str would
+    # be a pytree of str leaves).
+    data = [{"prompts": np.array([p["text"] for p in step]), "answer": np.array([p["answer"] for p in step])}
+            for step in spec["steps"]]
+    learner.train(data)
+    starts.append(time.perf_counter())  # the end of the last step (nothing follows it here)
+    for i, dt in sync_times:
+        times["training"][i] += dt
+    out = summarize(starts, times, spec["warmup"], spec["n_steps"])
+    out["notes"] = {"reward_mean": statistics.mean(stats["reward"]),
+                    "response_len_mean": statistics.mean(stats["length"]),
+                    "weight_syncs": len(sync_times), "global_steps": len(starts) - 1}
+    return out
+
+
+def run_tunix(spec: dict, tmp: Path) -> dict:
+    py = TUNIX_VENV / "bin" / "python"
+    if not py.exists():
+        return {"error": f"no Tunix venv at {TUNIX_VENV} (create it: python -m venv {TUNIX_VENV} && "
+                         f"{TUNIX_VENV}/bin/pip install google-tunix==0.1.7)"}
+    spec_path = tmp / "tunix_spec.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run([str(py), str(Path(__file__).resolve()), "--worker", "tunix", "--spec", str(spec_path)],
+                          capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    err = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    tb = [line for line in err if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", line)]
+    return {"error": f"Tunix worker exited {proc.returncode}: " + (tb[-1] if tb else err[-1] if err else "no output"),
+            "stderr_tail": "\n".join(err[-25:])}
+
+
+# --- report ----------------------------------------------------------------------------------------------------
+
+def report(args, results: dict) -> None:
+    n = args.prompts * args.group
+    print(f"RL step: tiny Qwen2 (vt preset tiny, SFT'd {args.sft_steps} steps on a+b), Q={args.prompts} prompts x "
+          f"G={args.group} samples = {n} rollouts, <= {args.max_new} new tokens, temperature 1.0, GRPO, 1 update/step, "
+          f"fp32, CPU x{os.cpu_count()}; median of {args.steps} steps after {args.warmup} warm-up")
+    reward_note = {"python": "Python \\boxed{} check (same as Tunix)",
+                   "verifier": "vt math verifier (math-verify workers); Tunix: Python \\boxed{} check"}[args.vt_reward]
+    print(f"reward: {reward_note}")
+    head = f"  {'':8s} {'step s':>8s}" + "".join(f" {k + ' s':>11s}" for k in PARTS) + f" {'reward':>7s} {'len':>5s}"
+    print(head)
+    for name, r in results.items():
+        if "error" in r:
+            print(f"  {name:8s} not run: {r['error']}")
+            continue
+        m = r["median"]
+        print(f"  {name:8s} {m['step']:8.3f}" + "".join(f" {m[k]:11.3f}" for k in PARTS)
+              + f" {r['notes']['reward_mean']:7.3f} {r['notes']['response_len_mean']:5.1f}")
+    vt = results.get("vt", {}).get("median")
+    tx = results.get("tunix", {}).get("median")
+    if vt and tx:
+        print(f"  Tunix / vt step time: {tx['step'] / vt['step']:.2f}x"
+              + "".join(f"   {k}: {tx[k] / vt[k]:.2f}x" for k in ("sampling", "training") if vt[k] > 0))
+    if "tunix" in results and "error" in results["tunix"] and results["tunix"].get("stderr_tail"):
+        print("Tunix stderr (tail):\n" + results["tunix"]["stderr_tail"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8, help="timed RL steps")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed first steps (compilation)")
+    ap.add_argument("--prompts", type=int, default=16, help="Q: prompts per step")
+    ap.add_argument("--group", type=int, default=8, help="G: samples per prompt")
+    ap.add_argument("--max-new", type=int, default=8, help="max new tokens per sample")
+    ap.add_argument("--sft-steps", type=int, default=400, help="SFT steps of the toy model (rl_helpers.build_task)")
+    ap.add_argument("--vt-reward", choices=["python", "verifier"], default="python")
+    ap.add_argument("--skip-tunix", action="store_true")
+    ap.add_argument("--json", type=Path, help="also write the per-step results here")
+    ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
+    ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.worker == "tunix":
+        print("RESULT", json.dumps(run_tunix_worker(json.loads(args.spec.read_text()))))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        task, spec = prepare(args, tmp)
+        results = {"vt": run_vt(args, task, tmp / "vt")}
+        results["tunix"] = {"error": "skipped (--skip-tunix)"} if args.skip_tunix else run_tunix(spec, tmp)
+    report(args, results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

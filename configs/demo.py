@@ -1,0 +1,208 @@
+"""The demo: configs/vibethinker_3b.py stage for stage, on the `tiny` Qwen2 preset trained from scratch on the
+built-in synthetic verifiable tasks (vt.data.tasks: arithmetic with a worked step and a boxed answer, Python
+functions graded by unit tests in the bubblewrap sandbox, multiple-choice "largest option", bullet lists under
+count and case constraints), with a SentencePiece tokenizer trained on that corpus. CPU, about 10 minutes:
+
+    make demo                     # = vt demo  (workdir demo_out/)
+    vt demo --variant ci          # shorter: the CI test runs it
+    vt pipeline --config configs/demo.py --workdir demo_out      # the same thing through the general runner
+
+The SFT teacher is deliberately noisy (`stages.data.noise` of its answers are wrong), so SFT reaches a
+middling accuracy that RL then raises; every number below is a demo-size stand-in for the 3B value.
+"""
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("_vt_demo_3b", Path(__file__).with_name("vibethinker_3b.py"))
+_full = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_full)
+
+import ml_collections  # noqa: E402
+
+DOMAINS = ("math", "code", "stem", "instruct")
+DATA = "{workdir}/data"
+
+
+def _tiny_sft(c, steps, lr, every, keep=10):
+    c.model.preset = "tiny"
+    c.model.dtype = "float32"
+    c.model.remat_policy = "none"
+    c.model.attention_impl = "xla"
+    c.data.train = f"{DATA}/sft.jsonl"
+    c.data.eval = f"{DATA}/sft_heldout.jsonl"
+    c.data.seq_len = 128
+    c.data.global_batch_size = 16
+    c.data.grad_accum_steps = 1
+    c.data.read_threads = 0
+    c.data.eval_batches = 2
+    c.mesh.fsdp = 1
+    c.optim.lr = lr
+    c.optim.final_lr = lr / 30
+    c.optim.weight_decay = 0.0
+    c.train.steps = steps
+    c.train.eval_every = 0
+    c.train.progress = False
+    c.checkpoint.every = every
+    c.checkpoint.keep = keep
+    c.checkpoint.best_metric = ""
+    c.checkpoint.async_save = False
+    return c
+
+
+def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=1e-3):
+    c.profile_k = 4  # RECIPE: 8; fewer rollouts keep the demo short
+    c.model.dtype = "float32"
+    c.model.remat_policy = "none"
+    c.model.attention_impl = "xla"
+    c.data.train = f"{DATA}/rl_{domain}.jsonl"
+    c.data.eval = ""  # the pipeline's held-out table measures every stage the same way
+    c.rollout.group_size = group
+    c.rollout.prompts_per_step = prompts
+    c.rollout.max_new_tokens = 40
+    c.rollout.batch_size = 128
+    c.rollout.steps_per_call = 40
+    c.mesh.fsdp = 1
+    c.optim.lr = lr
+    c.optim.final_lr = lr
+    c.optim.weight_decay = 0.0
+    c.train.steps = steps
+    c.train.eval_every = 0
+    c.train.progress = False
+    c.checkpoint.every = 5
+    c.checkpoint.keep = 2
+    c.checkpoint.async_save = False
+    c.rewards = {}
+    return c
+
+
+def get_config(arg=None):
+    c = _full.get_config(None)
+    c.name = "demo"
+    c.base_checkpoint = ""  # trained from scratch: sft1 starts from a random `tiny` model
+    c.tokenizer = f"{DATA}/tokenizer.model"  # SentencePiece, trained by the data stage
+    c.compilation_cache = "{workdir}/.jax_cache"
+
+    c.probe.data = {d: f"{DATA}/heldout_{d}.jsonl" for d in DOMAINS}
+    c.probe.n = 4
+    c.probe.temperature = 1.0
+    c.probe.top_p = 1.0
+    c.probe.max_new_tokens = 40
+    c.probe.batch_size = 128
+    c.probe.limit = 32
+    c.probe.seed = 0
+
+    s = c.stages
+    s.data = ml_collections.ConfigDict()
+    s.data.enabled = True
+    s.data.out = DATA
+    s.data.seed = 0
+    s.data.domains = DOMAINS
+    s.data.noise = 0.4
+    s.data.sft_per_domain = 600
+    s.data.rl_per_domain = 96
+    s.data.heldout_per_domain = 64
+    s.data.probe_per_domain = 16
+    s.data.vocab_size = 512  # = the tiny preset's vocabulary: every id the model can sample decodes
+
+    _tiny_sft(s.sft1, steps=300, lr=3e-3, every=100)
+    s.profile.k = 8
+    s.profile.max_new_tokens = 40
+    s.profile.batch_size = 128
+    s.profile.prompts_per_call = 64
+    s.profile.limit = 192
+
+    _tiny_sft(s.sft2, steps=100, lr=1e-3, every=25)
+    s.sft2.data.hard_subset.min_trace_tokens = 0  # the demo's traces are short; 5K tokens on real data
+    s.sft2.data.hard_subset.min_error_rate = 0.25  # demo: prompts the reference misses at least 2 of 8 times
+    s.sft2.data.hard_subset.missing = "exclude"  # only the first profile.limit prompts were profiled
+
+    s.select.probes = {d: f"{DATA}/probe_{d}.jsonl" for d in DOMAINS}
+    s.select.n = 8
+    s.select.k = 4
+    s.select.top_p = 1.0
+    s.select.max_new_tokens = 40
+    s.select.batch_size = 128
+    s.select.limit = 16
+
+    _tiny_rl(s.rl_math, "math", 16)
+    _tiny_rl(s.long2short, "math", 8)
+    _tiny_rl(s.rl_code, "code", 10, prompts=8)
+    _tiny_rl(s.rl_stem, "stem", 12)
+    _tiny_rl(s.rl_instruct, "instruct", 12)
+
+    d = s.self_distill.distill
+    d.dtype = "float32"
+    d.mesh.fsdp = 1
+    for dom in ("math", "code", "stem"):
+        d.sources[dom].data = f"{DATA}/rl_{dom}.jsonl"
+        d.sources[dom].n = 4
+        d.sources[dom].limit = 32
+    d.sampling.top_p = 1.0
+    d.sampling.max_new_tokens = 40
+    d.sampling.batch_size = 128
+    d.scoring.chunk_tokens = 0
+    d.scoring.min_bucket = 64
+    d.scoring.batch_size = 64
+    for dom in ("math", "code", "stem"):
+        d.selection.rules[dom].min_tokens = 4
+        d.selection.rules[dom].length_edges = (16,)
+    d.progress = False
+    _tiny_sft(s.self_distill.sft, steps=40, lr=5e-4, every=40, keep=1)
+    s.self_distill.sft.data.eval = ""
+
+    for name in list(s.eval.benchmarks.keys()):
+        del s.eval.benchmarks[name]
+    for dom in DOMAINS:
+        b = _full._load("eval_aime25").get_config(None)
+        b.name = f"demo_{dom}"
+        b.data = f"{DATA}/heldout_{dom}.jsonl"
+        b.domain = dom
+        b.sampling.n = 4
+        b.sampling.top_p = 1.0
+        b.sampling.max_new_tokens = 40
+        b.sampling.batch_size = 128
+        b.ks = (1, 4)
+        b.maj_ks = (4,) if dom in ("math", "stem") else ()
+        b.chunk_problems = 64
+        b.progress = False
+        b.model.dtype = "float32"
+        s.eval.benchmarks[f"demo_{dom}"] = b
+
+    s.export.dtype = "float32"
+    s.export.check_transformers = True
+    s.export.check_prompts = 8
+    s.export.check_max_new_tokens = 40
+
+    if arg in (None, ""):
+        return c
+    if arg == "ci":
+        return ci(c)
+    raise ValueError(f"unknown variant {arg!r}; known: ci")
+
+
+def ci(c):
+    """Shorter: fewer steps and prompts everywhere (the CI test, and the kill -9 / resume test)."""
+    s = c.stages
+    s.data.sft_per_domain = 300
+    s.data.rl_per_domain = 48
+    c.probe.limit = 16
+    s.sft1.train.steps = 200
+    s.sft1.checkpoint.every = 100
+    s.profile.limit = 64
+    s.sft2.train.steps = 40
+    s.sft2.checkpoint.every = 20
+    s.select.limit = 8
+    s.select.n = 4
+    s.select.k = 2
+    for name, steps in (("rl_math", 8), ("long2short", 4), ("rl_code", 4), ("rl_stem", 6), ("rl_instruct", 6)):
+        s[name].train.steps = steps
+        s[name].checkpoint.every = 2
+        s[name].rollout.prompts_per_step = 8
+    for dom in ("math", "code", "stem"):
+        s.self_distill.distill.sources[dom].limit = 16
+    s.self_distill.sft.train.steps = 20
+    s.self_distill.sft.checkpoint.every = 20
+    for b in s.eval.benchmarks.values():
+        b.limit = 16
+    s.export.check_prompts = 4
+    return c

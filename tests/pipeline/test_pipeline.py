@@ -1,0 +1,134 @@
+"""The recipe runner: the 3B config validates without running, the demo's CI variant runs end to end with
+rising accuracy, and a pipeline killed (-9) in the middle of an RL stage resumes to the straight run's results."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testutil import REPO, run_vt
+from vt.config import load_config
+from vt.pipeline import STAGES, pipeline_config, validate
+
+DEMO = str(REPO / "configs" / "demo.py")
+PRE_RL = ("data", "sft1", "profile", "sft2", "select")
+
+
+def test_full_config_validates_every_stage_and_names_missing_inputs(tmp_path):
+    cfg = pipeline_config(load_config(str(REPO / "configs" / "vibethinker_3b.py")), tmp_path)
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the config's paths are relative to where vt runs
+    try:
+        report = validate(cfg, tmp_path)
+    finally:
+        os.chdir(cwd)
+    assert list(report["stages"]) == [s for s in STAGES if s != "data"]
+    problems = "\n".join(report["problems"])
+    for missing in ("config.base_checkpoint: checkpoints/qwen2.5-coder-3b", "config.tokenizer:",
+                    "config.stages.sft1.data.train: no file matches data/sft/stage1/*.jsonl",
+                    "config.stages.rl_code.data.train: data/rl/code.jsonl", "config.stages.select.probes.math",
+                    "config.stages.eval.benchmarks.ifeval.data"):
+        assert missing in problems, missing
+    assert "aime25" not in problems  # that one ships with the repository
+    # The command: --validate lists the problems and exits 1; a real run refuses at once, before any stage.
+    proc = run_vt("pipeline", "--config", "configs/vibethinker_3b.py", "--workdir", str(tmp_path / "v"), "--validate")
+    assert proc.returncode == 1 and "config.stages.rl_math.data.train" in proc.stdout, proc.stdout + proc.stderr
+    proc = run_vt("pipeline", "--config", "configs/vibethinker_3b.py", "--workdir", str(tmp_path / "r"))
+    assert proc.returncode == 2 and "missing or invalid inputs" in proc.stderr, proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_bad_stage_field_is_named(tmp_path):
+    proc = run_vt("pipeline", "--config", DEMO, "--workdir", str(tmp_path), "--validate",
+                  "--config.stages.rl_math.mgpo.gamma='x'")
+    assert proc.returncode != 0 and "rl_math" in (proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    cfg = pipeline_config(load_config(DEMO), tmp_path)
+    assert validate(cfg, tmp_path)["problems"] == []  # the demo's inputs come from its data stage
+
+
+def _demo(workdir: Path, *extra, **kw):
+    return subprocess.Popen([sys.executable, "-m", "vt", "demo", "--variant", "ci", "--workdir", str(workdir), *extra],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("demo") / "straight"
+    proc = _demo(workdir)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    return workdir, out
+
+
+def manifests(workdir: Path) -> dict:
+    return {s: json.loads((workdir / s / "manifest.json").read_text()) for s in STAGES}
+
+
+def test_demo_ci_runs_every_stage_and_accuracy_rises(straight):
+    workdir, out = straight
+    m = manifests(workdir)
+    acc = {s: np.mean(list(v["heldout"].values())) for s, v in m.items() if v["heldout"]}
+    assert list(acc) == ["sft1", "sft2", "select", "rl_math", "long2short", "rl_code", "rl_stem", "self_distill",
+                         "rl_instruct"]
+    assert acc["rl_instruct"] >= acc["sft1"] + 0.1, acc  # the recipe, end to end, improves the model
+    for dom, rl in (("math", "rl_math"), ("stem", "rl_stem"), ("instruct", "rl_instruct")):
+        before = m[m[rl]["stage"]]["heldout"][dom]
+        assert m[rl]["heldout"][dom] >= m["sft1"]["heldout"][dom], (dom, before)
+    assert "| rl_instruct |" in out and "| stage |" in out  # the table is printed
+    assert m["export"]["metrics"]["greedy_match"] == "4/4"  # transformers' greedy text equals vt's
+    assert (workdir / "export" / "hf" / "config.json").is_file()
+    assert (workdir / "plot.png").is_file() and any((workdir / "tb").iterdir())
+    assert any((workdir / "rl_math" / "tb").iterdir())
+    assert set(m["eval"]["metrics"]) == {"demo_math", "demo_code", "demo_stem", "demo_instruct"}
+    # A re-run finds everything finished and skips it.
+    proc = _demo(workdir)
+    rerun, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and rerun.count("done, skipped") == len(STAGES), rerun[-2000:]
+
+
+def _sealed(d: Path) -> list[int]:
+    return [int(p.name) for p in d.glob("[0-9]*") if (p / "vt_checksums.json").is_file()] if d.is_dir() else []
+
+
+def test_kill_in_rl_stage_then_resume_equals_straight_run(straight, tmp_path):
+    """kill -9 the pipeline once rl_math has saved a checkpoint mid-stage; the re-run resumes rl_math from it and
+    ends with the straight run's numbers and bitwise-equal final weights. The stages before RL are copied from
+    the straight run (manifests name their files relative to the work directory) to keep the test short."""
+    ref, _ = straight
+    workdir = tmp_path / "killed"
+    for s in PRE_RL:
+        shutil.copytree(ref / s, workdir / s)
+    proc = _demo(workdir)
+    deadline = time.time() + 600
+    while not _sealed(workdir / "rl_math" / "checkpoints"):
+        assert proc.poll() is None and time.time() < deadline, "rl_math saved no checkpoint"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert not (workdir / "rl_math" / "manifest.json").exists()
+    steps = json.loads((ref / "rl_math" / "manifest.json").read_text())["metrics"]["steps"]
+    assert max(_sealed(workdir / "rl_math" / "checkpoints")) < steps
+    proc = _demo(workdir)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-4000:]
+    assert "rl_math: resuming" in out
+    a, b = manifests(ref), manifests(workdir)
+    assert b["rl_math"]["resumed"]
+    for s in STAGES:
+        assert a[s]["heldout"] == b[s]["heldout"], s
+    assert a["eval"]["metrics"] == b["eval"]["metrics"]
+    for s in ("rl_math", "long2short", "rl_code", "rl_stem", "rl_instruct"):
+        assert a[s]["metrics"]["reward_last"] == b[s]["metrics"]["reward_last"], s
+    from vt.checkpoint import load_model
+    from vt.checkpoint.params import flat_params
+    pa = flat_params(load_model(ref / a["rl_instruct"]["checkpoint"]))
+    pb = flat_params(load_model(workdir / b["rl_instruct"]["checkpoint"]))
+    for k in pa:
+        assert np.array_equal(np.asarray(pa[k]), np.asarray(pb[k])), k
