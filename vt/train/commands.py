@@ -8,8 +8,9 @@ from vt import VtError
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="run or resume SFT from a config (configs/sft_stage1.py[:variant])",
-                              description="Run SFT; a workdir with checkpoints resumes from the newest one. "
+    p = subparsers.add_parser("train", help="run or resume SFT or RL from a config (configs/sft_stage1.py, configs/mgpo_math.py, ...)",
+                              description="Run SFT (configs/sft_*.py) or MGPO RL (configs/mgpo_*.py, long2short.py, instruct_rl.py); "
+                                          "a workdir with checkpoints resumes from the newest one. "
                                           "Override any field with --config.key=value.")
     p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
     p.add_argument("--workdir", required=True, type=Path, help="checkpoints, metrics.jsonl and tb/ go here")
