@@ -49,7 +49,7 @@ def _tiny_sft(c, steps, lr, every, keep=10):
     return c
 
 
-def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=1e-3):
+def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
     c.profile_k = 4  # RECIPE: 8; fewer rollouts keep the demo short
     c.model.dtype = "float32"
     c.model.remat_policy = "none"

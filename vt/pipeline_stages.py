@@ -349,6 +349,14 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
                 k=plan.config["profile_k"], domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
                 max_new_tokens=plan.config["profile_max_new_tokens"] or r.max_new_tokens, batch_size=r.batch_size,
                 max_prompt_tokens=cfg.data.max_prompt_tokens, seed=r.seed, progress=False)
+        from vt.data import load_pass_rates
+        rates = load_pass_rates(cfg.data.profile)
+        if rates and all(r.pass_rate in (0.0, 1.0) for r in rates.values()):
+            # Every group would have zero advantage: there is nothing to learn, so the checkpoint passes on.
+            log.warning("%s: every prompt has pass rate 0 or 1 under %s; RL skipped", sdir.name,
+                        cfg.model.init_checkpoint)
+            return StageOutput(checkpoint=cfg.model.init_checkpoint, metrics={"skipped": "all prompts trivial"},
+                               inputs={"init_checkpoint": cfg.model.init_checkpoint, "train": cfg.data.train})
     result = train_rl(cfg, sdir)
     if result.status != "finished":
         raise VtError(f"RL in {sdir} stopped ({result.status}) at step {result.step}; re-run to resume")

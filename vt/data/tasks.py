@@ -69,7 +69,7 @@ def _wrong(rng, right: int, lo: int, hi: int) -> int:
     return int(rng.choice([v for v in range(lo, hi + 1) if v != right]))
 
 
-def arith_record(index: int, seed: int, *, max_operand: int = 9, noise: float = 0.0, with_answer: bool = True,
+def arith_record(index: int, seed: int, *, max_operand: int = 6, noise: float = 0.0, with_answer: bool = True,
                  split: str = "train", long_frac: float = 0.5) -> dict:
     """`a+b` with a worked step: `<think>a+b=c</think>\\boxed{c}`; with probability `long_frac` the trace also
     checks the commuted sum (`<think>a+b=c. b+a=c</think>`): two correct paths of different lengths."""

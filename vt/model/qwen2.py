@@ -200,7 +200,10 @@ class Qwen2(nnx.Module):
             self.lm_head = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (D, Vp),
                                   ("embed", "vocab"), pd)
 
-    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None):
+    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None,
+                 logits_at_B=None):
+        """`logits_at_B` (int [B]): compute logits only at that column of each row, returning [B, V]. A prefill
+        needs one logit row per prompt, and [B, T, V] float32 logits would not fit at real sizes."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = tokens_BT.shape
@@ -222,8 +225,12 @@ class Qwen2(nnx.Module):
                 new_k.append(kv[0])
                 new_v.append(kv[1])
 
+        if logits_at_B is not None:
+            x_BTD = jnp.take_along_axis(x_BTD, logits_at_B[:, None, None], axis=1)  # [B, 1, D]
         x_BTD = self.final_norm(x_BTD)
         head_DV = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
         logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV.astype(dt), preferred_element_type=jnp.float32)
         logits_BTV = logits_BTV[..., : cfg.vocab_size]
+        if logits_at_B is not None:
+            logits_BTV = logits_BTV[:, 0]
         return logits_BTV, (None if cache is None else KVCache(k=new_k, v=new_v))

@@ -20,7 +20,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, failed, field, passed
+from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, passed
 
 RELATIONS = ("less than", "at most", "exactly", "at least", "more than")
 

@@ -19,7 +19,6 @@ from flax import nnx
 
 from vt.model.qwen2 import KVCache
 from vt.sampling.rules import SamplingParams, sample
-from vt.sharding import constrain
 
 
 @jax.tree_util.register_dataclass
@@ -45,23 +44,8 @@ class Slots:
 
 
 def forward_at(model, tokens_BT, positions_BT, cache: KVCache, idx_B):
-    """`Qwen2.__call__` with a cache, except that the LM head runs only at column idx_B of each row: a prefill
-    needs one logit row per prompt, and [P, T, V] float32 logits would not fit at real sizes (P*T*151936*4 B).
-    Mirrors the body of Qwen2.__call__; tests/sampling compare it against a full forward."""
-    cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
-    segment_ids_BT = jnp.ones(tokens_BT.shape, jnp.int32)
-    x_BTD = constrain(model.embed[...][tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
-    new_k, new_v = [], []
-    for i, layer in enumerate(model.layers):
-        x_BTD, (k, v) = layer(x_BTD, positions_BT, segment_ids_BT, (cache.k[i], cache.v[i]))
-        new_k.append(k)
-        new_v.append(v)
-    x_BD = jnp.take_along_axis(x_BTD, idx_B[:, None, None], axis=1)[:, 0]
-    x_BD = model.final_norm(x_BD)
-    head_DV = model.embed[...].T if cfg.tie_word_embeddings else model.lm_head[...]
-    logits_BV = jnp.einsum("bd,dv->bv", x_BD, head_DV.astype(dt), preferred_element_type=jnp.float32)
-    return logits_BV[:, : cfg.vocab_size], KVCache(k=new_k, v=new_v)
+    """A cached forward pass with the LM head only at column idx_B of each row: (logits [B, V], cache)."""
+    return model(tokens_BT, positions_BT, None, cache, logits_at_B=idx_B)
 
 
 def prefill(graphdef, state, tokens_PT, lens_P):
