@@ -32,6 +32,17 @@ other framework's (on a shared machine other processes only add time). The split
          Tunix shares the weights), all timed by wrapping those methods on the instances.
   other  = step - sampling - reward - training (batch building, advantages, metrics, host glue).
 
+What still differs, by each framework's design (both as they run by default):
+  - vt's training runs one extra learner forward pass per step (pi_old, for the truncated importance weights
+    against the sampler's log-probs) and pads rows to a power-of-two length (prompt + completion: 32 here);
+    Tunix with num_iterations=1 takes pi_old = stop_gradient(pi) from the same forward pass and pads to
+    max_prompt_length + max_new (16 + 8 = 24 here). vt's loss also computes the policy entropy.
+  - vt's sampler returns per-token log-probs (return_logprobs is off in Tunix's default GRPO rollout).
+  - vt writes metrics.jsonl + TensorBoard every step; Tunix runs without a metrics backend.
+  - Tunix decodes the Q*G rows as one batch in an on-device loop that ends once every row has stopped (or at
+    max_new); vt decodes them in Q*G slots (rollout.batch_size) with rl_helpers' steps_per_call=8 decode steps
+    per host round trip.
+
 Tunix runs in its own virtualenv (bench/.venv-tunix, as bench/train_step.py uses; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result.
@@ -283,7 +294,10 @@ def run_tunix_worker(spec: dict) -> dict:
     out = summarize(starts, times, spec["warmup"], spec["n_steps"])
     out["notes"] = {"reward_mean": statistics.mean(stats["reward"]),
                     "response_len_mean": statistics.mean(stats["length"]),
-                    "weight_syncs": len(sync_times), "global_steps": len(starts) - 1}
+                    "weight_syncs": len(sync_times), "global_steps": len(starts) - 1,
+                    "optimizer_steps": int(cluster.actor_trainer.train_steps)}
+    if out["notes"]["optimizer_steps"] != total:
+        raise RuntimeError(f"Tunix made {out['notes']['optimizer_steps']} optimizer steps, expected {total}")
     return out
 
 

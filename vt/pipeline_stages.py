@@ -407,10 +407,30 @@ def plan_self_distill(ctx, section, sdir) -> Plan:
     return Plan({"distill": dcfg, "sft": sft}, inputs)
 
 
+def _generator(ckpt: str, tokenizer_path: str, s, dtype: str):
+    """vt.eval's EngineGenerator over an Engine that stops on the tokenizer's end-of-turn ids.
+
+    (vt.eval.runner.build_generator builds its Engine without the tokenizer, so with a tokenizer whose
+    <|im_end|> is not Qwen's id 151645, like the demo's, no sample would ever stop.)"""
+    from vt.checkpoint import load_model
+    from vt.data import load_tokenizer
+    from vt.eval.generation import EngineGenerator
+    from vt.sampling.engine import Engine, SamplerConfig
+    tok = load_tokenizer(tokenizer_path)
+    sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                       top_p=s.top_p, top_k=s.top_k, seed=s.seed, max_context=s.max_context or None,
+                       stop_token_ids=tuple(tok.eos_token_ids))
+    return EngineGenerator(Engine(load_model(ckpt, dtype=dtype), sc, tokenizer=tok), tok, s.max_new_tokens)
+
+
 def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
+    from vt.distill.pipeline import DOMAINS
     from vt.distill.pipeline import run_self_distill as distill
     from vt.train.sft import train
-    report = distill(plan.config["distill"], sdir / "distill")
+    d = plan.config["distill"]
+    generators = {dom: _generator(getattr(d.sources, dom).ckpt, d.tokenizer, d.sampling, d.dtype)
+                  for dom in DOMAINS if getattr(d.sources, dom).ckpt}
+    report = distill(d, sdir / "distill", generators=generators)
     result = train(plan.config["sft"], sdir / "sft")
     if result.status != "finished":
         raise VtError(f"SFT in {sdir / 'sft'} stopped ({result.status}); re-run to resume")
@@ -445,7 +465,8 @@ def run_eval_stage(ctx, plan: Plan, sdir: Path) -> StageOutput:
     from vt.eval.runner import run_eval
     metrics = {}
     for name, cfg in plan.config.items():
-        summary = run_eval(cfg, sdir / name)
+        gen = _generator(cfg.model.ckpt, cfg.model.tokenizer, cfg.sampling, cfg.model.dtype)
+        summary = run_eval(cfg, sdir / name, generator=gen)
         metrics[name] = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ckpt = next(iter(plan.config.values())).model.ckpt
     return StageOutput(metrics=metrics, inputs={"checkpoint": ckpt})

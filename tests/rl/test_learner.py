@@ -128,3 +128,16 @@ def test_options_kl_long2short_minibatches_token_mean(task, tmp_path):
     assert all(np.isfinite(r["kl_ref"]) and r["kl_ref"] >= 0 for r in rows)
     # metrics come from the last mini-batch, taken after the first update moved the policy off the reference
     assert 0 < rows[0]["kl_ref"] < rows[1]["kl_ref"] < 1.0
+
+
+def test_dynamic_sampling_replaces_zero_variance_groups(task, tmp_path):
+    """With dynamic sampling the batch keeps its shape but carries fewer groups without a learning signal."""
+    zero_var = {}
+    for rounds in (0, 3):
+        cfg = rl_config(task, **{"train.steps": 1, "train.eval_every": 0, "mgpo.dynamic_sampling_rounds": rounds})
+        train_rl(cfg, tmp_path / f"ds{rounds}")
+        row = [r for r in metrics(tmp_path / f"ds{rounds}") if "loss" in r][0]
+        zero_var[rounds] = row["groups_all_correct"] + row["groups_all_wrong"]
+        assert row["time_sample_s"] > 0 and row["time_reward_s"] > 0
+    assert zero_var[0] > 0  # the starting policy leaves some groups uniform
+    assert zero_var[3] < zero_var[0], zero_var

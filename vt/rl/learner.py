@@ -77,6 +77,7 @@ class MgpoSection:
     kl_coef: float = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
     long2short_lambda: float = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
     mini_batches: int = 1  # optimiser updates per RL batch
+    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to N extra rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +202,30 @@ class _Learner:
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
                                  domain=self.cfg.data.domain)
 
+    def rollout_batch(self, step: int) -> Scored:
+        """Step `step`'s Q groups. With dynamic sampling, groups whose rewards are all equal (no signal) are
+        replaced by groups of extra prompts, drawn from a second deterministic stream keyed by (step, round),
+        so a resumed run draws the same ones; if the rounds run out the batch is topped up with
+        zero-variance groups (advantage 0), keeping the learner's shapes fixed."""
+        cfg = self.cfg
+        Q, G, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
+        n = len(self.records)
+        scored = self.rollout([self.records[i] for i in prompts_for_step(n, step, Q, cfg.data.seed)], step, G)
+        if rounds <= 0:
+            return scored
+        keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
+            np.flatnonzero(~scored.informative()))]
+        for r in range(rounds):
+            have = sum(len(k.prompts) for k in keep)
+            if have >= Q:
+                break
+            idx = prompts_for_step(n, step * rounds + r, Q - have, cfg.data.seed + 1)
+            extra = self.rollout([self.records[i] for i in idx], step, G, seed_offset=2 + r)
+            keep.append(extra.select(np.flatnonzero(extra.informative())))
+            spare.append(extra.select(np.flatnonzero(~extra.informative())))
+        out = Scored.concat(keep + spare)
+        return out.select(range(Q))
+
     def evaluate(self, step: int) -> float:
         t = self.cfg.train
         recs = self.eval_records[: t.eval_prompts]
@@ -256,7 +281,6 @@ class _Learner:
         writer = MetricsWriter(self.workdir, total_steps=cfg.train.steps, start_step=start,
                                progress=cfg.train.progress)
         history, last, status, step = [], {}, "finished", start
-        Q, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
         try:
             with _Preemption() as preempt:
                 if self.eval_records and start == 0:
@@ -264,8 +288,7 @@ class _Learner:
                     writer.write(0, {"eval_accuracy": history[-1][1]})
                 for step in range(start, cfg.train.steps):
                     t0 = time.perf_counter()
-                    recs = [self.records[i] for i in prompts_for_step(len(self.records), step, Q, cfg.data.seed)]
-                    scored = self.rollout(recs, step, G)
+                    scored = self.rollout_batch(step)
                     t1 = time.perf_counter()
                     state, metrics = self.train_on(state, scored)
                     if not metrics.pop("finite"):
@@ -275,6 +298,7 @@ class _Learner:
                     self.engine.update_weights(self._nnx_state(state.params))
                     t2 = time.perf_counter()
                     metrics.update(self.rollout_metrics(scored), time_rollout_s=t1 - t0, time_train_s=t2 - t1,
+                                   time_sample_s=scored.time_sample_s, time_reward_s=scored.time_reward_s,
                                    prompts_dropped=self.dropped)
                     done = step + 1
                     final = done == cfg.train.steps or preempt.requested
@@ -308,7 +332,9 @@ class _Learner:
         for group in s.samples:
             for smp in group:
                 h.update(np.asarray(smp.completion_ids, np.int32).tobytes() + b"|")
-        out = {"rollout_hash": h.hexdigest()[:16],
+        hist = np.histogram(p, bins=5, range=(0.0, 1.0))[0] / max(len(p), 1)
+        out = {f"pass_rate_hist/{i / 5:.1f}-{(i + 1) / 5:.1f}": float(v) for i, v in enumerate(hist)}
+        out |= {"rollout_hash": h.hexdigest()[:16],
                "reward_mean": float(s.rewards[s.valid].mean()) if s.valid.any() else float("nan"),
                "accuracy": float(p.mean()), "groups_all_correct": float((p == 1).mean()),
                "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~s.valid).mean()),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,12 +42,38 @@ class Scored:
     lengths: np.ndarray  # int: completion tokens
     truncated: np.ndarray  # bool: finish_reason == "length"
     domains: list[str]
+    time_sample_s: float = 0.0
+    time_reward_s: float = 0.0
+
+    def informative(self) -> np.ndarray:
+        """[Q] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
+        out = np.zeros(len(self.prompts), bool)
+        for q in range(len(self.prompts)):
+            r = self.rewards[q][self.valid[q]]
+            out[q] = r.size > 1 and r.min() != r.max()
+        return out
+
+    def select(self, groups: Sequence[int]) -> "Scored":
+        g = list(groups)
+        return Scored([self.prompts[q] for q in g], [self.samples[q] for q in g], self.correct[g], self.rewards[g],
+                      self.valid[g], self.lengths[g], self.truncated[g], [self.domains[q] for q in g],
+                      self.time_sample_s, self.time_reward_s)
+
+    @staticmethod
+    def concat(parts: Sequence["Scored"]) -> "Scored":
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+        return Scored([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples], cat("correct"),
+                      cat("rewards"), cat("valid"), cat("lengths"), cat("truncated"),
+                      [d for p in parts for d in p.domains], sum(p.time_sample_s for p in parts),
+                      sum(p.time_reward_s for p in parts))
 
 
 def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
                       *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "") -> Scored:
     prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
+    t0 = time.perf_counter()
     samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed)
+    t1 = time.perf_counter()
     Q, G = len(records), group_size
     scores = np.zeros((Q, G), np.float32)
     valid = np.zeros((Q, G), bool)
@@ -68,7 +95,8 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
     lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
     truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
-                  lengths=lengths, truncated=truncated, domains=domains)
+                  lengths=lengths, truncated=truncated, domains=domains, time_sample_s=t1 - t0,
+                  time_reward_s=time.perf_counter() - t1)
 
 
 def bucket_length(n: int, lo: int = 16) -> int:
