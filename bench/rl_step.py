@@ -1,7 +1,7 @@
 """Seconds per RL step and its split (sampling / reward / training): vt's MGPO learner vs Tunix's GRPOLearner.
 
     .venv/bin/python bench/rl_step.py [--steps 8] [--warmup 2] [--prompts 16] [--group 8] [--max-new 8]
-                                      [--rounds 2] [--vt-reward python|verifier] [--skip-tunix]
+                                      [--rounds 3] [--vt-reward python|verifier] [--skip-tunix]
 
 Same tiny model, tokenizer, prompts and workload for both. The model is the tests' verifiable toy
 (tests/rl/rl_helpers.build_task: tiny BPE tokenizer, `a+b` -> `\\boxed{a+b}`, a tiny Qwen2 SFT'd for
@@ -23,9 +23,9 @@ start (so loop overhead counts; the first `--warmup` steps, which compile, and t
 follows with a checkpoint save, are left out); a run's figure is the median over its timed steps, and the
 table shows, per framework, the run with the lowest median step time of `--rounds` runs, interleaved with the
 other framework's (on a shared machine other processes only add time). The split:
-  vt     sampling = time_rollout_s - reward, training = time_train_s (learner logp forward for pi_old and
-         the importance weights + the update + the in-place weight push), both from metrics.jsonl;
-         reward timed by wrapping the learner's reward functions.
+  vt     the learner's own split in metrics.jsonl: sampling = time_sample_s (Engine.generate), reward =
+         time_reward_s (decode + verifier), training = time_train_s (learner logp forward for pi_old and the
+         importance weights + the update + the in-place weight push).
   Tunix  sampling = RLCluster.generate, reward = RLLearner._compute_rewards, training = RLCluster.update_actor
          (followed by a block_until_ready on the actor's params so device work is not charged to the next
          step's sampling) + RLCluster.sync_weights (not called here: actor and rollout share one mesh, so
@@ -140,21 +140,6 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
         def score_batch(self, references, completions):
             return [passed() if python_reward(c, a) else failed("wrong") for a, c in zip(references, completions)]
 
-    class Timed:
-        """A reward function that records how long each batch took."""
-        def __init__(self, fn, times):
-            self.fn, self.times = fn, times
-
-        def __call__(self, records, completions):
-            t = time.perf_counter()
-            try:
-                return self.fn(records, completions)
-            finally:
-                self.times.append(time.perf_counter() - t)
-
-        def close(self):
-            self.fn.close()
-
     total = args.warmup + args.steps + 1
     cfg = rl_config(task, **{
         "data.eval": "", "mgpo.gamma": 0.0, "mgpo.kl_coef": 0.0, "mgpo.eps_low": EPS_CLIP, "mgpo.eps_high": EPS_CLIP,
@@ -166,24 +151,23 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
         "train.steps": total, "train.progress": False})
     workdir.mkdir(parents=True, exist_ok=True)
     learner = _Learner(cfg, workdir)  # train_rl(cfg, workdir) is this plus config.json; we swap the rewards first
-    reward_times, starts = [], []
     if args.vt_reward == "python":
         for r in learner.rewards.values():
             r.close()
         learner.rewards = {d: PythonReward() for d in learner.rewards}
-    learner.rewards = {d: Timed(r, reward_times) for d, r in learner.rewards.items()}
-    rollout = learner.rollout
+    starts = []
+    rollout_batch = learner.rollout_batch
 
-    def rollout_marking_step_start(records, step, group_size, seed_offset=0):
-        starts.append(time.perf_counter())  # no evaluation runs, so every rollout call starts an RL step
-        return rollout(records, step, group_size, seed_offset)
+    def rollout_batch_marking_step_start(step):
+        starts.append(time.perf_counter())  # the first thing each RL step does
+        return rollout_batch(step)
 
-    learner.rollout = rollout_marking_step_start
+    learner.rollout_batch = rollout_batch_marking_step_start
     result = learner.run()
     if result.step != total:
         raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
     rows = [m for m in metrics(workdir) if "time_train_s" in m]
-    parts = {"sampling": [m["time_rollout_s"] - r for m, r in zip(rows, reward_times)], "reward": reward_times,
+    parts = {"sampling": [m["time_sample_s"] for m in rows], "reward": [m["time_reward_s"] for m in rows],
              "training": [m["time_train_s"] for m in rows]}
     out = summarize(starts, parts, args.warmup, args.steps)
     out["notes"] = {"reward_mean": statistics.mean(m["reward_mean"] for m in rows),
@@ -363,7 +347,7 @@ def main():
     ap.add_argument("--max-new", type=int, default=8, help="max new tokens per sample")
     ap.add_argument("--sft-steps", type=int, default=400, help="SFT steps of the toy model (rl_helpers.build_task)")
     ap.add_argument("--vt-reward", choices=["python", "verifier"], default="python")
-    ap.add_argument("--rounds", type=int, default=2,
+    ap.add_argument("--rounds", type=int, default=3,
                     help="interleaved runs of each framework; the round with the lowest median step time counts "
                          "(on a shared machine other processes only add time)")
     ap.add_argument("--skip-tunix", action="store_true")

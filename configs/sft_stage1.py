@@ -34,6 +34,7 @@ def get_config(arg=None):
     c.data.seq_len = 32768  # packed row length; not published: the base's context, so long traces fit whole
     c.data.global_batch_size = 128  # RECIPE: global batch 128 (packed rows)
     c.data.grad_accum_steps = 8  # micro-batches per step; size to memory (rows / accum per micro-batch)
+    c.data.num_shards = 8  # logical data shards, 16 rows each per step: the same batches on 1, 2, 4 or 8 hosts
     c.data.num_epochs = 5.0  # RECIPE: 5 epochs; sets train.steps when that is 0
     c.data.seed = 0  # shuffle and packing order
     c.data.overlong = "truncate_right"  # examples longer than seq_len: keep the first seq_len tokens
@@ -97,6 +98,7 @@ def smoke(c):
     c.data.seq_len = 64
     c.data.global_batch_size = 8
     c.data.grad_accum_steps = 2
+    c.data.num_shards = 4  # 2 rows per shard and step: one per micro-batch; runs on 1, 2 or 4 processes
     c.data.read_threads = 0
     c.data.eval_batches = 2
     c.mesh.fsdp = 1

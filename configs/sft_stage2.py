@@ -24,6 +24,7 @@ def get_config(arg=None):
     c.model.init_checkpoint = "runs/sft_stage1/merged"  # stage 1's Diversity-Exploring Distillation merge
     c.data.num_epochs = 2.0  # RECIPE: 2 epochs on the hard subset
     c.data.seed = 1  # a different shuffle from stage 1
+    c.data.num_shards = 8  # logical data shards, as stage 1: keep it fixed for the run (resume on any host count)
     c.data.hard_subset.pass_rates = "runs/profile/pass_rates.jsonl"  # one JSON line per prompt id (RL profiler)
     c.data.hard_subset.min_trace_tokens = 5000  # RECIPE: traces of at least 5K tokens
     c.data.hard_subset.min_error_rate = 0.75  # RECIPE: reference errs in >= 75% of rollouts

@@ -179,7 +179,8 @@ def check_inputs(inputs: list[tuple[str, str, str]], made_by_pipeline: Callable[
         why = _check_spec(path) if kind == "data" else (None if Path(path).exists() else f"{path} does not exist")
         if why is None and kind == "checkpoint" and not (Path(path) / "model_config.json").is_file():
             why = f"{path} is not a vt checkpoint (no model_config.json; convert with vt convert hf-to-orbax)"
-        if why is None and kind == "tokenizer" and Path(path).is_dir() and not (Path(path) / "tokenizer.json").is_file():
+        hf_dir_without_json = Path(path).is_dir() and not (Path(path) / "tokenizer.json").is_file()
+        if why is None and kind == "tokenizer" and hf_dir_without_json:
             why = f"{path} has no tokenizer.json"
         if why:
             problems.append(f"{field}: {why} ({kind})")

@@ -516,11 +516,13 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
     from vt.data import load_tokenizer
     from vt.sampling.engine import Engine, Request, SamplerConfig
     tok = load_tokenizer(ctx.cfg.tokenizer)
-    per_domain = {d: _load_limited(p, c.check_prompts, f"probe.data.{d}") for d, p in sorted(ctx.cfg.probe.data.items())}
+    per_domain = {d: _load_limited(p, c.check_prompts, f"probe.data.{d}")
+                  for d, p in sorted(ctx.cfg.probe.data.items())}
     records = [r for group in zip(*per_domain.values()) for r in group][:c.check_prompts]
     prompts = [tok.encode_chat(list(r.prompt), add_generation_prompt=True) for r in records]
-    engine = Engine(load_model(ckpt, dtype="float32"), SamplerConfig(temperature=0.0, max_new_tokens=c.check_max_new_tokens,
-                                                                     batch_size=max(8, len(prompts))), tokenizer=tok)
+    sc = SamplerConfig(temperature=0.0, max_new_tokens=c.check_max_new_tokens, batch_size=max(8, len(prompts)),
+                       stop_token_ids=tuple(tok.eos_token_ids))
+    engine = Engine(load_model(ckpt, dtype="float32"), sc, tokenizer=tok)
     ours = [s[0].completion_ids for s in engine.generate([Request(prompt_ids=p) for p in prompts], seed=0)]
     model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
     model.eval()
@@ -529,8 +531,8 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
     for r, p, mine in zip(records, prompts, ours):
         with torch.no_grad():
             g = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=c.check_max_new_tokens,
-                               eos_token_id=stop, pad_token_id=tok.pad_token_id, attention_mask=torch.ones(1, len(p),
-                                                                                                          dtype=torch.long))
+                               eos_token_id=stop, pad_token_id=tok.pad_token_id,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long))
         theirs = g[0, len(p):].tolist()
         theirs = theirs[: next((i + 1 for i, t in enumerate(theirs) if t in stop), len(theirs))]
         same = list(mine) == theirs

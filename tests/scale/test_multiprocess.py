@@ -1,21 +1,30 @@
 """Multi-host behaviour on CPU: 2 processes x 4 simulated devices (launch/local.sh, jax.distributed over
 127.0.0.1) against 1 process x 8 devices, on a (data 2, fsdp 2, tensor 2) mesh.
 
-One module fixture runs four launches (about 3-4 minutes of CPU on a small box):
+One module fixture runs six launches (about 4-5 minutes of CPU on a small box):
   1. 1 process x 8 devices: 3 steps of the real SFT train step, save the parameters (tests/scale/mp_worker.py)
   2. 2 processes x 4 devices via launch/local.sh: the same 3 steps on the same global batches, save
      collectively, and restore checkpoint 1
   3. 2 processes x 4 devices via launch/local.sh: `vt train` (configs/sft_stage1.py:smoke) for 4 steps
-  4. 1 process x 8 devices on another mesh (fsdp 8): restore checkpoints 2 and 3 (model and learner state)
+  4. 1 process x 8 devices (the environment launch/local.sh sets, with one process): the same `vt train`
+  5. 1 process x 8 devices: a copy of run 3 cut back to its step-2 checkpoint resumes to step 4
+  6. 1 process x 8 devices on another mesh (fsdp 8): restore checkpoints 2 and 3 (model and learner state)
+     and the step-4 models of runs 4 and 5
 
-Tolerance: the two partitionings reduce in different orders, so losses and parameters after 3 AdamW steps
+`vt train` reads its data through logical data shards (data.num_shards = 4 in the smoke config,
+vt.data.shards): the global batch of each step is the same on one process or two, and the data-iterator
+state is saved per shard, so run 5 continues the 2-process run on one process with the same batches.
+
+Tolerance: the two partitionings reduce in different orders, so losses and parameters after 3-4 AdamW steps
 agree to float32 rounding, not bitwise: |loss difference| <= 1e-5 (relative), |parameter difference| <= 1e-5
-(observed about 1e-7). Restores are exact (array_equal): a checkpoint moves bytes, it does not compute.
+(observed about 1e-7). Restores are exact (array_equal): a checkpoint moves bytes, it does not compute. Runs
+4 and 5 are both one process, so their batches are compared by hash, exactly.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,7 +64,15 @@ def _run(cmd: list, env: dict, what: str) -> subprocess.CompletedProcess:
 
 
 def _single(args: list, what: str):
-    return _run([sys.executable, WORKER, *args], _env(8), what)
+    return _run(["timeout", "-k", "10", TIMEOUT, sys.executable, WORKER, *args], _env(8), what)
+
+
+def _single_vt(workdir: Path, what: str):
+    """`vt train` as launch/local.sh -n 1 -d 8 would start it (JAX_PLATFORMS=cpu, 8 host devices, no
+    coordinator), under `timeout -k`."""
+    cmd = ["timeout", "-k", "10", TIMEOUT, sys.executable, "-m", "vt", "train", *VT_TRAIN, "--workdir", workdir,
+           *VT_OVERRIDES]
+    return _run(cmd, _env(8), what)
 
 
 def _local(args: list, what: str, log_dir: Path):
@@ -71,8 +88,15 @@ def runs(tmp_path_factory) -> Path:
            "2 processes x 4 devices: train", d / "logs_train")
     _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_run", *VT_OVERRIDES],
            "2 processes x 4 devices: vt train", d / "logs_vt")
+    _single_vt(d / "vt_single", "1 process x 8 devices: vt train")
+    # The 2-process run as it stood at its step-2 checkpoint (step 4 and its metrics removed), resumed alone.
+    shutil.copytree(d / "vt_run", d / "vt_resume", ignore=shutil.ignore_patterns("tb"))
+    shutil.rmtree(d / "vt_resume" / "checkpoints" / "4")
+    _single_vt(d / "vt_resume", "1 process x 8 devices: vt train resumed from the 2-process step-2 checkpoint")
     _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "multi_ck", "--out", d / "single_from_multi.npz",
              "--ckpt", d / "vt_run" / "checkpoints" / "4", "--out", d / "vt_model.npz",
+             "--ckpt", d / "vt_single" / "checkpoints" / "4", "--out", d / "vt_single_model.npz",
+             "--ckpt", d / "vt_resume" / "checkpoints" / "4", "--out", d / "vt_resume_model.npz",
              "--train-state", f"{d / 'vt_run'}:4", "--train-state-out", d / "vt_state.npz",
              *VT_TRAIN, *(f"--override={o}" for o in VT_OVERRIDES)],
             "1 process x 8 devices (fsdp 8): restore")
@@ -122,7 +146,8 @@ def test_vt_train_on_two_processes(runs):
     for step in (2, 4):
         d = work / "checkpoints" / str(step)
         assert (d / "vt_checksums.json").is_file()
-        assert sorted(p.name for p in (d / "data").glob("process_*")) == ["process_0-of-2.json", "process_1-of-2.json"]
+        # One data-iterator file per logical shard (4 in the smoke config), two written by each process.
+        assert sorted(p.name for p in (d / "data").iterdir()) == [f"shard_{s}-of-4.json" for s in range(4)]
     model, state = _params(runs / "vt_model.npz"), _params(runs / "vt_state.npz")
     assert model.keys() == state.keys() and len(model) > 10
     for k in model:
@@ -132,3 +157,40 @@ def test_vt_train_on_two_processes(runs):
         moments = [z[k] for k in z.files if k.startswith("opt/")]
         assert moments and all(np.isfinite(m).all() for m in moments)
         assert any(np.abs(m).max() > 0 for m in moments)  # AdamW moments were written, not zeros
+
+
+def _metrics(workdir: Path) -> list[dict]:
+    return [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_vt_train_two_processes_like_one(runs):
+    """Issue 9: `vt train` on 2 processes x 4 devices gives the losses and parameters of 1 process x 8 devices
+    (the same global batches, whatever the process count)."""
+    two, one = _metrics(runs / "vt_run"), _metrics(runs / "vt_single")
+    assert [x["step"] for x in one] == [x["step"] for x in two] == [1, 2, 3, 4]
+    loss_one, loss_two = np.array([x["loss"] for x in one]), np.array([x["loss"] for x in two])
+    print(f"vt train losses, 1 process: {loss_one.tolist()}, 2 processes: {loss_two.tolist()}, "
+          f"max |diff| {np.abs(loss_one - loss_two).max():.3g}")
+    np.testing.assert_allclose(loss_two, loss_one, rtol=LOSS_RTOL)
+    np.testing.assert_allclose([x["grad_norm"] for x in two], [x["grad_norm"] for x in one], rtol=LOSS_RTOL)
+    assert [x["loss_tokens"] for x in two] == [x["loss_tokens"] for x in one]  # the same tokens, exactly
+    a, b = _params(runs / "vt_single_model.npz"), _params(runs / "vt_model.npz")
+    assert a.keys() == b.keys() and len(a) > 10
+    print(f"vt train params after 4 steps: max |diff| "
+          f"{max(float(np.abs(a[k] - b[k]).max()) for k in a):.3g}")
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)
+
+
+def test_vt_train_checkpoint_of_two_processes_resumes_in_one(runs):
+    """The 2-process run's step-2 checkpoint, resumed on 1 process, continues with the batches of the
+    straight 1-process run (equal hashes of whole global batches) and ends at its parameters."""
+    straight, resumed = _metrics(runs / "vt_single"), _metrics(runs / "vt_resume")
+    assert [x["step"] for x in resumed] == [1, 2, 3, 4]
+    for s, r in zip(straight[2:], resumed[2:]):
+        assert r["batch_hash"] == s["batch_hash"], r["step"]
+        np.testing.assert_allclose(r["loss"], s["loss"], rtol=LOSS_RTOL)
+    a, b = _params(runs / "vt_single_model.npz"), _params(runs / "vt_resume_model.npz")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)

@@ -5,7 +5,10 @@ Each step directory `DIR/<step>/` holds
     model_config.json   so `load_model(DIR/<step>)` and `vt convert orbax-to-hf DIR/<step> ...` work on it
     opt_state/          the optimiser state (sharded like the params)
     meta/               JSON: step and the RNG key
-    data/               the grain iterator state, one file per process (grain's Orbax handler)
+    data/               the data iterator's state: one file per logical data shard, shard_<s>-of-<S>.json,
+                        written by the process that owns the shard and read by whichever process owns it at
+                        restore (so a run resumes on another process count; vt.data.shards); an iterator
+                        without logical shards: one file per process, process_<i>-of-<n>.json (as grain's)
     vt_checksums.json   sha256 of every other file, written last: its presence seals the step
 
 Saves are asynchronous (the train loop continues while Orbax writes); the seal is written by Orbax's
@@ -17,6 +20,7 @@ Retention: the newest `keep` steps, plus the best step by `best_metric` (when gi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -166,7 +170,6 @@ class CheckpointManager:
         """Start saving `state` (a TrainState) as `step`; returns at once when async. `metrics` (scalars) feed
         the best-checkpoint policy. A step that already exists is not saved again."""
         import orbax.checkpoint as ocp
-        import grain
 
         if step in self._mgr.all_steps():
             return False
@@ -177,7 +180,7 @@ class CheckpointManager:
             meta=ocp.args.JsonSave({"step": int(step), "rng": np.asarray(jax.device_get(state.rng)).tolist()}),
         )
         if data_iterator is not None:
-            items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+            items["data"] = _data_args()[0](data_iterator)
         metric = None
         if self.cfg.best_metric and metrics and self.cfg.best_metric in metrics:
             metric = {self.cfg.best_metric: float(metrics[self.cfg.best_metric])}
@@ -215,7 +218,6 @@ class CheckpointManager:
         """Verify the seal of `step`, then restore params and optimiser state straight into the shardings of
         `abstract_state` (ShapeDtypeStructs), the RNG, and the data iterator's position (in place)."""
         import orbax.checkpoint as ocp
-        import grain
 
         d = self.step_dir(step)
         verify(d, step)
@@ -226,7 +228,7 @@ class CheckpointManager:
         if data_iterator is not None:
             if not (d / "data").is_dir():
                 raise VtError(f"checkpoint step {step} ({d}) has no data-iterator state to resume from")
-            items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+            items["data"] = _data_args()[1](data_iterator)
         try:
             out = self._mgr.restore(step, args=ocp.args.Composite(**items))
         except VtError:
@@ -239,3 +241,88 @@ class CheckpointManager:
             raise VtError(f"checkpoint step {step} ({d}): meta says step {meta.get('step')}")
         return Restored(step=step, params=out["params"], opt_state=out["opt_state"],
                         rng=np.asarray(meta["rng"], np.uint32), meta=meta)
+
+
+# --- the data iterator's state ------------------------------------------------------------------------------------
+
+def _shard_file(shard: int | str, num_shards: int) -> str:
+    return f"shard_{shard}-of-{num_shards}.json"
+
+
+def _process_file() -> str:
+    return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+
+class DataStateHandler:
+    """Orbax handler for the data iterator (a grain DatasetIterator): one file per logical shard for the
+    iterators of vt.data.shards (whichever process owns a shard at restore reads it, so any process count that
+    divides num_shards can resume), else one file per process, as grain's own handler. Every process calls
+    save/restore with its own iterator; processes own disjoint shards, so no file is written twice."""
+
+    def save(self, directory, item=None, args=None):
+        from vt.data.shards import STATE_KEY, is_sharded_state
+        item = item or args.item
+        state = item.get_state()
+        if not is_sharded_state(state):
+            (directory / _process_file()).write_text(json.dumps(state, indent=1))
+            return
+        n = int(state["num_shards"])
+        for shard, shard_state in state[STATE_KEY].items():
+            (directory / _shard_file(shard, n)).write_text(json.dumps(shard_state, indent=1))
+
+    def restore(self, directory, item=None, args=None):
+        from vt.data.shards import STATE_KEY, is_sharded_state
+        item = item or args.item
+        template = item.get_state()
+        if is_sharded_state(template):
+            n = int(template["num_shards"])
+            paths = {shard: directory / _shard_file(shard, n) for shard in template[STATE_KEY]}
+            state = {"num_shards": n, STATE_KEY: {shard: p for shard, p in paths.items()}}
+        else:
+            paths = {"": directory / _process_file()}
+        for p in paths.values():
+            if not p.exists():
+                written = sorted(x.name for x in directory.iterdir())
+                raise VtError(f"{p} does not exist; the checkpoint's data state holds {written} (a run resumes "
+                              f"with the same data.num_shards, on any process count that divides it)")
+        if is_sharded_state(template):
+            state[STATE_KEY] = {shard: json.loads(p.read_text()) for shard, p in paths.items()}
+        else:
+            state = json.loads(paths[""].read_text())
+        item.set_state(state)
+        item.start_prefetch()
+        return item
+
+    def structure(self, directory):
+        return None
+
+    def metadata(self, directory):
+        return None
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+    @classmethod
+    def typestr(cls):
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@functools.cache
+def _data_args():
+    """(save args, restore args) classes for DataStateHandler, registered with Orbax on first use."""
+    import orbax.checkpoint as ocp
+
+    @ocp.args.register_with_handler(DataStateHandler, for_save=True)
+    @dataclasses.dataclass
+    class DataStateSave(ocp.args.CheckpointArgs):
+        item: Any
+
+    @ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+    @dataclasses.dataclass
+    class DataStateRestore(ocp.args.CheckpointArgs):
+        item: Any
+
+    return DataStateSave, DataStateRestore

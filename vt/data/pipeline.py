@@ -14,16 +14,26 @@ learner can scan over micro-batches. Keys and conventions: :mod:`vt.data.packing
 (tokens per step) is ``loss_mask.sum()`` over the global batch. With finite epochs the last batch is
 topped up with empty rows (segment 0, loss_mask 0) instead of being dropped: no example is lost.
 
+Logical shards (:mod:`vt.data.shards`): the records are split into ``num_shards`` logical shards, shard s
+holding records ``s, s+S, s+2S, ...``; each is shuffled (its own seed, from ``seed`` and s), tokenised,
+skip-counted, packed and batched on its own, and a step's global batch is every shard's next
+``global_batch_size / num_shards`` rows, in shard order. Process p owns shards ``[p*S/P, (p+1)*S/P)`` and
+yields exactly its rows of that global batch; the iterator state is kept per logical shard. With a fixed
+``num_shards`` the global batches (and a checkpointed position) are therefore the same for any process count
+that divides it: a run can move between 1 and P processes. ``num_shards=None`` means one shard per process
+(the stream then depends on the process count). With finite epochs shards may run out at different batches;
+an exhausted shard contributes empty rows until all of this process's shards are exhausted.
+
 Multi-host: ``process_index``/``process_count`` are passed in (not read from jax here, so the data layer
-stays importable without initialising a backend). Process p reads records ``p, p+P, p+2P, ...`` only; the
-shares are disjoint and cover the data. Each process packs its own share, so with finite epochs the
-processes may reach the end one batch apart: a multi-host learner should run a fixed number of steps (and
-use ``num_epochs=None``, repeating) rather than stop on StopIteration.
+stays importable without initialising a backend). Each process reads only the records of its own shards;
+the shares are disjoint and cover the data. With finite epochs the processes may reach the end a batch
+apart: a multi-host learner runs a fixed number of steps (``num_epochs=None``, repeating) and pads
+evaluation batches across processes rather than stop on one process's StopIteration.
 
 Skips: malformed records and records rejected at tokenisation are counted per reason (never silently
-dropped); once ``skip_check_min_records`` records have been seen, a skip rate above ``max_skip_rate``
-raises :class:`vt.VtError` with the report. At construction, the first ``probe_records`` records of this
-process's share are tokenised: if none can be used (e.g. every prompt is longer than ``seq_len``) or the
+dropped); once ``skip_check_min_records`` records of a logical shard have been seen, a skip rate above
+``max_skip_rate`` in that shard raises :class:`vt.VtError` with the report. At construction, the first
+``probe_records`` records of this process's share (split evenly over its shards) are tokenised: if none can be used (e.g. every prompt is longer than ``seq_len``) or the
 probe's skip rate is above the threshold, construction fails at once, not hours into a run.
 """
 from __future__ import annotations
@@ -37,6 +47,7 @@ import numpy as np
 from vt import VtError
 from vt.data import chat
 from vt.data.packing import PACKED_KEYS, pack_first_fit
+from vt.data.shards import LogicalShardsIterDataset, ShardPlan, plan_shards, shard_seed
 from vt.data.tokenizer import Tokenizer
 
 _KEEP_EXAMPLES = 5  # locations kept per skip reason, for the report
@@ -50,13 +61,19 @@ class PipelineConfig:
     global_batch_size: packed rows per optimiser step over all processes (RECIPE: 128).
     grad_accum_steps: None -> batches [B, T]; k -> [k, B/k, T] (micro-batches of one step).
     num_epochs: passes over the data; None repeats forever (each epoch reshuffled with seed + epoch).
-    seed: shuffle and bin-order seed. shuffle: shuffle records (off for eval/debugging).
+    seed: shuffle and bin-order seed (each logical shard derives its own). shuffle: shuffle records (off for
+        eval/debugging).
     overlong: "truncate_right" (keep the first seq_len tokens) or "drop".
     vocab_size: the model's vocabulary; ids outside [0, vocab_size) skip the record (None: tokenizer's).
-    num_packing_bins: rows filled at once by first-fit packing (None: B, the per-process rows per step).
+    num_packing_bins: rows filled at once by first-fit packing, per logical shard (None: the rows a shard gives
+        each step, global_batch_size / num_shards).
     max_skip_rate / skip_check_min_records: fail when skipped/seen exceeds the rate, after this many.
     probe_records: records tokenised at construction to catch configs that can never fit.
-    read_threads: grain reader threads that run tokenisation in parallel (0 = in the calling thread).
+    read_threads: grain reader threads that run tokenisation in parallel (0 = in the calling thread), shared
+        out over this process's shards.
+    num_shards: logical data shards (see the module docstring): a multiple of the process count that divides
+        global_batch_size, and that grad_accum_steps divides global_batch_size / num_shards. None: one per
+        process (the stream then depends on the process count).
     """
 
     seq_len: int
@@ -72,6 +89,7 @@ class PipelineConfig:
     skip_check_min_records: int = 100
     probe_records: int = 256
     read_threads: int = 4
+    num_shards: int | None = None
 
     def rows_per_process(self, process_count: int) -> int:
         return self.global_batch_size // process_count
@@ -132,6 +150,16 @@ class _Tokenize(grain.transforms.Map):
         return chat.tokenize_record(record, self._tokenizer, **self._kw)
 
 
+_DTYPES = {"input_ids": np.int32, "targets": np.int32, "loss_mask": np.float32, "segment_ids": np.int32,
+           "positions": np.int32}
+
+
+def _empty_rows(rows: int, seq_len: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Rows with no document: pad tokens, segment 0, positions 0, no loss."""
+    return {k: np.full((rows, seq_len), pad_id if k in ("input_ids", "targets") else 0, dtype=_DTYPES[k])
+            for k in PACKED_KEYS}
+
+
 class _StackAndPad:
     """Stack rows into [rows, T]; a short final batch gets empty rows (pad tokens, segment 0, mask 0)."""
 
@@ -142,20 +170,9 @@ class _StackAndPad:
         out = {k: np.stack([r[k] for r in rows]) for k in PACKED_KEYS}
         missing = self._rows - len(rows)
         if missing:
-            for k, v in out.items():
-                fill = self._pad_id if k in ("input_ids", "targets") else 0
-                out[k] = np.concatenate([v, np.full((missing, self._seq_len), fill, dtype=v.dtype)])
+            fill = _empty_rows(missing, self._seq_len, self._pad_id)
+            out = {k: np.concatenate([v, fill[k].astype(v.dtype)]) for k, v in out.items()}
         return out
-
-
-class _SplitMicroBatches(grain.transforms.Map):
-    """[B, T] -> [accum, B/accum, T]; consecutive rows form a micro-batch."""
-
-    def __init__(self, accum: int):
-        self._accum = accum
-
-    def map(self, batch):
-        return {k: v.reshape(self._accum, -1, v.shape[-1]) for k, v in batch.items()}
 
 
 class _CountSkipsIterator(grain.DatasetIterator):
@@ -204,53 +221,68 @@ class _CountSkipsIterDataset(grain.IterDataset):
 
 
 def skip_report(iterator: grain.DatasetIterator) -> SkipReport:
-    """The :class:`SkipReport` of an iterator made by :func:`build_sft_dataset` (found by walking its parents)."""
-    todo = [iterator]
+    """The :class:`SkipReport` of an iterator made by :func:`build_sft_dataset` (found by walking its parents):
+    the live report with one logical shard, else the sum over this process's shards (a snapshot)."""
+    found, todo = [], [iterator]
     while todo:
-        it = todo.pop()
+        it = todo.pop(0)
         if isinstance(it, _CountSkipsIterator):
-            return it.report
+            found.append(it.report)
+            continue
         todo.extend(getattr(it, "_parents", ()))
-    raise VtError("skip_report: this iterator was not built by vt.data.pipeline.build_sft_dataset")
+    if not found:
+        raise VtError("skip_report: this iterator was not built by vt.data.pipeline.build_sft_dataset")
+    return found[0] if len(found) == 1 else _merge_reports(found)
 
 
-def _validate(config: PipelineConfig, process_index: int, process_count: int) -> None:
+def _merge_reports(reports: list[SkipReport]) -> SkipReport:
+    out = SkipReport()
+    for r in reports:
+        out.seen += r.seen
+        out.used += r.used
+        out.truncated += r.truncated
+        for reason, n in r.skipped.items():
+            out.skipped[reason] = out.skipped.get(reason, 0) + n
+        for reason, ex in r.examples.items():
+            kept = out.examples.setdefault(reason, [])
+            kept.extend(ex[:max(0, _KEEP_EXAMPLES - len(kept))])
+    return out
+
+
+def _validate(config: PipelineConfig, process_index: int, process_count: int) -> ShardPlan:
     if config.seq_len < 2:
         raise VtError(f"seq_len={config.seq_len}: packing needs at least 2 tokens (an input and its target)")
-    if not 0 <= process_index < process_count:
-        raise VtError(f"process_index={process_index} is not in [0, process_count={process_count})")
-    if config.global_batch_size <= 0 or config.global_batch_size % process_count:
-        raise VtError(f"global_batch_size={config.global_batch_size} must be a positive multiple of "
-                      f"process_count={process_count}")
-    rows = config.rows_per_process(process_count)
-    accum = config.grad_accum_steps
-    if accum is not None and (accum <= 0 or rows % accum):
-        raise VtError(f"grad_accum_steps={accum} must divide the per-process batch of {rows} rows "
-                      f"(global_batch_size={config.global_batch_size} / process_count={process_count})")
+    plan = plan_shards(global_rows=config.global_batch_size, micro_batches=config.grad_accum_steps,
+                       num_shards=config.num_shards, process_index=process_index, process_count=process_count)
     if config.overlong not in chat.OVERLONG_POLICIES:
         raise VtError(f"overlong={config.overlong!r}: expected one of {chat.OVERLONG_POLICIES}")
     if not 0.0 <= config.max_skip_rate <= 1.0:
         raise VtError(f"max_skip_rate={config.max_skip_rate} must be in [0, 1]")
     if config.num_epochs is not None and config.num_epochs <= 0:
         raise VtError(f"num_epochs={config.num_epochs} must be positive (or None to repeat forever)")
+    return plan
 
 
-def _probe(mapped: grain.MapDataset, n: int, config: PipelineConfig) -> SkipReport:
-    report = SkipReport()
-    for i in range(n):
-        item = mapped[i]
-        if isinstance(item, chat.Skip):
-            report.add_skip(item)
-        else:
-            report.seen += 1
-            report.used += 1
-            report.truncated += int(item.truncated)
+def _probe(shards: list[grain.MapDataset], n: int, config: PipelineConfig) -> SkipReport:
+    """Tokenise up to `n` records, split evenly over `shards` (each already mapped to Tokenized | Skip)."""
+    report, probed = SkipReport(), 0
+    per_shard = -(-n // len(shards))
+    for mapped in shards:
+        for i in range(min(per_shard, len(mapped))):
+            item = mapped[i]
+            probed += 1
+            if isinstance(item, chat.Skip):
+                report.add_skip(item)
+            else:
+                report.seen += 1
+                report.used += 1
+                report.truncated += int(item.truncated)
     if report.used == 0:
-        raise VtError(f"no usable example among the first {n} records of this process's share with "
+        raise VtError(f"no usable example among the first {probed} records of this process's share with "
                       f"seq_len={config.seq_len}, overlong={config.overlong!r}; the run could never make a "
                       f"batch:\n{report.summary()}")
-    if report.seen >= min(n, config.skip_check_min_records) and report.skip_rate > config.max_skip_rate:
-        raise VtError(f"probe of the first {n} records: skip rate {100 * report.skip_rate:.1f}% is above "
+    if report.seen >= min(probed, config.skip_check_min_records) and report.skip_rate > config.max_skip_rate:
+        raise VtError(f"probe of the first {probed} records: skip rate {100 * report.skip_rate:.1f}% is above "
                       f"max_skip_rate {100 * config.max_skip_rate:.1f}%:\n{report.summary()}")
     return report
 
@@ -259,11 +291,12 @@ class SftDataset:
     """The pipeline as a grain IterDataset; ``iter()`` gives a checkpointable grain DatasetIterator."""
 
     def __init__(self, iter_dataset: grain.IterDataset, *, config: PipelineConfig, num_records: int,
-                 probe: SkipReport):
+                 probe: SkipReport, plan: ShardPlan | None = None):
         self.iter_dataset = iter_dataset
         self.config = config
-        self.num_records = num_records  # this process's share, one epoch
+        self.num_records = num_records  # this process's share (its logical shards), one epoch
         self.probe = probe
+        self.plan = plan
 
     def __iter__(self) -> grain.DatasetIterator:
         return iter(self.iter_dataset)
@@ -272,33 +305,40 @@ class SftDataset:
 def build_sft_dataset(source, tokenizer: Tokenizer, config: PipelineConfig, *, process_index: int = 0,
                       process_count: int = 1) -> SftDataset:
     """Build the packed, batched SFT pipeline over ``source`` (see the module docstring)."""
-    _validate(config, process_index, process_count)
+    plan = _validate(config, process_index, process_count)
     if len(source) == 0:
         raise VtError(f"{source!r}: the data source is empty")
-    # Shard before anything else so each process touches only its own records.
-    ds = grain.MapDataset.source(source)[process_index::process_count]
-    if len(ds) == 0:
-        raise VtError(f"process {process_index} of {process_count} has no records ({len(source)} in total)")
-    num_records = len(ds)
-    if config.shuffle:
-        ds = ds.shuffle(seed=config.seed)  # a fresh permutation each epoch: shuffle(seed + epoch) under repeat
     tokenize = _Tokenize(tokenizer, config)
-    probe = _probe(ds.map(tokenize), min(config.probe_records, num_records), config)
-    ds = ds.repeat(config.num_epochs).map(tokenize)
-    read = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=max(config.read_threads * 8, 1)) \
-        if config.read_threads > 0 else grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
-    it = ds.to_iter_dataset(read)
-    it = _CountSkipsIterDataset(it, pad_id=tokenizer.pad_token_id, max_skip_rate=config.max_skip_rate,
-                                min_records=config.skip_check_min_records)
-    rows = config.rows_per_process(process_count)
-    it = pack_first_fit(it, seq_len=config.seq_len, num_packing_bins=config.num_packing_bins or rows,
-                        pad_id=tokenizer.pad_token_id, seed=config.seed, shuffle_bins=config.shuffle)
-    # The last batch of a finite run is topped up with empty rows (segment 0, no loss) rather than dropped,
-    # so no example is lost and every batch has the same static shape (no recompilation).
-    it = it.batch(rows, drop_remainder=False, batch_fn=_StackAndPad(rows, config.seq_len, tokenizer.pad_token_id))
-    if config.grad_accum_steps is not None:
-        it = it.map(_SplitMicroBatches(config.grad_accum_steps))
-    return SftDataset(it, config=config, num_records=num_records, probe=probe)
+    s_total, r = plan.num_shards, plan.rows_per_shard
+    # Shard before anything else so each process touches only its own records.
+    records = {}
+    for s in plan.owned:
+        ds = grain.MapDataset.source(source)[s::s_total]
+        if len(ds) == 0:
+            where = f"process {process_index} of {process_count}" if config.num_shards is None else \
+                f"logical data shard {s} of {s_total} (process {process_index} of {process_count})"
+            raise VtError(f"{where} has no records ({len(source)} in total); use fewer shards (num_shards)")
+        if config.shuffle:  # a fresh permutation each epoch: shuffle(seed + epoch) under repeat
+            ds = ds.shuffle(seed=shard_seed(config.seed, s))
+        records[s] = ds
+    num_records = sum(len(ds) for ds in records.values())
+    probe = _probe([ds.map(tokenize) for ds in records.values()], min(config.probe_records, num_records), config)
+    threads = -(-config.read_threads // len(plan.owned)) if config.read_threads > 0 else 0
+    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(threads * 8, 1)) \
+        if threads > 0 else grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+    shards = {}
+    for s, ds in records.items():
+        it = ds.repeat(config.num_epochs).map(tokenize).to_iter_dataset(read)
+        it = _CountSkipsIterDataset(it, pad_id=tokenizer.pad_token_id, max_skip_rate=config.max_skip_rate,
+                                    min_records=config.skip_check_min_records)
+        it = pack_first_fit(it, seq_len=config.seq_len, num_packing_bins=config.num_packing_bins or r,
+                            pad_id=tokenizer.pad_token_id, seed=shard_seed(config.seed, s), shuffle_bins=config.shuffle)
+        # The last batch of a finite run is topped up with empty rows (segment 0, no loss) rather than dropped,
+        # so no example is lost and every batch has the same static shape (no recompilation).
+        shards[s] = it.batch(r, drop_remainder=False, batch_fn=_StackAndPad(r, config.seq_len, tokenizer.pad_token_id))
+    it = LogicalShardsIterDataset(shards, num_shards=s_total, micro_batches=config.grad_accum_steps,
+                                  empty_rows=lambda: _empty_rows(r, config.seq_len, tokenizer.pad_token_id))
+    return SftDataset(it, config=config, num_records=num_records, probe=probe, plan=plan)
 
 
 def count_tokens(batch: dict[str, np.ndarray]) -> dict[str, int]:

@@ -92,7 +92,8 @@ CODE_OPS = ("+", "-", "*")
 
 def code_record(index: int, seed: int, *, max_k: int = 5, noise: float = 0.0, with_answer: bool = True,
                 split: str = "train") -> dict:
-    """"f(x) returns x OP k": `<think>x+3</think>` then a Python function in a fenced block, graded by two call-based unit tests."""
+    """"f(x) returns x OP k": `<think>x+3</think>` then a Python function in a fenced block, graded by two
+    call-based unit tests."""
     rng = _rng(seed, split, index, 2)
     op = CODE_OPS[int(rng.integers(len(CODE_OPS)))]
     k = int(rng.integers(1, max_k + 1))
@@ -140,8 +141,8 @@ WORDS = {"colors": ("red", "blue", "green", "pink", "gray"), "animals": ("cat", 
 
 def instruct_record(index: int, seed: int, *, max_items: int = 3, noise: float = 0.0, with_answer: bool = True,
                     split: str = "train") -> dict:
-    """"List 2 animals as bullets in uppercase." -> `<think>2 u</think>* CAT\\n* OWL`: item count and letter case, checked by the
-    instruction-following reward (partial credit: the fraction of the two constraints met)."""
+    """"List 2 animals as bullets in uppercase." -> `<think>2 u</think>* CAT\\n* OWL`: item count and letter case,
+    checked by the instruction-following reward (partial credit: the fraction of the two constraints met)."""
     rng = _rng(seed, split, index, 4)
     topic = sorted(WORDS)[int(rng.integers(len(WORDS)))]
     n = int(rng.integers(1, max_items + 1))

@@ -4,11 +4,15 @@
 
 Workdir layout: `checkpoints/<step>/` (vt.checkpoint.manager: each one is also a model checkpoint),
 `metrics.jsonl` (one line per step: loss, lr, grad_norm, tokens_per_s, mfu, padding_fraction, batch_hash and,
-every `eval_every` steps, eval_loss), `tb/` (TensorBoard), `config.json` (the resolved config).
+every `eval_every` steps, eval_loss; batch_hash and padding_fraction are of process 0's rows of the step), `tb/` (TensorBoard), `config.json` (the resolved config).
 
 Steps are numbered by updates applied: the metrics line and the checkpoint of step s describe the state after
 s updates. A restart finds the newest sealed checkpoint and continues from it, bitwise identically on CPU:
 parameters, optimiser state, RNG and the data iterator's position are restored together.
+
+Data: `data.num_shards` logical shards (vt.data.shards) make the global batches of every step the same on any
+process count that divides it; the iterator position is checkpointed per shard, so a run saved by P processes
+resumes on P' processes (same data.num_shards) with the same next batches.
 
 The host reads each step's metrics while the device runs the next one; before any save the pending metrics
 are read and checked, so a non-finite loss or gradient stops the run (the step skipped its update on device)
@@ -69,7 +73,11 @@ class DataSection:
     tokenizer: str = ""  # tokenizer directory or SentencePiece model
     seq_len: int = 4096
     global_batch_size: int = 128  # packed rows per optimiser step, all processes together
-    grad_accum_steps: int = 1  # micro-batches per step (must divide the per-process rows)
+    grad_accum_steps: int = 1  # micro-batches per step (must divide global_batch_size / num_shards)
+    # Logical data shards (vt.data.shards): each packs its own records into global_batch_size / num_shards rows
+    # of every step. Fixed per run, so the batches (and a resume) are the same on any process count that
+    # divides it; must be a multiple of the process count and divide global_batch_size.
+    num_shards: int = 8
     num_epochs: float = 5.0  # sets the step count when train.steps == 0
     seed: int = 0
     overlong: str = "truncate_right"  # truncate_right | drop
@@ -140,7 +148,8 @@ def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
         from vt.train.synthetic import SyntheticTask, synthetic_dataset
         return synthetic_dataset(SyntheticTask(), seq_len=d.seq_len, global_batch_size=d.global_batch_size,
                                  grad_accum_steps=d.grad_accum_steps, seed=d.seed, split=split,
-                                 vocab_size=model_cfg.vocab_size, process_index=pi, process_count=pc)
+                                 vocab_size=model_cfg.vocab_size, process_index=pi, process_count=pc,
+                                 num_shards=d.num_shards)
     if d.kind != "chat":
         raise VtError(f"config data.kind={d.kind!r}: expected 'chat' or 'synthetic'")
     from vt.data import PipelineConfig, build_sft_dataset, load_tokenizer, open_source
@@ -154,7 +163,8 @@ def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
     pipe = PipelineConfig(seq_len=d.seq_len, global_batch_size=d.global_batch_size,
                           grad_accum_steps=d.grad_accum_steps, num_epochs=None if split == "train" else 1,
                           seed=d.seed, shuffle=split == "train", overlong=d.overlong,
-                          vocab_size=model_cfg.vocab_size, max_skip_rate=d.max_skip_rate, read_threads=d.read_threads)
+                          vocab_size=model_cfg.vocab_size, max_skip_rate=d.max_skip_rate, read_threads=d.read_threads,
+                          num_shards=d.num_shards)
     return build_sft_dataset(source, tokenizer, pipe, process_index=pi, process_count=pc).iter_dataset
 
 
@@ -174,12 +184,14 @@ def count_steps(cfg: SftConfig, model_cfg: ModelConfig) -> int:
         return cfg.train.steps
     if cfg.data.kind != "chat":
         raise VtError("config train.steps must be set (> 0) for synthetic data")
-    # One pass over this process's share, packed as in training: exact batches per epoch.
+    # One pass over this process's logical shards, packed as in training: exact batches per epoch. An epoch
+    # ends when its longest shard does (shorter ones give empty rows), so the count is the same on any
+    # number of processes: the largest over them.
     one_epoch = dataclasses.replace(cfg.data, eval=cfg.data.train)
     n = sum(1 for _ in build_data(one_epoch, model_cfg, "eval"))
-    if jax.process_count() > 1:  # shares may pack into different counts: every process must run the same steps
+    if jax.process_count() > 1:
         from jax.experimental import multihost_utils
-        n = int(np.min(multihost_utils.process_allgather(np.int32(n))))
+        n = int(np.max(multihost_utils.process_allgather(np.int32(n))))
     if n == 0:
         raise VtError(f"data.train={cfg.data.train!r} does not fill a single batch of {cfg.data.global_batch_size} rows")
     return max(1, math.ceil(cfg.data.num_epochs * n))
@@ -247,11 +259,29 @@ class _Learner:
         return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer, self.sh,
                                 self.cfg.model.seed)
 
+    def _eval_batches(self):
+        """The held-out batches; with several processes, until every process's shards are exhausted (one that
+        ran out earlier feeds empty rows: the compiled eval step is collective, all must call it)."""
+        it = iter(self.eval_data)
+        for _ in range(self.cfg.data.eval_batches):
+            batch = next(it, None)
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                if not np.any(multihost_utils.process_allgather(np.int32(batch is not None))):
+                    return
+                if batch is None:
+                    d = self.cfg.data
+                    shape = (d.grad_accum_steps, d.global_batch_size // d.grad_accum_steps // jax.process_count(),
+                             d.seq_len)
+                    batch = {k: np.zeros(shape, np.float32 if k == "loss_mask" else np.int32)
+                             for k in ("input_ids", "targets", "loss_mask", "segment_ids", "positions")}
+            elif batch is None:
+                return
+            yield batch
+
     def evaluate(self, params) -> float:
         total = count = 0.0
-        for i, batch in enumerate(iter(self.eval_data)):
-            if i >= self.cfg.data.eval_batches:
-                break
+        for batch in self._eval_batches():
             t, c = jax.device_get(self.eval_fn(params, device_batch(batch, self.b_sh)))
             total, count = total + float(t), count + float(c)
         if count == 0:

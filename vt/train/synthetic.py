@@ -14,7 +14,8 @@ import grain
 import numpy as np
 
 from vt import VtError
-from vt.data.packing import pack_first_fit
+from vt.data.packing import PACKED_KEYS, pack_first_fit
+from vt.data.shards import LogicalShardsIterDataset, plan_shards, shard_seed
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 _FIRST_SYMBOL = 4
@@ -43,28 +44,34 @@ class SyntheticTask:
         return {"input_ids": doc[:-1], "targets": doc[1:], "loss_mask": loss_mask}
 
 
-class _Split(grain.transforms.Map):
-    def __init__(self, accum: int):
-        self._accum = accum
-
-    def map(self, batch):
-        return {k: v.reshape(self._accum, -1, v.shape[-1]) for k, v in batch.items()}
+def _empty_rows(rows: int, seq_len: int) -> dict[str, np.ndarray]:
+    return {k: np.zeros((rows, seq_len), np.float32 if k == "loss_mask" else np.int32) for k in PACKED_KEYS}
 
 
 def synthetic_dataset(task: SyntheticTask, *, seq_len: int, global_batch_size: int, grad_accum_steps: int = 1,
                       seed: int = 0, split: str = "train", vocab_size: int | None = None,
-                      process_index: int = 0, process_count: int = 1, num_examples: int = 1 << 40) -> grain.IterDataset:
+                      process_index: int = 0, process_count: int = 1, num_examples: int = 1 << 40,
+                      num_shards: int | None = None) -> grain.IterDataset:
     """Packed batches [grad_accum_steps, rows / grad_accum_steps, seq_len] of this process's share; the
-    iterator (``iter(...)``) is a grain DatasetIterator with exact get_state/set_state."""
+    iterator (``iter(...)``) is a grain DatasetIterator with exact get_state/set_state.
+
+    Logical shards as in :mod:`vt.data.shards`: shard s of ``num_shards`` packs examples ``s, s+S, ...`` into
+    ``global_batch_size / num_shards`` rows per step; this process yields the rows of its own shards, so with a
+    fixed ``num_shards`` the global batches do not depend on the process count (None: one shard per process).
+    Example i is the same wherever it is read (it depends on seed, split and i only)."""
     if vocab_size is not None and task.vocab_needed > vocab_size:
         raise VtError(f"synthetic task needs {task.vocab_needed} token ids; the model's vocab_size is {vocab_size}")
     if 2 * task.max_len + 3 > seq_len:
         raise VtError(f"synthetic task: documents of up to {2 * task.max_len + 3} tokens do not fit seq_len={seq_len}")
-    rows = global_batch_size // process_count
-    if global_batch_size % process_count or rows % grad_accum_steps:
-        raise VtError(f"global_batch_size={global_batch_size} must split over {process_count} processes and "
-                      f"grad_accum_steps={grad_accum_steps}")
-    ds = grain.MapDataset.range(num_examples)[process_index::process_count]
-    ds = ds.map(lambda i: task.example(int(i), seed, split)).to_iter_dataset()
-    ds = pack_first_fit(ds, seq_len=seq_len, num_packing_bins=rows, pad_id=PAD, seed=seed, shuffle_bins=False)
-    return ds.batch(rows, drop_remainder=True).map(_Split(grad_accum_steps))
+    plan = plan_shards(global_rows=global_batch_size, micro_batches=grad_accum_steps, num_shards=num_shards,
+                       process_index=process_index, process_count=process_count)
+    r = plan.rows_per_shard
+    shards = {}
+    for s in plan.owned:
+        ds = grain.MapDataset.range(num_examples)[s::plan.num_shards]
+        ds = ds.map(lambda i: task.example(int(i), seed, split)).to_iter_dataset()
+        ds = pack_first_fit(ds, seq_len=seq_len, num_packing_bins=r, pad_id=PAD, seed=shard_seed(seed, s),
+                            shuffle_bins=False)
+        shards[s] = ds.batch(r, drop_remainder=True)
+    return LogicalShardsIterDataset(shards, num_shards=plan.num_shards, micro_batches=grad_accum_steps,
+                                    empty_rows=lambda: _empty_rows(r, seq_len))
