@@ -141,7 +141,7 @@ def test_shard_arithmetic_is_checked(tok):
         build_sft_dataset(src, tok, cfg(num_shards=3), process_index=0, process_count=2)
     with pytest.raises(VtError, match="num_shards=3 must divide global_batch_size=8"):
         build_sft_dataset(src, tok, cfg(num_shards=3))
-    with pytest.raises(VtError, match="grad_accum_steps=2 must divide .* 8 / num_shards=8 = 1"):
+    with pytest.raises(VtError, match="grad_accum_steps=2 must divide .*=8 / num_shards=8 = 1"):
         build_sft_dataset(src, tok, cfg(num_shards=8))
     with pytest.raises(VtError, match="logical data shard 7 of 8 .* has no records"):
         build_sft_dataset(ListSource(list(source(7))), tok, cfg(num_shards=8, grad_accum_steps=None))

@@ -1,19 +1,21 @@
 """Multi-host behaviour on CPU: 2 processes x 4 simulated devices (launch/local.sh, jax.distributed over
 127.0.0.1) against 1 process x 8 devices, on a (data 2, fsdp 2, tensor 2) mesh.
 
-One module fixture runs six launches (about 4-5 minutes of CPU on a small box):
+One module fixture runs seven launches (about 4-5 minutes on a small box):
   1. 1 process x 8 devices: 3 steps of the real SFT train step, save the parameters (tests/scale/mp_worker.py)
   2. 2 processes x 4 devices via launch/local.sh: the same 3 steps on the same global batches, save
      collectively, and restore checkpoint 1
   3. 2 processes x 4 devices via launch/local.sh: `vt train` (configs/sft_stage1.py:smoke) for 4 steps
   4. 1 process x 8 devices (the environment launch/local.sh sets, with one process): the same `vt train`
   5. 1 process x 8 devices: a copy of run 3 cut back to its step-2 checkpoint resumes to step 4
-  6. 1 process x 8 devices on another mesh (fsdp 8): restore checkpoints 2 and 3 (model and learner state)
-     and the step-4 models of runs 4 and 5
+  6. 2 processes x 4 devices: a copy of run 4 cut back to its step-2 checkpoint resumes to step 4
+  7. 1 process x 8 devices on another mesh (fsdp 8): restore checkpoints 2 and 3 (model and learner state)
+     and the step-4 models of runs 4, 5 and 6
 
 `vt train` reads its data through logical data shards (data.num_shards = 4 in the smoke config,
 vt.data.shards): the global batch of each step is the same on one process or two, and the data-iterator
-state is saved per shard, so run 5 continues the 2-process run on one process with the same batches.
+state is saved per shard, so run 5 continues the 2-process run on one process with the same batches, and
+run 6 the 1-process run on two.
 
 Tolerance: the two partitionings reduce in different orders, so losses and parameters after 3-4 AdamW steps
 agree to float32 rounding, not bitwise: |loss difference| <= 1e-5 (relative), |parameter difference| <= 1e-5
@@ -93,10 +95,16 @@ def runs(tmp_path_factory) -> Path:
     shutil.copytree(d / "vt_run", d / "vt_resume", ignore=shutil.ignore_patterns("tb"))
     shutil.rmtree(d / "vt_resume" / "checkpoints" / "4")
     _single_vt(d / "vt_resume", "1 process x 8 devices: vt train resumed from the 2-process step-2 checkpoint")
+    # And the other way round: the 1-process run at its step-2 checkpoint, resumed on 2 processes.
+    shutil.copytree(d / "vt_single", d / "vt_resume2", ignore=shutil.ignore_patterns("tb"))
+    shutil.rmtree(d / "vt_resume2" / "checkpoints" / "4")
+    _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_resume2", *VT_OVERRIDES],
+           "2 processes x 4 devices: vt train resumed from the 1-process step-2 checkpoint", d / "logs_resume2")
     _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "multi_ck", "--out", d / "single_from_multi.npz",
              "--ckpt", d / "vt_run" / "checkpoints" / "4", "--out", d / "vt_model.npz",
              "--ckpt", d / "vt_single" / "checkpoints" / "4", "--out", d / "vt_single_model.npz",
              "--ckpt", d / "vt_resume" / "checkpoints" / "4", "--out", d / "vt_resume_model.npz",
+             "--ckpt", d / "vt_resume2" / "checkpoints" / "4", "--out", d / "vt_resume2_model.npz",
              "--train-state", f"{d / 'vt_run'}:4", "--train-state-out", d / "vt_state.npz",
              *VT_TRAIN, *(f"--override={o}" for o in VT_OVERRIDES)],
             "1 process x 8 devices (fsdp 8): restore")
@@ -147,7 +155,7 @@ def test_vt_train_on_two_processes(runs):
         d = work / "checkpoints" / str(step)
         assert (d / "vt_checksums.json").is_file()
         # One data-iterator file per logical shard (4 in the smoke config), two written by each process.
-        assert sorted(p.name for p in (d / "data").iterdir()) == [f"shard_{s}-of-4.json" for s in range(4)]
+        assert sorted(p.name for p in (d / "data").glob("*.json")) == [f"shard_{s}-of-4.json" for s in range(4)]
     model, state = _params(runs / "vt_model.npz"), _params(runs / "vt_state.npz")
     assert model.keys() == state.keys() and len(model) > 10
     for k in model:
@@ -182,15 +190,19 @@ def test_vt_train_two_processes_like_one(runs):
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)
 
 
-def test_vt_train_checkpoint_of_two_processes_resumes_in_one(runs):
-    """The 2-process run's step-2 checkpoint, resumed on 1 process, continues with the batches of the
-    straight 1-process run (equal hashes of whole global batches) and ends at its parameters."""
-    straight, resumed = _metrics(runs / "vt_single"), _metrics(runs / "vt_resume")
+@pytest.mark.parametrize("resumed_run,straight_run", [("vt_resume", "vt_single"), ("vt_resume2", "vt_run")],
+                         ids=["2-processes-to-1", "1-process-to-2"])
+def test_vt_train_checkpoint_resumes_on_another_process_count(runs, resumed_run, straight_run):
+    """A step-2 checkpoint resumed on the other process count continues with the batches of the straight run
+    on that count (equal loss tokens and losses; on 1 process also equal hashes of the whole global batch,
+    the metrics' batch_hash being process 0's rows) and ends at the straight run's parameters."""
+    straight, resumed = _metrics(runs / straight_run), _metrics(runs / resumed_run)
     assert [x["step"] for x in resumed] == [1, 2, 3, 4]
     for s, r in zip(straight[2:], resumed[2:]):
+        assert r["loss_tokens"] == s["loss_tokens"] and r["tokens"] == s["tokens"], r["step"]
         assert r["batch_hash"] == s["batch_hash"], r["step"]
         np.testing.assert_allclose(r["loss"], s["loss"], rtol=LOSS_RTOL)
-    a, b = _params(runs / "vt_single_model.npz"), _params(runs / "vt_resume_model.npz")
+    a, b = _params(runs / "vt_single_model.npz"), _params(runs / f"{resumed_run}_model.npz")
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)

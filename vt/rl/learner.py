@@ -175,7 +175,7 @@ class _Learner:
         self.logps = make_token_logps(self.md, self.mesh, r.temperature)
         self.update = make_rl_step(self.md, self.optimizer, self.schedule, self.sh, self.mesh,
                                    temperature=r.temperature, eps_low=m.eps_low, eps_high=m.eps_high,
-                                   aggregation=m.aggregation, kl_coef=m.kl_coef)
+                                   aggregation=m.aggregation, kl_coef=m.kl_coef, is_cap=m.is_cap)
         self.sampler_cfg = SamplerConfig(batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
                                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                          steps_per_call=r.steps_per_call, seed=r.seed)
@@ -245,17 +245,13 @@ class _Learner:
         m = self.cfg.mgpo
         adv, w = self.advantages(s)
         host = build_batch(s, adv, self.model_cfg.max_position_embeddings)
-        sh = batch_shardings(self.mesh, list(host) + ["old_logp", "is_weight", "ref_logp"])
+        sh = batch_shardings(self.mesh, list(host) + ["old_logp", "ref_logp"])
         dev = {k: jax.device_put(v, sh[k]) for k, v in host.items()}
-        dev["old_logp"] = old = self.logps(state.params, dev)
-        dev["is_weight"] = obj.truncated_importance_weight(old, dev["sampler_logp"], m.is_cap)
+        if m.mini_batches > 1:  # later mini-batches need pi_old from before the first update
+            dev["old_logp"] = self.logps(state.params, dev)
         if m.kl_coef:
             dev["ref_logp"] = self.logps(self.ref_params, dev)
         mask = dev["mask"]
-        n_tok = jnp.maximum(mask.sum(), 1.0)
-        stats = {"is_weight_mean": jnp.sum(dev["is_weight"] * mask) / n_tok,
-                 "is_weight_capped": jnp.sum((dev["is_weight"] >= m.is_cap) * mask) / n_tok,
-                 "mismatch_kl": jnp.sum(obj.kl_to_reference(dev["sampler_logp"], old) * mask) / n_tok}
         N = mask.shape[0]
         if N % m.mini_batches:
             raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide Q*G={N}")
@@ -266,7 +262,7 @@ class _Learner:
             idx = jnp.asarray(order[i * size:(i + 1) * size]) if m.mini_batches > 1 else None
             mb = {k: dev[k] if idx is None else jax.device_put(dev[k][idx], sh[k]) for k in keys}
             state, metrics = self.update(state, mb)
-        metrics = {k: float(v) for k, v in jax.device_get({**metrics, **stats}).items()}
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["w_mean"] = float(w.mean())
         return state, metrics
 

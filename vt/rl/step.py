@@ -3,9 +3,11 @@
     token_logps(params, batch) -> logp [N, T]            log pi(target) at every position (no gradient)
     rl_step(state, batch) -> (state, metrics)            one optimiser update on the MGPO objective, donated
 
-`batch` rows are prompt + completion (vt.rl.rollouts.build_batch) with `mask` on completion targets, and:
-old_logp (pi_old, the learner before this batch's first update), is_weight (truncated importance weight
-min(pi_old / pi_sampler, C), a constant), adv (w(q) * A_i per row), and ref_logp when a KL term is used.
+`batch` rows are prompt + completion (vt.rl.rollouts.build_batch) with `mask` on completion targets, adv
+(w(q) * A_i per row), sampler_logp, ref_logp when a KL term is used, and old_logp (pi_old: the learner before
+this batch's first update). With one update per batch pi_old is the current policy, so old_logp may be left
+out: the step then takes it as stop_gradient(logp), saving a forward pass. The truncated importance weight
+min(pi_old / pi_sampler, C) is a constant computed from old_logp and sampler_logp.
 Logits are divided by the sampling temperature before the softmax, so pi is the distribution that was sampled.
 """
 from __future__ import annotations
@@ -17,12 +19,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from vt.rl.objectives import aggregate, clipped_surrogate, kl_to_reference
+from vt.rl.objectives import aggregate, clipped_surrogate, kl_to_reference, truncated_importance_weight
 from vt.sharding import logical_to_spec, use_mesh
 from vt.train.losses import token_nll
 from vt.train.state import ModelDef, TrainState
 
-ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "old_logp", "is_weight", "ref_logp")
+ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "sampler_logp", "old_logp", "ref_logp")
 
 
 def batch_shardings(mesh: Mesh, keys) -> dict[str, NamedSharding]:
@@ -49,12 +51,19 @@ def make_token_logps(md: ModelDef, mesh: Mesh, temperature: float):
 
 
 def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule, state_sh: TrainState, mesh: Mesh,
-                 *, temperature: float, eps_low: float, eps_high: float, aggregation: str, kl_coef: float):
+                 *, temperature: float, eps_low: float, eps_high: float, aggregation: str, kl_coef: float,
+                 is_cap: float):
     def loss_fn(params, batch):
         logits = _logits(md, params, batch, temperature)
         logp = -token_nll(logits, batch["targets"])
-        J, m = clipped_surrogate(logp, batch["old_logp"], batch["adv"], batch["mask"], eps_low=eps_low,
-                                 eps_high=eps_high, aggregation=aggregation, is_weight_NT=batch["is_weight"])
+        old = batch["old_logp"] if "old_logp" in batch else jax.lax.stop_gradient(logp)
+        is_weight = truncated_importance_weight(old, batch["sampler_logp"], is_cap)
+        J, m = clipped_surrogate(logp, old, batch["adv"], batch["mask"], eps_low=eps_low,
+                                 eps_high=eps_high, aggregation=aggregation, is_weight_NT=is_weight)
+        mask = batch["mask"]
+        m["is_weight_mean"] = aggregate(is_weight, mask, "token_mean")
+        m["is_weight_capped"] = aggregate((is_weight >= is_cap).astype(jnp.float32), mask, "token_mean")
+        m["mismatch_kl"] = aggregate(kl_to_reference(batch["sampler_logp"], old), mask, "token_mean")
         loss = -J
         if kl_coef:
             kl = aggregate(kl_to_reference(logp, batch["ref_logp"]), batch["mask"], aggregation)
