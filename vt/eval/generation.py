@@ -79,7 +79,7 @@ def engine_generator(ckpt: str, tokenizer_path: str, *, temperature: float, top_
     model = load_model(ckpt, mesh=mesh, **(model_overrides or {}))
     cfg = SamplerConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
                         top_p=top_p, top_k=top_k, max_context=max_context)
-    return EngineGenerator(Engine(model, cfg, mesh=mesh), tok, max_new_tokens)
+    return EngineGenerator(Engine(model, cfg, mesh=mesh, tokenizer=tok), tok, max_new_tokens)
 
 
 def as_teacher(generator: Generator, seed: int = 0) -> Teacher:

@@ -194,7 +194,8 @@ def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
         raise VtError("config.model.tokenizer: no tokenizer directory given")
     sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                        top_p=s.top_p, top_k=s.top_k, seed=s.seed, max_context=s.max_context or None)
-    return EngineGenerator(Engine(model, sc, mesh=mesh), tok, s.max_new_tokens)
+    # The tokenizer gives the engine its stop ids (its end-of-turn token); without it only Qwen's ids stop.
+    return EngineGenerator(Engine(model, sc, mesh=mesh, tokenizer=tok), tok, s.max_new_tokens)
 
 
 def score_problem(cfg: EvalConfig, problem: Problem, completions, reward, equivalent) -> dict:
