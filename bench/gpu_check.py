@@ -156,17 +156,16 @@ def check_rl(args, mesh, sft) -> Row:
     mask = np.zeros((N, T), np.float32)
     mask[:, T // 4:] = 1.0  # the first quarter is the prompt
     batch = {"tokens": r["input_ids"], "targets": r["targets"], "positions": r["positions"],
-             "segment_ids": r["segment_ids"], "mask": mask, "is_weight": np.ones((N, T), np.float32),
-             "adv": rng.standard_normal(N).astype(np.float32)}
+             "segment_ids": r["segment_ids"], "mask": mask, "adv": rng.standard_normal(N).astype(np.float32)}
     import jax
     batch = jax.device_put(batch, batch_shardings(mesh, batch))
     logps = make_token_logps(md, mesh, temperature=1.0)
     rl_step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.2,
-                           aggregation="seq_mean", kl_coef=0.0)
+                           aggregation="seq_mean", kl_coef=0.0, is_cap=2.0)
 
     def one(state):
         old = logps(state.params, batch)
-        b = dict(batch, old_logp=old, ref_logp=jnp.zeros_like(old))
+        b = dict(batch, old_logp=old, sampler_logp=old, ref_logp=jnp.zeros_like(old))  # on-policy: IS weight 1
         return _block(rl_step(state, b))
 
     t0 = time.perf_counter()

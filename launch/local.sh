@@ -111,26 +111,31 @@ for ((i = 0; i < num; i++)); do
 done
 [[ "$num" -gt 1 ]] && echo "launch/local.sh: $num processes on 127.0.0.1:$port; logs of processes 1..$((num - 1)) in $log_dir" >&2
 
-# Wait for the first process to end; a failure stops the rest (they would wait forever at the next collective).
+# Collect each process as it ends; a failure stops the rest (they would wait forever at the next collective).
+# Polled rather than `wait -n PID...`: bash drops a job that has already ended from its job table (then
+# `wait -n` says "no such job" and misses it), while `wait PID` still returns that job's saved status.
 status=0
 remaining=("${pids[@]}")
 while [[ ${#remaining[@]} -gt 0 ]]; do
-  set +e
-  wait -n -p done_pid "${remaining[@]}"
-  rc=$?
-  set -e
   still=()
-  for pid in "${remaining[@]}"; do [[ "$pid" == "$done_pid" ]] || still+=("$pid"); done
+  for pid in "${remaining[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
+    set +e
+    wait "$pid"
+    rc=$?
+    set -e
+    if [[ "$rc" != 0 && "$status" == 0 ]]; then
+      status=$rc
+      for ((i = 0; i < num; i++)); do
+        if [[ "${pids[$i]}" == "$pid" ]]; then
+          echo "launch/local.sh: process $i exited with status $rc" >&2
+          if [[ "$i" != 0 ]]; then tail -n 40 "$log_dir/process_$i.log" >&2 || true; fi
+        fi
+      done
+      stop_all
+    fi
+  done
   remaining=("${still[@]+"${still[@]}"}")
-  if [[ "$rc" != 0 && "$status" == 0 ]]; then
-    status=$rc
-    for ((i = 0; i < num; i++)); do
-      if [[ "${pids[$i]}" == "$done_pid" ]]; then
-        echo "launch/local.sh: process $i exited with status $rc" >&2
-        if [[ "$i" != 0 ]]; then tail -n 40 "$log_dir/process_$i.log" >&2 || true; fi
-      fi
-    done
-    stop_all
-  fi
+  if [[ ${#remaining[@]} -gt 0 ]]; then sleep 0.2; fi
 done
 exit "$status"

@@ -273,20 +273,18 @@ class DataStateHandler:
     def restore(self, directory, item=None, args=None):
         from vt.data.shards import STATE_KEY, is_sharded_state
         item = item or args.item
-        template = item.get_state()
-        if is_sharded_state(template):
-            n = int(template["num_shards"])
-            paths = {shard: directory / _shard_file(shard, n) for shard in template[STATE_KEY]}
-            state = {"num_shards": n, STATE_KEY: {shard: p for shard, p in paths.items()}}
-        else:
-            paths = {"": directory / _process_file()}
+        template = item.get_state()  # which shards this process owns now
+        sharded = is_sharded_state(template)
+        n = int(template["num_shards"]) if sharded else 0
+        paths = {shard: directory / _shard_file(shard, n) for shard in template[STATE_KEY]} if sharded \
+            else {"": directory / _process_file()}
         for p in paths.values():
             if not p.exists():
                 written = sorted(x.name for x in directory.iterdir())
                 raise VtError(f"{p} does not exist; the checkpoint's data state holds {written} (a run resumes "
                               f"with the same data.num_shards, on any process count that divides it)")
-        if is_sharded_state(template):
-            state[STATE_KEY] = {shard: json.loads(p.read_text()) for shard, p in paths.items()}
+        if sharded:
+            state = {"num_shards": n, STATE_KEY: {shard: json.loads(p.read_text()) for shard, p in paths.items()}}
         else:
             state = json.loads(paths[""].read_text())
         item.set_state(state)

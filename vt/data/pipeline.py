@@ -33,8 +33,9 @@ evaluation batches across processes rather than stop on one process's StopIterat
 Skips: malformed records and records rejected at tokenisation are counted per reason (never silently
 dropped); once ``skip_check_min_records`` records of a logical shard have been seen, a skip rate above
 ``max_skip_rate`` in that shard raises :class:`vt.VtError` with the report. At construction, the first
-``probe_records`` records of this process's share (split evenly over its shards) are tokenised: if none can be used (e.g. every prompt is longer than ``seq_len``) or the
-probe's skip rate is above the threshold, construction fails at once, not hours into a run.
+``probe_records`` records of this process's share (split evenly over its shards) are tokenised: if none can
+be used (e.g. every prompt is longer than ``seq_len``) or the probe's skip rate is above the threshold,
+construction fails at once, not hours into a run.
 """
 from __future__ import annotations
 
@@ -323,8 +324,10 @@ def build_sft_dataset(source, tokenizer: Tokenizer, config: PipelineConfig, *, p
         records[s] = ds
     num_records = sum(len(ds) for ds in records.values())
     probe = _probe([ds.map(tokenize) for ds in records.values()], min(config.probe_records, num_records), config)
+    # The threads are shared out over the shards; each shard may run as far ahead as the whole pipeline would
+    # with one shard, so shards not being consumed keep tokenising while another one is packed.
     threads = -(-config.read_threads // len(plan.owned)) if config.read_threads > 0 else 0
-    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(threads * 8, 1)) \
+    read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(config.read_threads * 8, 1)) \
         if threads > 0 else grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
     shards = {}
     for s, ds in records.items():

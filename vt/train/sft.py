@@ -4,7 +4,8 @@
 
 Workdir layout: `checkpoints/<step>/` (vt.checkpoint.manager: each one is also a model checkpoint),
 `metrics.jsonl` (one line per step: loss, lr, grad_norm, tokens_per_s, mfu, padding_fraction, batch_hash and,
-every `eval_every` steps, eval_loss; batch_hash and padding_fraction are of process 0's rows of the step), `tb/` (TensorBoard), `config.json` (the resolved config).
+every `eval_every` steps, eval_loss; batch_hash and padding_fraction are of process 0's rows of the step),
+`tb/` (TensorBoard), `config.json` (the resolved config).
 
 Steps are numbered by updates applied: the metrics line and the checkpoint of step s describe the state after
 s updates. A restart finds the newest sealed checkpoint and continues from it, bitwise identically on CPU:
