@@ -20,7 +20,6 @@ stops the sweep with nothing launched. --dry-run prints every command instead of
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import re
 import shlex
@@ -43,18 +42,15 @@ class SweepError(Exception):
 
 
 def load_sweep(spec: str) -> Any:
+    from vt import VtError
+    from vt.config import import_config_module
     path_str, _, variant = spec.partition(":")
-    path = Path(path_str)
-    if not path.is_file():
-        raise SweepError(f"{path}: config file not found")
-    module_spec = importlib.util.spec_from_file_location(f"vt_sweep_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
     try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise SweepError(f"{path}: cannot import ({type(e).__name__}: {e})") from None
+        module = import_config_module(Path(path_str))
+    except VtError as e:
+        raise SweepError(str(e)) from None
     if not hasattr(module, "get_sweep"):
-        raise SweepError(f"{path}: defines no get_sweep(arg); a sweep lives next to its config")
+        raise SweepError(f"{path_str}: defines no get_sweep(arg); a sweep lives next to its config")
     return module.get_sweep(variant or None)
 
 

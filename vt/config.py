@@ -25,14 +25,7 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
 
     path_str, _, variant = spec.partition(":")
     path = Path(path_str)
-    if not path.is_file():
-        raise VtError(f"{path}: config file not found")
-    module_spec = importlib.util.spec_from_file_location(f"vt_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as e:
-        raise VtError(f"{path}: cannot import config ({type(e).__name__}: {e})") from None
+    module = import_config_module(path)
     if not hasattr(module, "get_config"):
         raise VtError(f"{path}: defines no get_config(arg)")
     try:
@@ -44,6 +37,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
     for item in overrides:
         apply_override(cd, item)
     return cd
+
+
+def import_config_module(path: Path):
+    """Execute a config file as a module (config files live outside the package, so not via import)."""
+    if not path.is_file():
+        raise VtError(f"{path}: config file not found")
+    module_spec = importlib.util.spec_from_file_location(f"vt_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as e:
+        raise VtError(f"{path}: cannot import config ({type(e).__name__}: {e})") from None
+    return module
 
 
 def apply_override(cd, item: str) -> None:
