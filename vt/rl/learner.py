@@ -258,11 +258,15 @@ class _Learner:
         size = N // m.mini_batches
         order = np.random.default_rng([self.cfg.rollout.seed, int(jax.device_get(state.step))]).permutation(N)
         keys = [k for k in list(ROW_KEYS) + ["adv"] if k in dev]
+        finite = []
         for i in range(m.mini_batches):
             idx = jnp.asarray(order[i * size:(i + 1) * size]) if m.mini_batches > 1 else None
             mb = {k: dev[k] if idx is None else jax.device_put(dev[k][idx], sh[k]) for k in keys}
             state, metrics = self.update(state, mb)
+            finite.append(metrics["finite"])
+        # Metrics describe the last mini-batch, except `finite`: any skipped (non-finite) update halts the run.
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
         metrics["w_mean"] = float(w.mean())
         return state, metrics
 
