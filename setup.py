@@ -36,6 +36,7 @@ setup(
         "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
         "tpu": [JAX.replace("jax==", "jax[tpu]==")],
         "tfds": ["tensorflow-datasets>=4.9"],  # `tfds:NAME/CONFIG:SPLIT` data sources
+        "notebooks": ["jupyter", "nbconvert", "ipykernel"],  # notebooks/ walkthroughs
     },
     entry_points={"console_scripts": ["vt=vt.cli:main"]},
 )
