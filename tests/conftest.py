@@ -20,3 +20,12 @@ def vt_ckpt(hf_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ckpt") / "ck"
     run_vt("convert", "hf-to-orbax", str(hf_dir), str(out), check=True)
     return out
+
+
+# Property tests draw the same examples on every run of the suite (CI must not turn red by luck); pass
+# `--hypothesis-profile=explore` to search with fresh random examples, and pin what it finds with @example.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+_hypothesis_settings.register_profile("explore", max_examples=500)
+_hypothesis_settings.load_profile("ci")

@@ -1,9 +1,11 @@
 """Tokenisation and loss masks: assistant tokens only (+ their <|im_end|>), <think> kept, policies, id checks."""
 from __future__ import annotations
 
+import unicodedata
+
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from data_helpers import spm_tok, tiny_tokenizer_dir, tok  # noqa: F401 (pytest fixtures)
@@ -48,6 +50,7 @@ def test_mask_covers_exactly_assistant_turns(tok, spm_tok, which):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(turns=[("", "\u0f73")])  # found by CI: NFC decomposes it, the mask is still right
 @given(turns=st.lists(st.tuples(st.text(max_size=12), st.text(min_size=1, max_size=12).filter(str.strip)),
                       min_size=1, max_size=3))
 def test_mask_property_random_text(tok, turns):
@@ -57,11 +60,12 @@ def test_mask_property_random_text(tok, turns):
     out = tokenize_record(Record(id="h", messages=tuple(msgs)), tok, max_len=10_000)
     assert isinstance(out, Tokenized)
     # Each masked run decodes to one assistant content + <|im_end|>. The only allowed loss: leading whitespace
-    # that the pre-tokeniser merged with the header's "\n" into one token starting in the header.
+    # that the pre-tokeniser merged with the header's "\n" into one token starting in the header. The text is
+    # compared after NFC, which the Qwen tokenizer's normaliser applies (U+0F73 comes back as U+0F71 U+0F72).
     runs = _masked_text(tok, out)
     assert len(runs) == len(turns)
     for run, (_, a) in zip(runs, turns):
-        want = a + "<|im_end|>"
+        want = unicodedata.normalize("NFC", a) + "<|im_end|>"
         assert want.endswith(run) and want[: len(want) - len(run)].strip() == ""
 
 
