@@ -11,6 +11,10 @@ Determinism: prompts of step s are a fixed function of (data.seed, s) and the sa
 function of (rollout seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
 
+Several processes (hosts): each samples, verifies and scores its own Q/P prompts on its own devices and feeds
+its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
+dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
+
 Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json.
 """
 from __future__ import annotations
@@ -30,9 +34,10 @@ import numpy as np
 from vt import VtError
 from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
 from vt.rl import objectives as obj
-from vt.rl.rollouts import Scored, build_batch, rollout_and_score
+from vt.rl.hosts import LocalReplicas, allgather, global_rows, local_mesh, process_slice
+from vt.rl.rollouts import Scored, batch_length, build_batch, rollout_and_score
 from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
-from vt.sharding import MeshConfig, make_mesh
+from vt.sharding import MeshConfig, make_mesh, state_shardings
 from vt.train.metrics import MetricsWriter
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.sft import ModelSection, _Preemption, initial_params, resolve_model_config, restored_state
@@ -165,6 +170,10 @@ class _Learner:
         self.rewards = {d: make_reward(d, **cfg.rewards.get(d, {})) for d in sorted(domains)}
 
         self.mesh = make_mesh(cfg.mesh)
+        # One process: the sampler shares the learner's mesh. Several: each samples on its own devices.
+        self.sampler_mesh = self.mesh if jax.process_count() == 1 else local_mesh(cfg.mesh)
+        self.replicas = None if jax.process_count() == 1 else LocalReplicas(self.sampler_mesh)
+        self._sampler_sh = None
         self.model_cfg = resolve_model_config(cfg.model)
         self.md = ModelDef(self.model_cfg)
         self.optimizer, self.schedule = make_optimizer(cfg.optim, cfg.train.steps * cfg.mgpo.mini_batches)
@@ -183,9 +192,16 @@ class _Learner:
         self.engine = None
         self.ref_params = None
 
-    def _nnx_state(self, params):
+    def sampler_weights(self, params):
+        """The learner's params as the sampler's nnx.State: the same arrays on one process, a full local copy
+        per process on several (a collective: every process calls this at the same point)."""
         from flax import nnx
-        return nnx.state(self.md.bind(params))
+        state = nnx.state(self.md.bind(params))
+        if self.replicas is None:
+            return state
+        if self._sampler_sh is None:
+            self._sampler_sh = state_shardings(state, self.sampler_mesh)
+        return self.replicas(state, self._sampler_sh)
 
     def initial_state(self) -> TrainState:
         latest = self.ckpt.latest_step()
@@ -196,21 +212,24 @@ class _Learner:
         return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer, self.sh,
                                 self.cfg.model.seed)
 
-    def rollout(self, records, step: int, group_size: int, seed_offset: int = 0) -> Scored:
+    def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0) -> Scored:
         seed = int(np.random.default_rng([self.cfg.rollout.seed, seed_offset, step]).integers(2**31))
         return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
-                                 domain=self.cfg.data.domain)
+                                 domain=self.cfg.data.domain, first_request=first_request)
 
     def rollout_batch(self, step: int) -> Scored:
-        """Step `step`'s Q groups. With dynamic sampling, groups whose rewards are all equal (no signal) are
-        replaced by groups of extra prompts, drawn from a second deterministic stream keyed by (step, round),
-        so a resumed run draws the same ones; if the rounds run out the batch is topped up with
-        zero-variance groups (advantage 0), keeping the learner's shapes fixed."""
+        """This process's groups of step `step` (all Q on one process, Q/P each on P). With dynamic sampling,
+        groups whose rewards are all equal (no signal) are replaced by groups of extra prompts, drawn from a
+        second deterministic stream keyed by (step, round, process), so a resumed run draws the same ones; if
+        the rounds run out the batch is topped up with zero-variance groups (advantage 0), keeping the
+        learner's shapes fixed."""
         cfg = self.cfg
         Q, G, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
-        n = len(self.records)
-        scored = self.rollout([self.records[i] for i in prompts_for_step(n, step, Q, cfg.data.seed)], step, G)
+        mine = process_slice(Q, "rollout.prompts_per_step")
+        n, Q = len(self.records), mine.stop - mine.start
+        idx = prompts_for_step(n, step, cfg.rollout.prompts_per_step, cfg.data.seed)[mine]
+        scored = self.rollout([self.records[i] for i in idx], step, G, first_request=mine.start)
         if rounds <= 0:
             return scored
         keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
@@ -219,18 +238,23 @@ class _Learner:
             have = sum(len(k.prompts) for k in keep)
             if have >= Q:
                 break
-            idx = prompts_for_step(n, step * rounds + r, Q - have, cfg.data.seed + 1)
-            extra = self.rollout([self.records[i] for i in idx], step, G, seed_offset=2 + r)
+            stream = (step * rounds + r) * jax.process_count() + jax.process_index()
+            idx = prompts_for_step(n, stream, Q - have, cfg.data.seed + 1)
+            extra = self.rollout([self.records[i] for i in idx], step, G, seed_offset=2 + r, first_request=mine.start)
             keep.append(extra.select(np.flatnonzero(extra.informative())))
             spare.append(extra.select(np.flatnonzero(~extra.informative())))
         out = Scored.concat(keep + spare)
         return out.select(range(Q))
 
     def evaluate(self, step: int) -> float:
+        """Mean verified reward over the held-out prompts (split over processes in consecutive runs)."""
         t = self.cfg.train
         recs = self.eval_records[: t.eval_prompts]
-        scored = self.rollout(recs, step, t.eval_samples, seed_offset=1)
-        return float(scored.rewards[scored.valid].mean()) if scored.valid.any() else float("nan")
+        per = -(-len(recs) // jax.process_count())
+        first = min(len(recs), jax.process_index() * per)
+        scored = self.rollout(recs[first:first + per], step, t.eval_samples, seed_offset=1, first_request=first)
+        total, count = allgather([scored.rewards[scored.valid].sum(), scored.valid.sum()]).sum(0)
+        return float(total / count) if count else float("nan")
 
     def advantages(self, s: Scored) -> tuple[np.ndarray, np.ndarray]:
         m = self.cfg.mgpo
@@ -242,32 +266,36 @@ class _Learner:
         return np.asarray(adv), np.asarray(w)
 
     def train_on(self, state: TrainState, s: Scored) -> tuple[TrainState, dict]:
+        """`mini_batches` updates on the rows of every process's groups. Each mini-batch takes the same share of
+        every process's rows (a permutation keyed by the step); pi_old and the KL reference are scored for all
+        of them before the first update."""
         m = self.cfg.mgpo
         adv, w = self.advantages(s)
-        host = build_batch(s, adv, self.model_cfg.max_position_embeddings)
+        T = int(allgather(batch_length(s, self.model_cfg.max_position_embeddings)).max())
+        host = build_batch(s, adv, self.model_cfg.max_position_embeddings, length=T)
         sh = batch_shardings(self.mesh, list(host) + ["old_logp", "ref_logp"])
-        dev = {k: jax.device_put(v, sh[k]) for k, v in host.items()}
-        if m.mini_batches > 1:  # later mini-batches need pi_old from before the first update
-            dev["old_logp"] = self.logps(state.params, dev)
-        if m.kl_coef:
-            dev["ref_logp"] = self.logps(self.ref_params, dev)
-        mask = dev["mask"]
-        N = mask.shape[0]
+        N = len(host["adv"])
         if N % m.mini_batches:
-            raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide Q*G={N}")
+            raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide the rows of a process's groups "
+                          f"(Q*G / processes = {N})")
         size = N // m.mini_batches
         order = np.random.default_rng([self.cfg.rollout.seed, int(jax.device_get(state.step))]).permutation(N)
-        keys = [k for k in list(ROW_KEYS) + ["adv"] if k in dev]
+        parts = [host if m.mini_batches == 1 else {k: v[order[i * size:(i + 1) * size]] for k, v in host.items()}
+                 for i in range(m.mini_batches)]
+        batches = [global_rows(part, sh) for part in parts]
+        for mb in batches:
+            if m.mini_batches > 1:  # later mini-batches need pi_old from before the first update
+                mb["old_logp"] = self.logps(state.params, mb)
+            if m.kl_coef:
+                mb["ref_logp"] = self.logps(self.ref_params, mb)
         finite = []
-        for i in range(m.mini_batches):
-            idx = jnp.asarray(order[i * size:(i + 1) * size]) if m.mini_batches > 1 else None
-            mb = {k: dev[k] if idx is None else jax.device_put(dev[k][idx], sh[k]) for k in keys}
-            state, metrics = self.update(state, mb)
+        for mb in batches:
+            state, metrics = self.update(state, {k: mb[k] for k in list(ROW_KEYS) + ["adv"] if k in mb})
             finite.append(metrics["finite"])
         # Metrics describe the last mini-batch, except `finite`: any skipped (non-finite) update halts the run.
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
-        metrics["w_mean"] = float(w.mean())
+        metrics["w_mean"] = float(allgather(w.mean()).mean())  # every process holds as many groups
         return state, metrics
 
     def run(self) -> RLResult:
@@ -276,8 +304,8 @@ class _Learner:
         start = int(jax.device_get(state.step)) // cfg.mgpo.mini_batches
         if cfg.mgpo.kl_coef:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
-        self.engine = self._engine_cls((self.md.graphdef, self._nnx_state(state.params)), self.sampler_cfg,
-                                       mesh=self.mesh, tokenizer=self.tokenizer)
+        self.engine = self._engine_cls((self.md.graphdef, self.sampler_weights(state.params)), self.sampler_cfg,
+                                       mesh=self.sampler_mesh, tokenizer=self.tokenizer)
         writer = MetricsWriter(self.workdir, total_steps=cfg.train.steps, start_step=start,
                                progress=cfg.train.progress)
         history, last, status, step = [], {}, "finished", start
@@ -295,9 +323,10 @@ class _Learner:
                         self.ckpt.wait()
                         raise VtError(f"non-finite loss or gradient at RL step {step + 1}: run halted; no "
                                       f"checkpoint after step {self.ckpt.latest_step()} was written")
-                    self.engine.update_weights(self._nnx_state(state.params))
+                    self.engine.update_weights(self.sampler_weights(state.params))
                     t2 = time.perf_counter()
-                    metrics.update(self.rollout_metrics(scored), time_rollout_s=t1 - t0, time_train_s=t2 - t1,
+                    metrics.update(rollout_metrics(scored, sorted(self.rewards)), time_rollout_s=t1 - t0,
+                                   time_train_s=t2 - t1,
                                    time_sample_s=scored.time_sample_s, time_reward_s=scored.time_reward_s,
                                    prompts_dropped=self.dropped)
                     done = step + 1
@@ -325,26 +354,33 @@ class _Learner:
         return initial_params(self.cfg.model, self.model_cfg, self.mesh) if self.cfg.model.init_checkpoint \
             else state.params
 
-    @staticmethod
-    def rollout_metrics(s: Scored) -> dict[str, float]:
-        p = np.asarray(obj.group_accuracy(s.correct, s.valid))
+
+def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
+    """Step statistics over every process's groups (gathered; process order is prompt order)."""
+    def digest(group) -> np.ndarray:
         h = hashlib.sha256()
-        for group in s.samples:
-            for smp in group:
-                h.update(np.asarray(smp.completion_ids, np.int32).tobytes() + b"|")
-        hist = np.histogram(p, bins=5, range=(0.0, 1.0))[0] / max(len(p), 1)
-        out = {f"pass_rate_hist/{i / 5:.1f}-{(i + 1) / 5:.1f}": float(v) for i, v in enumerate(hist)}
-        out |= {"rollout_hash": h.hexdigest()[:16],
-               "reward_mean": float(s.rewards[s.valid].mean()) if s.valid.any() else float("nan"),
-               "accuracy": float(p.mean()), "groups_all_correct": float((p == 1).mean()),
-               "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~s.valid).mean()),
-               "response_len_mean": float(s.lengths.mean()), "response_len_max": float(s.lengths.max()),
-               "truncated_fraction": float(s.truncated.mean())}
-        for d in sorted(set(s.domains)):
-            rows = [i for i, x in enumerate(s.domains) if x == d]
-            v = s.valid[rows]
-            out[f"reward_mean/{d}"] = float(s.rewards[rows][v].mean()) if v.any() else float("nan")
-        return out
+        for smp in group:
+            h.update(np.asarray(smp.completion_ids, np.int32).tobytes() + b"|")
+        return np.frombuffer(h.digest(), np.uint8)
+
+    local = {"correct": s.correct, "rewards": s.rewards, "valid": s.valid, "lengths": s.lengths,
+             "truncated": s.truncated, "domain": np.array([domains.index(d) for d in s.domains], np.int32),
+             "digest": np.stack([digest(g) for g in s.samples])}
+    g = {k: (lambda a: a.reshape(-1, *a.shape[2:]))(allgather(v)) for k, v in local.items()}
+    p = np.asarray(obj.group_accuracy(g["correct"], g["valid"]))
+    valid, rewards = g["valid"], g["rewards"]
+    hist = np.histogram(p, bins=5, range=(0.0, 1.0))[0] / max(len(p), 1)
+    out = {f"pass_rate_hist/{i / 5:.1f}-{(i + 1) / 5:.1f}": float(v) for i, v in enumerate(hist)}
+    out |= {"rollout_hash": hashlib.sha256(g["digest"].tobytes()).hexdigest()[:16],
+            "reward_mean": float(rewards[valid].mean()) if valid.any() else float("nan"),
+            "accuracy": float(p.mean()), "groups_all_correct": float((p == 1).mean()),
+            "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~valid).mean()),
+            "response_len_mean": float(g["lengths"].mean()), "response_len_max": float(g["lengths"].max()),
+            "truncated_fraction": float(g["truncated"].mean())}
+    for i in sorted(set(g["domain"].tolist())):
+        v = valid[g["domain"] == i]
+        out[f"reward_mean/{domains[i]}"] = float(rewards[g["domain"] == i][v].mean()) if v.any() else float("nan")
+    return out
 
 
 def train_rl(cfg: RLConfig, workdir: Path | str) -> RLResult:

@@ -68,10 +68,14 @@ class Scored:
 
 
 def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
-                      *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "") -> Scored:
+                      *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "",
+                      first_request: int = 0) -> Scored:
+    """first_request: the index of records[0] among the step's prompts (a process's share samples with the seeds
+    the whole batch would use; see Engine.generate)."""
     prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
     t0 = time.perf_counter()
-    samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed)
+    samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
+                              first_request=first_request)
     t1 = time.perf_counter()
     Q, G = len(records), group_size
     scores = np.zeros((Q, G), np.float32)
@@ -107,11 +111,19 @@ def bucket_length(n: int, lo: int = 16) -> int:
     return b
 
 
-def build_batch(scored: Scored, advantages_QG: np.ndarray, max_len: int) -> dict[str, np.ndarray]:
+def batch_length(scored: Scored, max_len: int) -> int:
+    """The row length build_batch pads to: the longest prompt + completion (less one), bucketed, cut at max_len."""
+    longest = max(len(p) + len(s.completion_ids) - 1 for p, group in zip(scored.prompts, scored.samples) for s in group)
+    return min(bucket_length(longest), max_len)
+
+
+def build_batch(scored: Scored, advantages_QG: np.ndarray, max_len: int, length: int | None = None
+                ) -> dict[str, np.ndarray]:
     """Token rows [N = Q*G, T]: prompt + completion, right-padded. Position t predicts targets[t]; `mask` is 1
-    where that target is a completion token, and `sampler_logp` holds the sampler's log-prob of it."""
+    where that target is a completion token, and `sampler_logp` holds the sampler's log-prob of it.
+    T = `length` when given (several processes agree on one: the largest batch_length), else batch_length."""
     rows = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
-    T = min(bucket_length(max(len(p) + len(s.completion_ids) - 1 for p, s in rows)), max_len)
+    T = batch_length(scored, max_len) if length is None else length
     N = len(rows)
     out = {k: np.zeros((N, T), np.int32) for k in ("tokens", "targets", "positions", "segment_ids")}
     out["mask"] = np.zeros((N, T), np.float32)

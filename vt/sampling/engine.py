@@ -208,10 +208,12 @@ class Engine:
         return out
 
     def generate(self, requests: Sequence[Request], seed: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> list[list[Sample]]:
+                 progress: Callable[[int], None] | None = None, first_request: int = 0) -> list[list[Sample]]:
         """Samples for every request, in request order: result[i][j] is sample j of request i.
         seed None: the config's seed plus the number of earlier generate calls (fresh samples each RL step).
-        progress(k) is called with the number of samples finished since the last call."""
+        progress(k) is called with the number of samples finished since the last call.
+        first_request: the index of requests[0] in a larger batch split over processes; sample j of request i
+        draws as request first_request + i would, so a split batch samples what the whole one would."""
         reqs = self.check(requests)
         if seed is None:
             seed, self._calls = self.cfg.seed + self._calls, self._calls + 1
@@ -232,7 +234,7 @@ class Engine:
                 free = [b for b in range(B) if owner[b] is None]
                 if queue and free and (self.cfg.refill or len(free) == B):
                     units = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-                    cache, slots = self._admit(cache, slots, units, free, reqs, base_key)
+                    cache, slots = self._admit(cache, slots, units, free, reqs, base_key, first_request)
                     for u, b in zip(units, free):
                         owner[b] = u
                 want = min(len(queue), min_free) if (queue and self.cfg.refill) else B
@@ -287,7 +289,7 @@ class Engine:
         return Sample(ids, logprobs, "stop" if stopped else "length",
                       self._text(ids) if self.tokenizer is not None else None)
 
-    def _admit(self, cache, slots, units, free, reqs, base_key):
+    def _admit(self, cache, slots, units, free, reqs, base_key, first_request: int = 0):
         """Prefill the distinct prompts of `units` (in groups of at most `prefill_tokens` padded tokens) and
         insert each unit into its slot."""
         B = self.cfg.batch_size
@@ -319,7 +321,7 @@ class Engine:
                                     np.ones(Q, np.int32))
             ids = np.zeros((Q, 2), np.int32)
             for q, (p, i, j, b) in enumerate(units):
-                src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (i, j)
+                src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (first_request + i, j)
             cache, slots = self._p.insert(cache, slots, small, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)),
                                         base_key)
             self.last_stats.prefill_calls += 1
