@@ -108,3 +108,12 @@ def test_load_errors_name_the_path(tmp_path):
     model.write_bytes(b"\x00garbage")
     with pytest.raises(VtError, match=str(model)):
         load_tokenizer(model)
+
+
+@pytest.mark.parametrize("which", ["hf", "spm"])
+def test_decode_skips_ids_past_the_vocabulary(tok, spm_tok, which):
+    """A padded embedding lets a sampler emit ids the tokenizer has no piece for: both kinds skip them (HF
+    tokenizers do so natively; sentencepiece would raise)."""
+    t = tok if which == "hf" else spm_tok
+    ids = t.encode("hello world")
+    assert t.decode(ids + [t.vocab_size, t.vocab_size + 100] + ids) == t.decode(ids + ids)

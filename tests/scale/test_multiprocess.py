@@ -116,6 +116,15 @@ def _params(path: Path) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files if k.startswith("param/")}
 
 
+def assert_params_close(expected: Path, actual: Path, atol: float, what: str) -> None:
+    """The same parameter names, every one within atol; prints the largest difference."""
+    a, b = _params(expected), _params(actual)
+    assert a.keys() == b.keys() and len(a) > 10
+    print(f"{what}: max |diff| {max(float(np.abs(a[k] - b[k]).max()) for k in a):.3g}")
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=atol, err_msg=k)
+
+
 def test_two_processes_train_like_one(runs):
     with np.load(runs / "single.npz") as one, np.load(runs / "multi.npz") as two:
         assert int(one["processes"]) == 1 and int(two["processes"]) == 2
@@ -182,12 +191,8 @@ def test_vt_train_two_processes_like_one(runs):
     np.testing.assert_allclose(loss_two, loss_one, rtol=LOSS_RTOL)
     np.testing.assert_allclose([x["grad_norm"] for x in two], [x["grad_norm"] for x in one], rtol=LOSS_RTOL)
     assert [x["loss_tokens"] for x in two] == [x["loss_tokens"] for x in one]  # the same tokens, exactly
-    a, b = _params(runs / "vt_single_model.npz"), _params(runs / "vt_model.npz")
-    assert a.keys() == b.keys() and len(a) > 10
-    print(f"vt train params after 4 steps: max |diff| "
-          f"{max(float(np.abs(a[k] - b[k]).max()) for k in a):.3g}")
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)
+    assert_params_close(runs / "vt_single_model.npz", runs / "vt_model.npz", PARAM_ATOL,
+                        "vt train params after 4 steps")
 
 
 @pytest.mark.parametrize("resumed_run,straight_run", [("vt_resume", "vt_single"), ("vt_resume2", "vt_run")],
@@ -202,7 +207,5 @@ def test_vt_train_checkpoint_resumes_on_another_process_count(runs, resumed_run,
         assert r["loss_tokens"] == s["loss_tokens"] and r["tokens"] == s["tokens"], r["step"]
         assert r["batch_hash"] == s["batch_hash"], r["step"]
         np.testing.assert_allclose(r["loss"], s["loss"], rtol=LOSS_RTOL)
-    a, b = _params(runs / "vt_single_model.npz"), _params(runs / f"{resumed_run}_model.npz")
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)
+    assert_params_close(runs / "vt_single_model.npz", runs / f"{resumed_run}_model.npz", PARAM_ATOL,
+                        f"{resumed_run} params after 4 steps")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_multiprocess import _env, _local, _params, _run, _single, TIMEOUT
+from test_multiprocess import TIMEOUT, _env, _local, _run, _single, assert_params_close
 
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 OVERRIDES = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.train.steps=3",
@@ -63,12 +63,7 @@ def test_rl_on_two_processes_like_one(rl_runs):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=0, atol=LOSS_ATOL, err_msg=f"step {s}")
     assert max(one[s]["grad_norm"] for s in (1, 2, 3)) > 1e-3  # the updates were not all zero
     assert [one[s]["eval_accuracy"] for s in (0, 3)] == [two[s]["eval_accuracy"] for s in (0, 3)]
-    a, b = _params(rl_runs / "one.npz"), _params(rl_runs / "two.npz")
-    assert a.keys() == b.keys() and len(a) > 10
-    print(f"RL params after 3 steps, 1 vs 2 processes: max |diff| "
-          f"{max(float(np.abs(a[k] - b[k]).max()) for k in a):.3g}")
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=PARAM_ATOL, err_msg=k)
+    assert_params_close(rl_runs / "one.npz", rl_runs / "two.npz", PARAM_ATOL, "RL params after 3 steps, 1 vs 2 processes")
 
 
 def test_prompts_per_step_must_split_over_processes(monkeypatch):

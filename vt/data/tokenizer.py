@@ -195,6 +195,10 @@ class Tokenizer:
             return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special_ids]
+        # A model's embedding is often padded past the tokenizer (vocab padding), so a sampler may emit an id
+        # with no piece; sentencepiece raises on it, HF tokenizers skip it: skip it here too.
+        n = self._backend.get_piece_size()
+        ids = [i for i in ids if 0 <= i < n]
         # User-defined pieces (<|im_end|>, <think>) decode to their text; byte-fallback pieces to UTF-8.
         return self._backend.decode(ids)
 
