@@ -146,3 +146,24 @@ def test_dynamic_sampling_replaces_zero_variance_groups(task, tmp_path):
         assert row["time_sample_s"] > 0 and row["time_reward_s"] > 0
     assert zero_var[0] > 0  # the starting policy leaves some groups uniform
     assert zero_var[3] < zero_var[0], zero_var
+
+
+def test_non_finite_rl_step_halts_before_any_bad_checkpoint(tmp_path):
+    """lr 1e38: the first update (Adam: about lr per weight) leaves weights near float32's limit, so a later
+    step's loss or gradient overflows; the run must stop there, before saving that state."""
+    from vt import VtError
+    from vt.config import load_config, to_dataclass
+    from vt.rl.learner import RLConfig
+
+    cfg = to_dataclass(RLConfig, load_config("configs/instruct_rl.py:smoke", [
+        "--config.optim.lr=1e38", "--config.optim.final_lr=1e38", "--config.optim.clip_norm=0.0",
+        "--config.train.steps=4", "--config.checkpoint.every=1", "--config.data.eval=",
+        "--config.rollout.max_new_tokens=24"]))
+    with pytest.raises(VtError, match=r"non-finite loss or gradient at RL step (\d+): run halted") as e:
+        train_rl(cfg, tmp_path)
+    halted = int(e.value.args[0].split("RL step ")[1].split(":")[0])
+    assert halted >= 2
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == list(range(1, halted))  # every finite step saved, the bad one not
+    assert [m["step"] for m in metrics(tmp_path)] == list(range(1, halted))
+    assert f"no checkpoint after step {halted - 1} was written" in e.value.args[0]
