@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"--config.model.tokenizer={args.tokenizer}")
     cfg = to_dataclass(EvalConfig, load_config(args.config, overrides))
     summary = run_eval(cfg, args.out)
-    print((args.out / "summary.md").read_text().rstrip())
-    print(f"{summary['problems']} problems; results in {args.out}")
+    from vt.distributed import is_primary
+    if is_primary():  # the one process that wrote the report
+        print((args.out / "summary.md").read_text().rstrip())
+        print(f"{summary['problems']} problems; results in {args.out}")
     return 0

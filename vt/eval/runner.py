@@ -7,7 +7,12 @@ Output directory:
     config.json     the settings that determine the results (a resume with different ones is refused)
     results.jsonl   one line per finished problem (samples with answer, score, failure, tokens, finish
                     reason[, text]; per-problem metrics; CLR picks), appended and fsynced as problems finish
-    summary.json, summary.md, plot.png   written at the end
+                    (several processes: results.process-<i>.jsonl each; all of them are read on resume)
+    summary.json, summary.md, plot.png   written at the end (by process 0)
+
+Several processes (launched on every host of a pod): each takes every P-th chunk, generates it with its own
+sampler on its own devices and scores it; process 0 summarises once all are done. A chunk's samples do not
+depend on which process made it, so any process count (and a resume on another) gives the same results.
 
 Resumable: problems are cut into fixed chunks of ``chunk_problems``; chunk c is generated with seed
 ``sampling.seed * 1_000_003 + c`` and sample j of problem i depends only on (seed, i, j), so a killed run
@@ -150,8 +155,19 @@ def load_problems(cfg: EvalConfig) -> list[Problem]:
     return problems
 
 
-def _open_out(cfg: EvalConfig, out_dir: Path) -> dict[str, dict]:
+def results_path(out_dir: Path, process_index: int, process_count: int) -> Path:
+    """The results file this process appends to."""
+    return out_dir / ("results.jsonl" if process_count == 1 else f"results.process-{process_index}.jsonl")
+
+
+def read_results(out_dir: Path) -> dict[str, dict]:
+    """Finished problems from every results file in `out_dir` (whatever process count wrote them)."""
     from vt.datagen.io import read_complete_jsonl
+    files = [out_dir / "results.jsonl"] + sorted(out_dir.glob("results.process-*.jsonl"))
+    return {r["id"]: r for path in files for r in read_complete_jsonl(path)}
+
+
+def _open_out(cfg: EvalConfig, out_dir: Path, primary: bool = True) -> dict[str, dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(cfg)
     cfg_path = out_dir / "config.json"
@@ -161,9 +177,26 @@ def _open_out(cfg: EvalConfig, out_dir: Path) -> dict[str, dict]:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise VtError(f"{cfg_path}: this output directory holds results of different settings "
                           f"(differs in {diff}); use another --out")
-    else:
+    elif primary:
         cfg_path.write_text(json.dumps(fp, indent=2) + "\n")
-    return {r["id"]: r for r in read_complete_jsonl(out_dir / "results.jsonl")}
+    return read_results(out_dir)
+
+
+def _smoke_tokenizer(path: Path, vocab_size: int):
+    """Built once per output directory: each process builds into its own temporary directory and renames it
+    into place; a process that loses the race (the directory is there) uses the winner's."""
+    import os
+    import shutil
+
+    from vt.data.tokenizer import build_tiny_tokenizer, load_tokenizer
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        build_tiny_tokenizer(tmp, vocab_size=vocab_size)
+        try:
+            os.rename(tmp, path)
+        except OSError:  # another process renamed first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return load_tokenizer(path)
 
 
 def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
@@ -174,7 +207,9 @@ def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
     from vt.sharding import make_mesh
     m, s = cfg.model, cfg.sampling
     sizes = (m.mesh.data, m.mesh.fsdp, m.mesh.tensor)
-    mesh = make_mesh(m.mesh, devices=None if -1 in sizes else jax.devices()[:math.prod(sizes)])
+    # This process's devices: with several processes each samples its own chunks (see the module docstring).
+    local = jax.local_devices()
+    mesh = make_mesh(m.mesh, devices=local if -1 in sizes else local[:math.prod(sizes)])
     mesh = None if mesh.size == 1 else mesh
     if m.ckpt:
         from vt.checkpoint import load_model
@@ -188,8 +223,7 @@ def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
         from vt.data.tokenizer import load_tokenizer
         tok = load_tokenizer(m.tokenizer)
     elif m.preset:  # smoke: a tiny tokenizer built on the spot
-        from vt.data.tokenizer import build_tiny_tokenizer
-        tok = build_tiny_tokenizer(out_dir / "tokenizer", vocab_size=model.cfg.vocab_size)
+        tok = _smoke_tokenizer(out_dir / "tokenizer", model.cfg.vocab_size)
     else:
         raise VtError("config.model.tokenizer: no tokenizer directory given")
     sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
@@ -247,17 +281,23 @@ def sample_metrics(cfg: EvalConfig, samples: list[dict], clusters: list[int | No
 
 def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None = None, reward=None) -> dict:
     """Evaluate (or finish evaluating) ``cfg`` into ``out_dir``; returns the summary."""
+    import jax
     from tqdm import tqdm
 
     from vt.datagen.io import append_lines
+    from vt.distributed import barrier, is_primary, process_count
     from vt.rewards import make_reward
     out_dir = Path(out_dir)
     problems = load_problems(cfg)
-    done = _open_out(cfg, out_dir)
+    count = process_count()
+    index = jax.process_index() if count > 1 else 0
+    done = _open_out(cfg, out_dir, primary=is_primary())
+    barrier("vt-eval-open")  # every process has read the earlier results before any appends
     unknown = sorted(set(done) - {p.id for p in problems})
     if unknown:
         raise VtError(f"{out_dir / 'results.jsonl'}: holds problem ids not in {cfg.data}: {unknown[:3]}")
     todo_chunks = sorted({p.index // cfg.chunk_problems for p in problems if p.id not in done})
+    todo_chunks = [c for c in todo_chunks if c % count == index]  # every P-th chunk is this process's
     own_reward = reward is None
     if own_reward:
         options = {"workers": cfg.reward_workers} if cfg.domain in ("math", "code") else {}
@@ -268,9 +308,14 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
             equivalent = math_equivalence(reward)
         if todo_chunks and generator is None:
             generator = build_generator(cfg, out_dir)
-        bar = tqdm(total=len(problems), initial=len(done), desc=f"eval {cfg.name}", unit="problem",
-                   disable=not cfg.progress)
-        with open(out_dir / "results.jsonl", "a", encoding="utf-8") as f:
+        if count == 1:
+            bar = tqdm(total=len(problems), initial=len(done), desc=f"eval {cfg.name}", unit="problem",
+                       disable=not cfg.progress)
+        else:
+            mine = sum(1 for p in problems if p.index // cfg.chunk_problems in todo_chunks and p.id not in done)
+            bar = tqdm(total=mine, desc=f"eval {cfg.name} (process {index} of {count})", unit="problem",
+                       disable=not cfg.progress)
+        with open(results_path(out_dir, index, count), "a", encoding="utf-8") as f:
             for c in todo_chunks:
                 chunk = [p for p in problems if p.index // cfg.chunk_problems == c]
                 seed = cfg.sampling.seed * 1_000_003 + c
@@ -288,11 +333,15 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
                         done[p.id] = row
                         bar.update(1)
         bar.close()
+        if count > 1:
+            barrier("vt-eval-done")
+            done = read_results(out_dir)
         summary = summarize(cfg, [done[p.id] for p in problems])
     finally:
         if own_reward:
             reward.close()
-    write_report(cfg, summary, out_dir)
+    if is_primary():
+        write_report(cfg, summary, out_dir)
     return summary
 
 
