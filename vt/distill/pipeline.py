@@ -78,7 +78,7 @@ def sample_config(cfg: SelfDistillConfig, domain: str, src: Source) -> EvalConfi
 
 def verified_traces(workdir: Path, cfg: SelfDistillConfig, generators=None, rewards=None) -> list[dict]:
     """Step 1 and the correctness filter: [{id, domain, prompt_id, messages, text, ckpt}]."""
-    from vt.eval.runner import load_problems
+    from vt.eval.runner import load_problems, read_results
     traces = []
     for domain in DOMAINS:
         src: Source = getattr(cfg.sources, domain)
@@ -90,14 +90,13 @@ def verified_traces(workdir: Path, cfg: SelfDistillConfig, generators=None, rewa
         out = workdir / f"samples_{domain}"
         run_eval(ecfg, out, generator=(generators or {}).get(domain), reward=(rewards or {}).get(domain))
         problems = {p.id: p for p in load_problems(ecfg)}
-        with open(out / "results.jsonl", encoding="utf-8") as f:
-            for line in f:
-                row = json.loads(line)
-                for j, s in enumerate(row["samples"]):
-                    if s["correct"] and s["finish"] == "stop":
-                        traces.append({"id": f"{domain}/{row['id']}/{j}", "domain": domain, "prompt_id": row["id"],
-                                       "messages": problems[row["id"]].messages, "text": s["text"],
-                                       "ckpt": src.ckpt})
+        # Prompt order, whatever process (count) wrote which results file.
+        for row in sorted(read_results(out).values(), key=lambda r: r["index"]):
+            for j, s in enumerate(row["samples"]):
+                if s["correct"] and s["finish"] == "stop":
+                    traces.append({"id": f"{domain}/{row['id']}/{j}", "domain": domain, "prompt_id": row["id"],
+                                   "messages": problems[row["id"]].messages, "text": s["text"],
+                                   "ckpt": src.ckpt})
     return traces
 
 
@@ -130,10 +129,24 @@ def score_traces(workdir: Path, traces: list[dict], scorer: Scorer, tokenizer, b
 def run_self_distill(cfg: SelfDistillConfig, workdir: str | Path, *, generators=None, rewards=None,
                      student=None, tokenizer=None) -> dict:
     """All three steps; ``generators`` / ``rewards`` / ``student`` / ``tokenizer`` replace what the config
-    would load (tests, notebooks). Returns the selection report."""
+    would load (tests, notebooks). Returns the selection report.
+
+    Several processes: all of them sample (step 1 splits the prompts, see vt.eval.runner); scoring and
+    selection then run on process 0 with its own devices, the others wait for it and return its report."""
+    from vt.distributed import barrier, is_primary
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     traces = verified_traces(workdir, cfg, generators, rewards)
+    if not is_primary():
+        barrier("vt-self-distill-selected")
+        return json.loads((workdir / "selection_report.json").read_text())
+    try:
+        return _score_and_select(cfg, workdir, traces, student, tokenizer)
+    finally:
+        barrier("vt-self-distill-selected")
+
+
+def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict], student, tokenizer) -> dict:
     if not traces:
         raise VtError("self-distillation: no verified-correct trace was sampled (check the checkpoints and data)")
     if tokenizer is None:
@@ -148,7 +161,8 @@ def run_self_distill(cfg: SelfDistillConfig, workdir: str | Path, *, generators=
         from vt.checkpoint import load_model
         from vt.sharding import make_mesh
         sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-        mesh = make_mesh(cfg.mesh, devices=None if -1 in sizes else jax.devices()[:math.prod(sizes)])
+        local = jax.local_devices()  # process 0's own: the others do not take part in scoring
+        mesh = make_mesh(cfg.mesh, devices=local if -1 in sizes else local[:math.prod(sizes)])
         mesh = None if mesh.size == 1 else mesh
         student = load_model(cfg.student, mesh=mesh, dtype=cfg.dtype)
     scores = score_traces(workdir, traces, Scorer(student, cfg.scoring, mesh), tokenizer, progress=cfg.progress)
