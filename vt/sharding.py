@@ -153,13 +153,19 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
+    return jax.lax.with_sharding_constraint(x, activation_spec(x.shape, axes, mesh))
+
+
+def activation_spec(shape: Sequence[int], axes: Sequence[str | None], mesh) -> P:
+    """PartitionSpec of an activation of `shape` named by logical `axes`, under the rules of the innermost
+    `use_mesh`. Dimensions that do not divide over their mesh axes (e.g. batch 1 while decoding a single prompt)
+    stay replicated. `mesh` is a Mesh or the abstract mesh of `jax.sharding.get_abstract_mesh()`."""
     spec = logical_to_spec(axes, _ACTIVE_RULES[-1], "activation")
-    # Dimensions that do not divide (e.g. batch 1 while decoding a single prompt) stay replicated.
     fixed = []
-    for dim, entry in zip(x.shape, spec):
+    for dim, entry in zip(shape, spec):
         names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         fixed.append(entry if dim % math.prod(mesh.shape[n] for n in names) == 0 else None)
-    return jax.lax.with_sharding_constraint(x, P(*fixed))
+    return P(*fixed)
 
 
 def describe(state) -> dict[str, str]:

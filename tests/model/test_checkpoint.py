@@ -4,7 +4,6 @@ from pathlib import Path
 
 import ml_dtypes  # noqa: F401  registers bfloat16 with numpy for safetensors' numpy loader
 import numpy as np
-import pytest
 import torch
 from safetensors.numpy import load_file
 

@@ -7,9 +7,13 @@ from typing import Any
 
 from vt import VtError
 
-ATTENTION_IMPLS = ("xla", "jax", "cudnn")
+ATTENTION_IMPLS = ("xla", "jax", "cudnn", "splash", "auto")
 """xla: vt's einsum attention (any backend); jax: `jax.nn.dot_product_attention`, backend picks the kernel;
-cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`, flash attention on NVIDIA GPUs only."""
+cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`, flash attention on NVIDIA GPUs only (bf16/fp16);
+splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs (Pallas interpret mode,
+slow, elsewhere), for forwards without a KV cache; with a cache (prefill into it, decode) it uses xla;
+auto: chosen from `jax.default_backend()` at trace time: splash on TPU, cudnn on NVIDIA GPUs with a bf16/fp16
+compute dtype, xla otherwise and always with a KV cache (`vt.model.qwen2.resolve_attention_impl`)."""
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 """none: keep all activations; full: recompute each decoder layer in the backward pass;

@@ -88,10 +88,39 @@ def _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):
     return out.reshape(B, T, N, H)
 
 
-def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str):
+def resolve_attention_impl(impl: str, dtype, *, cached: bool) -> str:
+    """The implementation a call actually uses, at trace time. "auto" picks from `jax.default_backend()`: splash
+    on TPU; cudnn on an NVIDIA GPU when the compute dtype is bf16/fp16 (cuDNN flash attention has no fp32
+    kernel); xla otherwise. With a KV cache (`cached`: prefill into a cache and decode) "splash" and "auto" use
+    xla: the splash kernel is causal self-attention over one sequence, not queries against cache slots."""
+    if impl == "auto":
+        if cached:
+            return "xla"
+        backend = jax.default_backend()
+        if backend == "tpu":
+            return "splash"
+        if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _is_cuda():
+            return "cudnn"
+        return "xla"
+    if impl == "splash" and cached:
+        return "xla"
+    return impl
+
+
+def _is_cuda() -> bool:
+    return "cuda" in jax.devices()[0].client.platform_version.lower()
+
+
+def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str, segment_ids_BT=None):
+    """Attention of q against k, v under mask_BTS (True = may attend). `impl` is a resolved implementation
+    (`resolve_attention_impl`), not "auto". "splash" ignores mask_BTS and builds the same causal & same-segment
+    mask from `segment_ids_BT` inside the kernel, so it serves only the no-cache path (S == T)."""
     scale = q_BTNH.shape[-1] ** -0.5
     if impl == "xla":
         return _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale)
+    if impl == "splash":
+        from vt.model.splash import splash_attention
+        return splash_attention(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
     return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_BTS[:, None], scale=scale,
                                         implementation="cudnn" if impl == "cudnn" else None)
 
@@ -143,7 +172,8 @@ class Attention(nnx.Module):
             mask_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
             new_cache = (k_cache, v_cache)
 
-        out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, cfg.attention_impl)
+        impl = resolve_attention_impl(cfg.attention_impl, dt, cached=cache_kv is not None)
+        out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, impl, segment_ids_BT)
         out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel[...].astype(dt))
         return out_BTD, new_cache
 

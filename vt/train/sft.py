@@ -53,7 +53,7 @@ class ModelSection:
     param_dtype: str = "float32"  # master weights and optimiser state
     dtype: str = "float32"  # compute dtype (bfloat16 for mixed precision)
     remat_policy: str = "none"  # none | full | dots | dots_no_batch
-    attention_impl: str = "xla"  # xla | jax | cudnn
+    attention_impl: str = "xla"  # xla | jax | cudnn | splash | auto (vt.model.config.ATTENTION_IMPLS)
     seed: int = 0  # random init and the state's RNG
 
 
