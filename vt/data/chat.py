@@ -38,16 +38,9 @@ TOO_SHORT = "too_short"  # fewer than 2 tokens: no next-token target at all
 TEMPLATE_MISMATCH = "template_mismatch"  # the chat template altered assistant content; cannot mask it
 
 
-@dataclasses.dataclass(frozen=True)
-class Skip:
-    """A record rejected at tokenisation (or passed through from a :class:`Malformed` source item)."""
-
-    reason: str
-    where: str
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.where}: {self.reason}: {self.detail}"
+# A record rejected at tokenisation: the same (reason, where, detail) as a source's Malformed item, so the
+# pipeline counts both kinds under their reasons with one check.
+Skip = Malformed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +102,7 @@ def tokenize_record(record: Record | Malformed, tokenizer: Tokenizer, *, max_len
     if overlong not in OVERLONG_POLICIES:
         raise VtError(f"overlong policy {overlong!r}: expected one of {OVERLONG_POLICIES}")
     if isinstance(record, Malformed):
-        return Skip(record.reason, record.where, record.detail)
+        return record
     if record.input_ids is not None:
         ids, mask = list(record.input_ids), np.asarray(record.loss_mask, dtype=np.int8)
     else:

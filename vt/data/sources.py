@@ -94,7 +94,8 @@ class Record:
 
 @dataclasses.dataclass(frozen=True)
 class Malformed:
-    """A record that could not be read; counted by the pipeline under ``reason``."""
+    """A rejected record, counted by the pipeline under ``reason``: unreadable at the source, or (as
+    vt.data.chat.Skip, the same class) rejected at tokenisation."""
 
     reason: str
     where: str
