@@ -83,6 +83,7 @@ def get_config(arg=None):
     c.train.eval_samples = 8  # avg@8 at the rollout temperature
     c.train.eval_prompts = 64  # held-out prompts per evaluation
     c.train.progress = True  # tqdm progress bar
+    c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 50  # save every N RL steps

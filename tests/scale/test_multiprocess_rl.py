@@ -28,7 +28,8 @@ from test_multiprocess import TIMEOUT, _env, _local, _run, _single, assert_param
 
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 OVERRIDES = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.train.steps=3",
-             "--config.mgpo.kl_coef=0.01", "--config.rollout.max_new_tokens=24", "--config.checkpoint.every=3"]
+             "--config.mgpo.kl_coef=0.01", "--config.rollout.max_new_tokens=24", "--config.checkpoint.every=3",
+             "--config.train.peak_flops=1e12"]
 GRAD_RTOL = 1e-5
 LOSS_ATOL = 1e-7
 PARAM_ATOL = 1e-5
@@ -61,6 +62,8 @@ def test_rl_on_two_processes_like_one(rl_runs):
             assert b[k] == a[k], (s, k)
         np.testing.assert_allclose(b["grad_norm"], a["grad_norm"], rtol=GRAD_RTOL, err_msg=f"step {s}")
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=0, atol=LOSS_ATOL, err_msg=f"step {s}")
+        for m in (a, b):  # throughput over all processes' tokens (values are timings: only their presence)
+            assert m["sample_tokens_per_s"] > 0 and m["train_tokens_per_s"] > 0 and 0 < m["mfu"] < 1
     assert max(one[s]["grad_norm"] for s in (1, 2, 3)) > 1e-3  # the updates were not all zero
     assert [one[s]["eval_accuracy"] for s in (0, 3)] == [two[s]["eval_accuracy"] for s in (0, 3)]
     assert_params_close(rl_runs / "one.npz", rl_runs / "two.npz", PARAM_ATOL, "RL params after 3 steps, 1 vs 2 processes")

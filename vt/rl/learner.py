@@ -38,7 +38,7 @@ from vt.rl.hosts import LocalReplicas, allgather, global_rows, local_mesh, proce
 from vt.rl.rollouts import Scored, batch_length, build_batch, rollout_and_score
 from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
 from vt.sharding import MeshConfig, make_mesh, state_shardings
-from vt.train.metrics import MetricsWriter
+from vt.train.metrics import MetricsWriter, model_flops_per_token, peak_flops_per_device
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.sft import ModelSection, _Preemption, initial_params, resolve_model_config, restored_state
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
@@ -92,6 +92,7 @@ class RLTrain:
     eval_samples: int = 4  # samples per held-out prompt (avg@n accuracy at the rollout temperature)
     eval_prompts: int = 64  # held-out prompts used per evaluation
     progress: bool = True
+    peak_flops: float = 0.0  # per device, for MFU; 0 = known accelerators only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +192,8 @@ class _Learner:
         self._engine_cls = Engine
         self.engine = None
         self.ref_params = None
+        peak = peak_flops_per_device(cfg.train.peak_flops)
+        self.peak_total = peak * jax.device_count() if peak else None
 
     def sampler_weights(self, params):
         """The learner's params as the sampler's nnx.State: the same arrays on one process, a full local copy
@@ -296,7 +299,23 @@ class _Learner:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
         metrics["w_mean"] = float(allgather(w.mean()).mean())  # every process holds as many groups
+        # Real (unpadded) tokens of the batch, all processes: what tokens/s and MFU count.
+        metrics["train_tokens"] = float(allgather(np.count_nonzero(host["segment_ids"])).sum())
+        metrics["row_length"] = float(T)
         return state, metrics
+
+    def throughput(self, metrics: dict, sampled_tokens: int, sample_s: float, train_s: float) -> dict[str, float]:
+        """Sampler tokens/s (all processes' completions over the slowest process's sampling time), learner
+        tokens/s and MFU of the updates (6N + attention FLOPs per token, per mini-batch pass)."""
+        tokens, slowest = allgather([sampled_tokens, sample_s]).T
+        out = {"sample_tokens_per_s": float(tokens.sum() / max(slowest.max(), 1e-9))}
+        train_tokens = metrics.pop("train_tokens")
+        T = int(metrics.pop("row_length"))
+        out["train_tokens_per_s"] = train_tokens / max(train_s, 1e-9)
+        if self.peak_total:
+            flops = model_flops_per_token(self.model_cfg, T) * train_tokens
+            out["mfu"] = flops / max(train_s, 1e-9) / self.peak_total
+        return out
 
     def run(self) -> RLResult:
         cfg = self.cfg
@@ -315,7 +334,7 @@ class _Learner:
                     history.append((0, self.evaluate(0)))
                     writer.write(0, {"eval_accuracy": history[-1][1]})
                 for step in range(start, cfg.train.steps):
-                    t0 = time.perf_counter()
+                    t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
                     scored = self.rollout_batch(step)
                     t1 = time.perf_counter()
                     state, metrics = self.train_on(state, scored)
@@ -325,6 +344,8 @@ class _Learner:
                                       f"checkpoint after step {self.ckpt.latest_step()} was written")
                     self.engine.update_weights(self.sampler_weights(state.params))
                     t2 = time.perf_counter()
+                    metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
+                                                   t2 - t1))
                     metrics.update(rollout_metrics(scored, sorted(self.rewards)), time_rollout_s=t1 - t0,
                                    time_train_s=t2 - t1,
                                    time_sample_s=scored.time_sample_s, time_reward_s=scored.time_reward_s,
