@@ -241,7 +241,12 @@ class Qwen2(nnx.Module):
             positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
         if segment_ids_BT is None:
             segment_ids_BT = jnp.ones((B, T), jnp.int32)
-        x_BTD = constrain(self.embed[...][tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
+        # The table gathered over fsdp first (as every FSDP weight is before use), split over vocab only: XLA then
+        # looks tokens up in each vocab shard in place and sums the shards, keeping the batch split. Indexing the
+        # fsdp-split table directly makes the partitioner replicate the whole lookup ("involuntary full
+        # rematerialization") when tensor > 1.
+        table_VD = constrain(self.embed[...], ("vocab", None))
+        x_BTD = constrain(table_VD[tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
 
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
