@@ -95,16 +95,25 @@ def logical_to_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = LOGIC
     return P(*spec)
 
 
-def _drop_trivial(spec: P, mesh: Mesh, shape: Sequence[int], where: str) -> P:
+# Logical axes that stay whole when they do not divide over their mesh axes, instead of an error: with fewer KV
+# heads than the tensor-parallel width (coder-3b has 2, tensor 4 or 8 is common at long context) every tensor
+# shard keeps all KV heads, as Megatron and vLLM do; the K/V projections and the KV cache are the small part.
+REPLICATE_IF_INDIVISIBLE = frozenset({"kv_heads"})
+
+
+def _drop_trivial(spec: P, mesh: Mesh, shape: Sequence[int], where: str, axes: Sequence[str | None] = ()) -> P:
     """Check divisibility; a mesh axis of size 1 is dropped so specs print cleanly."""
     out = []
-    for dim, entry in zip(shape, spec):
+    for i, (dim, entry) in enumerate(zip(shape, spec)):
         names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         names = tuple(n for n in names if mesh.shape[n] > 1)
         size = math.prod(mesh.shape[n] for n in names)
         if dim % size:
-            raise VtError(f"sharding: {where} has dimension {dim} that does not divide over mesh axes {names} "
-                          f"(size {size}); change the mesh or pad the dimension")
+            if i < len(axes) and axes[i] in REPLICATE_IF_INDIVISIBLE:
+                names = ()
+            else:
+                raise VtError(f"sharding: {where} has dimension {dim} that does not divide over mesh axes {names} "
+                              f"(size {size}); change the mesh or pad the dimension")
         out.append(None if not names else names[0] if len(names) == 1 else names)
     return P(*out)
 
@@ -114,7 +123,7 @@ def param_sharding(axes: Sequence[str], shape: Sequence[int], mesh: Mesh, where:
     if len(axes) != len(shape):
         raise VtError(f"sharding: {where} has shape {tuple(shape)} but logical axes {tuple(axes)}")
     spec = logical_to_spec(axes, rules, where)
-    return NamedSharding(mesh, _drop_trivial(spec, mesh, shape, where))
+    return NamedSharding(mesh, _drop_trivial(spec, mesh, shape, where, axes))
 
 
 def state_shardings(abstract_state, mesh: Mesh, rules: Mapping[str, Any] = LOGICAL_RULES):
