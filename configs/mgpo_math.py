@@ -61,6 +61,7 @@ def get_config(arg=None):
     c.mgpo.kl_coef = 0.0  # no KL term in the reports
     c.mgpo.long2short_lambda = 0.0  # Long2Short off in this phase (see long2short.py)
     c.mgpo.mini_batches = 1  # one update per batch (team scripts)
+    c.mgpo.dynamic_sampling_rounds = 0  # > 0: replace zero-variance groups with fresh prompts, up to N extra rounds
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1  # replicas

@@ -54,3 +54,30 @@ def test_to_dataclass_boundary():
         to_dataclass(Outer, {"inner": {"y": 3}})
     with pytest.raises(VtError, match="config.name"):
         to_dataclass(Outer, {"name": 3})
+
+
+def _undeclared(dc, cfg, prefix=""):
+    """Fields of dataclass `dc` (recursively) that the config dict does not declare."""
+    import typing
+    hints, out = typing.get_type_hints(dc), []
+    for f in dataclasses.fields(dc):
+        if f.name not in cfg:
+            out.append(prefix + f.name)
+        elif dataclasses.is_dataclass(hints[f.name]):
+            out += _undeclared(hints[f.name], cfg[f.name], f"{prefix}{f.name}.")
+    return out
+
+
+@pytest.mark.parametrize("spec", ["sft_stage1", "sft_stage2", "mgpo_math", "mgpo_code", "mgpo_stem", "long2short",
+                                  "instruct_rl", "eval_aime25", "eval_gpqa", "eval_ifeval", "eval_lcb",
+                                  "self_distill"])
+def test_stage_configs_declare_every_setting(spec):
+    """Overrides can only set fields a config file declares, so every learner/eval setting must be in it (a
+    missing one, like mgpo.dynamic_sampling_rounds once was, cannot be swept or set from the command line)."""
+    from vt.distill.pipeline import SelfDistillConfig
+    from vt.eval.runner import EvalConfig
+    from vt.rl.learner import RLConfig
+    from vt.train.sft import SftConfig
+    dc = (SftConfig if spec.startswith("sft") else EvalConfig if spec.startswith("eval") else
+          SelfDistillConfig if spec == "self_distill" else RLConfig)
+    assert _undeclared(dc, load_config(f"configs/{spec}.py")) == []
