@@ -40,6 +40,13 @@ after = eng.generate(reqs, seed=5)
 ref = Engine(create_model(cfg, seed=4), eng.cfg).generate(reqs, seed=5)
 report["retraced"] = eng.compile_count - count
 report["updated_equal"] = [[s.completion_ids for s in x] for x in after] == [[s.completion_ids for s in x] for x in ref]
+# A long cache (1536 slots: decode attends block by block, vt.model.qwen2.DECODE_BLOCK) on the mesh.
+long_reqs = [Request(rng.randint(0, 512, 10).tolist(), max_new_tokens=1100) for _ in range(4)]
+sc = SamplerConfig(batch_size=4, temperature=1.0, seed=2, steps_per_call=128, stop_token_ids=())
+a = Engine(single, sc).generate(long_reqs)
+b = Engine(sharded, sc, mesh=mesh).generate(long_reqs)
+report["long_ids_equal"] = [x[0].completion_ids for x in a] == [x[0].completion_ids for x in b]
+report["long_logprob_diff"] = max(float(np.max(np.abs(np.subtract(x[0].logprobs, y[0].logprobs)))) for x, y in zip(a, b))
 print(json.dumps(report))
 """
 
@@ -50,3 +57,4 @@ def test_sharded_sampling_equals_single_device_and_updates_without_retrace():
     assert report["logprob_diff_1.0"] < 1e-4 and report["logprob_diff_0.0"] == 0.0, report
     assert report["tensor_sharded"], report
     assert report["retraced"] == 0 and report["updated_equal"], report
+    assert report["long_ids_equal"] and report["long_logprob_diff"] < 1e-4, report

@@ -125,6 +125,46 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str, segment_ids_BT=None):
                                         implementation="cudnn" if impl == "cudnn" else None)
 
 
+# Cache blocks for decode attention; caches of fewer than two blocks are attended to in one piece.
+DECODE_BLOCK = 512
+
+
+def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = DECODE_BLOCK):
+    """Queries at `positions_BT` against a KV cache, reading only the cache blocks up to the largest position in
+    the batch, with an online softmax across blocks (as flash-decoding does). The cache is sized for the longest
+    possible sample, so attending to all of it would make every decode step cost the full cache length; this
+    costs the current length. The trip count is data-dependent (a while loop), so it is for the cache path only,
+    which is never differentiated. fp32 scores and accumulators; equal to `_xla_attention` up to rounding."""
+    B, T, N, H = q_BTNH.shape
+    S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    neg = jnp.finfo(jnp.float32).min
+    n_blocks = jnp.minimum(jnp.max(positions_BT) // block + 1, S // block)
+
+    def one_block(i, carry):
+        m_BKGT, l_BKGT, acc_BKGTH = carry
+        start = i * block
+        k_blk = jax.lax.dynamic_slice_in_dim(k_BSKH, start, block, axis=1)
+        v_blk = jax.lax.dynamic_slice_in_dim(v_BSKH, start, block, axis=1)
+        s = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_blk, preferred_element_type=jnp.float32) * scale
+        visible_BTS = (start + jnp.arange(block))[None, None, :] <= positions_BT[:, :, None]
+        s = jnp.where(visible_BTS[:, None, None], s, neg)
+        m_new = jnp.maximum(m_BKGT, s.max(-1))
+        p = jnp.exp(s - m_new[..., None])
+        correction = jnp.exp(m_BKGT - m_new)
+        l_new = l_BKGT * correction + p.sum(-1)
+        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
+        return m_new, l_new, acc_BKGTH * correction[..., None] + pv
+
+    G = N // K
+    init = (jnp.full((B, K, G, T), neg, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+            jnp.zeros((B, K, G, T, H), jnp.float32))
+    _, l_BKGT, acc_BKGTH = jax.lax.fori_loop(0, n_blocks, one_block, init)
+    # Block 0 always holds a visible slot (positions >= 0), so l > 0.
+    out_BKGTH = acc_BKGTH / l_BKGT[..., None]
+    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)
+
+
 def _write_cache(buf_BSKH, new_BTKH, start_B):
     """Write each row's new keys at its own offset (rows decode at different positions under slot refill)."""
     # One scatter of B*T rows rather than vmap(dynamic_update_slice): on CPU the vmapped form compiles to a
@@ -173,7 +213,11 @@ class Attention(nnx.Module):
             new_cache = (k_cache, v_cache)
 
         impl = resolve_attention_impl(cfg.attention_impl, dt, cached=cache_kv is not None)
-        out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, impl, segment_ids_BT)
+        S = k.shape[1]
+        if cache_kv is not None and impl == "xla" and S >= 2 * DECODE_BLOCK and S % DECODE_BLOCK == 0:
+            out_BTNH = _cached_attention(q, k.astype(dt), v.astype(dt), positions_BT, q.shape[-1] ** -0.5)
+        else:
+            out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, impl, segment_ids_BT)
         out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel[...].astype(dt))
         return out_BTD, new_cache
 
