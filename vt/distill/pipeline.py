@@ -154,16 +154,9 @@ def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict],
         tokenizer = load_tokenizer(cfg.tokenizer)
     mesh = None
     if student is None:
-        import math
-
-        import jax
-
         from vt.checkpoint import load_model
-        from vt.sharding import make_mesh
-        sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-        local = jax.local_devices()  # process 0's own: the others do not take part in scoring
-        mesh = make_mesh(cfg.mesh, devices=local if -1 in sizes else local[:math.prod(sizes)])
-        mesh = None if mesh.size == 1 else mesh
+        from vt.sharding import make_process_mesh
+        mesh = make_process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
         student = load_model(cfg.student, mesh=mesh, dtype=cfg.dtype)
     scores = score_traces(workdir, traces, Scorer(student, cfg.scoring, mesh), tokenizer, progress=cfg.progress)
     scored = [ScoredTrace(t["id"], t["domain"], scores[t["id"]]["length"], scores[t["id"]]["s_lp"]) for t in traces]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any
 
@@ -200,17 +199,12 @@ def _smoke_tokenizer(path: Path, vocab_size: int):
 
 
 def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
-    import jax
-
     from vt.eval.generation import EngineGenerator
     from vt.sampling import Engine, SamplerConfig
-    from vt.sharding import make_mesh
+    from vt.sharding import make_process_mesh
     m, s = cfg.model, cfg.sampling
-    sizes = (m.mesh.data, m.mesh.fsdp, m.mesh.tensor)
     # This process's devices: with several processes each samples its own chunks (see the module docstring).
-    local = jax.local_devices()
-    mesh = make_mesh(m.mesh, devices=local if -1 in sizes else local[:math.prod(sizes)])
-    mesh = None if mesh.size == 1 else mesh
+    mesh = make_process_mesh(m.mesh)
     if m.ckpt:
         from vt.checkpoint import load_model
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
