@@ -278,6 +278,27 @@ class Qwen2(nnx.Module):
                  logits_at_B=None):
         """`logits_at_B` (int [B]): compute logits only at that column of each row, returning [B, V]. A prefill
         needs one logit row per prompt, and [B, T, V] float32 logits would not fit at real sizes."""
+        x_BTD, new_cache = self.hidden_states(tokens_BT, positions_BT, segment_ids_BT, cache, logits_at_B)
+        logits_BTV = self.logits(x_BTD)
+        if logits_at_B is not None:
+            logits_BTV = logits_BTV[:, 0]
+        return logits_BTV, new_cache
+
+    def head_DV(self) -> jax.Array:
+        """The LM head [D, padded V] in the parameter dtype (the embedding transposed when tied)."""
+        return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+
+    def logits(self, x_BTD) -> jax.Array:
+        """float32 logits [B, T, vocab_size] of final-normed hidden states (padded vocabulary rows cut)."""
+        dt = jnp.dtype(self.cfg.dtype)
+        logits_BTV = jnp.einsum("btd,dv->btv", x_BTD.astype(dt), self.head_DV().astype(dt),
+                                preferred_element_type=jnp.float32)
+        return logits_BTV[..., : self.cfg.vocab_size]
+
+    def hidden_states(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None,
+                      logits_at_B=None):
+        """Final-normed hidden states [B, T, D] (or [B, 1, D] at `logits_at_B`) and the updated cache. Losses
+        over long rows project these through `head_DV` in chunks instead of materialising [B, T, V] logits."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T = tokens_BT.shape
@@ -307,9 +328,4 @@ class Qwen2(nnx.Module):
         if logits_at_B is not None:
             x_BTD = jnp.take_along_axis(x_BTD, logits_at_B[:, None, None], axis=1)  # [B, 1, D]
         x_BTD = self.final_norm(x_BTD)
-        head_DV = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits_BTV = jnp.einsum("btd,dv->btv", x_BTD, head_DV.astype(dt), preferred_element_type=jnp.float32)
-        logits_BTV = logits_BTV[..., : cfg.vocab_size]
-        if logits_at_B is not None:
-            logits_BTV = logits_BTV[:, 0]
-        return logits_BTV, (None if cache is None else KVCache(k=new_k, v=new_v))
+        return x_BTD, (None if cache is None else KVCache(k=new_k, v=new_v))

@@ -46,6 +46,12 @@ class ModelDef:
         logits_BTV, _ = self.bind(params)(tokens_BT, positions_BT, segment_ids_BT)
         return logits_BTV
 
+    def apply_hidden(self, params, tokens_BT, positions_BT, segment_ids_BT) -> tuple[jax.Array, jax.Array]:
+        """(final-normed hidden states [B, T, D], LM head [D, padded V]): for losses computed in chunks."""
+        model = self.bind(params)
+        x_BTD, _ = model.hidden_states(tokens_BT, positions_BT, segment_ids_BT)
+        return x_BTD, model.head_DV()
+
     def abstract_params(self) -> dict[str, jax.ShapeDtypeStruct]:
         return {path_key(p): jax.ShapeDtypeStruct(v.value.shape, v.value.dtype)
                 for p, v in nnx.to_flat_state(self.abstract_state)}
