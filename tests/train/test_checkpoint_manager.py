@@ -69,10 +69,103 @@ def test_leftovers_of_a_crash_are_removed(tmp_path, state_bits):
     mgr.save(1, state)
     mgr.close()
     shutil.copytree(tmp_path / "1", tmp_path / "2")
-    (tmp_path / "2" / CHECKSUM_FILE).unlink()  # finalised by orbax, never sealed: the crash hit in between
+    (tmp_path / "2" / CHECKSUM_FILE).unlink()
+    (tmp_path / "2" / "commit_success.txt").unlink(missing_ok=True)  # never committed by Orbax: not a finished step
+    (tmp_path / "2" / "_CHECKPOINT_METADATA").unlink(missing_ok=True)
     (tmp_path / "3.orbax-checkpoint-tmp-1234").mkdir()
     mgr = CheckpointManager(tmp_path, CheckpointConfig(), cfg)
     assert sorted(mgr.cleaned) == ["2", "3.orbax-checkpoint-tmp-1234"]
     assert mgr.all_steps() == [1] and mgr.latest_step() == 1
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("_")) == ["1"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(("_", "."))) == ["1"]
     mgr.close()
+
+
+def _unseal(step_dir):
+    """The state a kill between Orbax's commit (its rename) and vt's seal left before the seal moved into
+    Orbax's temporary directory: the step is complete and committed, model_config.json and the seal absent."""
+    (step_dir / CHECKSUM_FILE).unlink()
+    (step_dir / "model_config.json").unlink()
+
+
+def _assert_restores(tmp_path, cfg, abstract, state, step, keep):
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep=keep), cfg)
+    assert mgr.latest_step() == step
+    r = mgr.restore(step, abstract)
+    for k in state.params:
+        np.testing.assert_array_equal(np.asarray(r.params[k]), np.asarray(state.params[k]))
+    mgr.close()
+    return mgr
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_committed_step_left_unsealed_by_a_kill_is_sealed_not_deleted(tmp_path, state_bits, keep):
+    """Issue 16 item 2 (seal window): the restart verifies Orbax's commit marker and seals the step."""
+    cfg, state, abstract = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep=keep), cfg)
+    for step in range(1, keep + 2):
+        mgr.save(step, state)
+    mgr.close()
+    newest = keep + 1
+    _unseal(tmp_path / str(newest))
+    mgr = _assert_restores(tmp_path, cfg, abstract, state, newest, keep)
+    assert mgr.recovered == [str(newest)] and mgr.cleaned == []
+    from vt.checkpoint.params import load_model
+    assert load_model(tmp_path / str(newest)).cfg == cfg  # resealed with its model_config.json: a model checkpoint
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_kill_during_an_old_steps_deletion_needs_no_human(tmp_path, state_bits, keep):
+    """Issue 16 item 2 (deletion): an older vt deleted old steps in place; a kill midway left a sealed step with
+    files gone, next to the newest step committed but not yet sealed. The restart resumes from the newest."""
+    cfg, state, abstract = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep=keep + 1), cfg)
+    for step in range(1, keep + 2):
+        mgr.save(step, state)
+    mgr.close()
+    old, newest = tmp_path / "1", tmp_path / str(keep + 1)
+    for p in sorted(old.rglob("*"), key=lambda p: -p.stat().st_size)[:3]:  # rmtree's first victims
+        if p.is_file():
+            p.unlink()
+    _unseal(newest)
+    mgr = _assert_restores(tmp_path, cfg, abstract, state, keep + 1, keep)
+    assert "1 (partly deleted)" in mgr.cleaned and not old.exists()
+
+
+def test_orbax_retires_old_steps_through_the_trash(tmp_path, state_bits):
+    """Retired steps leave the step namespace in one rename (so no half-deleted step can be resumed from) and the
+    trash is emptied; every step Orbax committed is sealed on disk before the next save returns."""
+    from vt.checkpoint.manager import TRASH_DIR
+    cfg, state, _ = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep=1), cfg)
+    for step in (1, 2, 3):
+        mgr.save(step, state)
+        mgr._mgr.wait_until_finished()  # Orbax committed (renamed) `step`, nothing of ours ran after it
+        assert (tmp_path / str(step) / CHECKSUM_FILE).is_file()  # sealed inside Orbax's temporary directory
+    mgr.close()
+    assert mgr.all_steps() == [3]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("_")) == [TRASH_DIR, "3"]
+    assert list((tmp_path / TRASH_DIR).iterdir()) == []
+
+
+def test_resume_with_another_model_is_named(tmp_path, state_bits):
+    import dataclasses
+    cfg, state, abstract = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(async_save=False), cfg)
+    mgr.save(1, state)
+    mgr.close()
+    bigger = dataclasses.replace(cfg, hidden_size=cfg.hidden_size * 2)
+    with pytest.raises(VtError, match=r"checkpoint step 1 .* holds another model: hidden_size=\d+ \(this run: \d+\)"):
+        CheckpointManager(tmp_path, CheckpointConfig(), bigger).restore(1, abstract)
+
+
+def test_truncated_file_is_one_line_naming_the_file(tmp_path, state_bits):
+    cfg, state, abstract = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(async_save=False), cfg)
+    mgr.save(1, state)
+    mgr.close()
+    victim = max((p for p in (tmp_path / "1" / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    with pytest.raises(VtError) as e:
+        CheckpointManager(tmp_path, CheckpointConfig(), cfg).restore(1, abstract)
+    msg = str(e.value)
+    assert f"{victim}: checksum mismatch" in msg and "pybind11" not in msg and "\n" not in msg

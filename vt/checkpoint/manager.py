@@ -11,22 +11,27 @@ Each step directory `DIR/<step>/` holds
                         without logical shards: one file per process, process_<i>-of-<n>.json (as grain's)
     vt_checksums.json   sha256 of every other file, written last: its presence seals the step
 
-Saves are asynchronous (the train loop continues while Orbax writes); the seal is written by Orbax's
-post-finalisation callback once the step directory is complete. On start-up, Orbax's temporary directories
-and unsealed steps (a crash between Orbax's rename and our seal) are removed and reported. A restore first
-re-hashes the step: any difference is a VtError naming the step and the file, never a silently wrong value.
+Saves are asynchronous (the train loop continues while Orbax writes). The seal is written by Orbax's
+post-finalisation callback into Orbax's temporary directory once every item is written, so the step appears
+(Orbax's atomic rename) already sealed. Should a step still end up committed but unsealed (a synchronous save, or
+a kill between Orbax's rename and a deferred seal), the next start-up recognises it by Orbax's commit marker and
+seals it: a finished step is never thrown away. Orbax retires old steps by renaming them into `.vt-deleted/` and
+we delete them from there, so a kill during a deletion never leaves a half-deleted step to resume from. On
+start-up, Orbax's temporary directories (saves that never committed) are removed and reported. A restore
+verifies the seal while Orbax reads the files: any difference is a VtError naming the step and the file, never
+a silently wrong value; a resume with another model is named as such.
 Retention: the newest `keep` steps, plus the best step by `best_metric` (when given).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -35,13 +40,20 @@ import jax
 import numpy as np
 
 from vt import VtError
+from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files, read_seal,  # noqa: F401
+                                verify_enabled, verify_seal, write_seal)
 from vt.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
 
-CHECKSUM_FILE = "vt_checksums.json"
 _STEP_RE = re.compile(r"^\d+$")
 _TMP_MARK = ".orbax-checkpoint-tmp"
+_COMMIT_FILE = "commit_success.txt"  # Orbax's commit marker
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+# Orbax renames a step it retires into this subdirectory (one atomic rename) and we delete it from there: a kill
+# during the deletion then leaves a whole step or none in the step namespace, never a half-deleted one.
+TRASH_DIR = ".vt-deleted"
+_ITEMS = ("params", "opt_state", "meta")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,53 +75,59 @@ class Restored:
     meta: dict
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _hash_tree(step_dir: Path) -> dict[str, str]:
-    out = {}
-    for root, _, files in os.walk(step_dir):
-        for name in files:
-            p = Path(root) / name
-            rel = p.relative_to(step_dir).as_posix()
-            if rel != CHECKSUM_FILE:
-                out[rel] = _sha256(p)
-    return dict(sorted(out.items()))
-
-
-def seal(step_dir: Path, step: int, model_cfg: ModelConfig, checksum: bool = True) -> None:
-    """Write model_config.json, then the checksum file (atomically): a sealed step is complete."""
+def seal(step_dir: Path, step: int, model_cfg: ModelConfig, checksum: bool = True, keep_config: bool = False) -> None:
+    """Write model_config.json (unless `keep_config`: the one already there), then the seal (vt.checkpoint.seal):
+    a sealed step is complete."""
     step_dir = Path(step_dir)
-    (step_dir / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
-    record = {"step": step, "algorithm": "sha256", "files": _hash_tree(step_dir) if checksum else None}
-    tmp = step_dir / (CHECKSUM_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, step_dir / CHECKSUM_FILE)
+    if not keep_config:
+        (step_dir / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
+    write_seal(step_dir, hashed=checksum, step=step)
 
 
 def verify(step_dir: Path, step: int) -> None:
     """Raise VtError naming the step (and file) if the step directory differs from its seal."""
-    path = Path(step_dir) / CHECKSUM_FILE
-    if not path.is_file():
-        raise VtError(f"checkpoint step {step} ({step_dir}): not sealed ({CHECKSUM_FILE} missing); "
-                      "the save did not complete")
+    verify_seal(step_dir, f"checkpoint step {step}", hint=f"delete {step_dir} to resume from an earlier step")
+
+
+def architecture(cfg: ModelConfig) -> dict:
+    """The fields of a ModelConfig that fix the parameters' shapes (not dtypes or kernels)."""
+    return {k: v for k, v in cfg.to_dict().items()
+            if k not in ("param_dtype", "dtype", "attention_impl", "remat_policy", "vocab_pad_multiple")}
+
+
+def reader_error(e: BaseException) -> str:
+    """One line for a reader's exception: its type and first line, without pybind11/C++ frames that tensorstore
+    appends ("[source locations=...]", "...: pybind11::..."), at most 300 characters."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    first = re.split(r"\s*\[source locations=|\s*\[tensorstore_spec=|\s*pybind11::", first)[0]
+    return f"{type(e).__name__}: {first[:300]}"
+
+
+def _valid_json(path: Path) -> bool:
     try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise VtError(f"checkpoint step {step}: {path} is corrupted ({e})") from None
-    if record.get("files") is None:
-        return  # saved with checksum=False
-    want, got = record["files"], _hash_tree(Path(step_dir))
-    for rel in sorted(set(want) | set(got)):
-        if want.get(rel) != got.get(rel):
-            what = "missing" if rel not in got else "unexpected" if rel not in want else "checksum mismatch"
-            raise VtError(f"checkpoint step {step} is corrupted: {Path(step_dir) / rel}: {what} "
-                          f"(delete {step_dir} to resume from an earlier step)")
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _test_kill_point(name: str, step: int) -> None:
+    """Fault injection for the crash-consistency tests: SIGKILL this process at the named point of saving `step`
+    when VT_TEST_KILL_AT is "<name>:<step>" (the only way to hit a window of microseconds deterministically)."""
+    if os.environ.get("VT_TEST_KILL_AT") == f"{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def committed_by_orbax(step_dir: Path) -> bool:
+    """Whether Orbax finished (committed) this step directory: its commit marker is there, or (Orbax versions
+    without one) the step metadata carries the commit timestamp Orbax writes just before its final rename."""
+    if (step_dir / _COMMIT_FILE).is_file():
+        return True
+    try:
+        meta = json.loads((step_dir / _STEP_METADATA).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and bool(meta.get("commit_timestamp_nsecs"))
 
 
 class CheckpointManager:
@@ -126,7 +144,7 @@ class CheckpointManager:
         self.directory = Path(directory).absolute()
         self.cfg, self.model_cfg = cfg, model_cfg
         self.directory.mkdir(parents=True, exist_ok=True)
-        self.cleaned = self._clean_leftovers() if jax.process_index() == 0 else []
+        self.cleaned, self.recovered = self._recover() if jax.process_index() == 0 else ([], [])
         policies = [pp.LatestN(n=cfg.keep)]
         if cfg.best_metric:
             metric = cfg.best_metric
@@ -137,26 +155,62 @@ class CheckpointManager:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies),
             enable_async_checkpointing=cfg.async_save,
-            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_pending) if cfg.async_save else None,
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._seal_in_flight) if cfg.async_save else None,
+            todelete_subdir=TRASH_DIR,
             create=True,
         )
         self._mgr = ocp.CheckpointManager(self.directory, options=options)
 
-    # --- start-up hygiene -------------------------------------------------------------------------------------
-    def _clean_leftovers(self) -> list[str]:
-        removed = []
+    # --- start-up recovery ------------------------------------------------------------------------------------
+    def _recover(self) -> tuple[list[str], list[str]]:
+        """Make the directory hold only whole, sealed steps, with no human needed after any kill:
+        - Orbax's temporary directories (a save that never committed) are removed;
+        - a step Orbax committed that a kill left unsealed is verified complete by Orbax's commit marker and
+          sealed now: a finished step is never thrown away;
+        - a sealed step whose files are partly gone (a deletion by an older vt, killed midway) is removed;
+        - steps retired to the trash are deleted.
+        Returns (removed, sealed) directory names."""
+        removed, sealed = [], []
         for p in sorted(self.directory.iterdir()):
-            if _TMP_MARK in p.name or (p.is_dir() and _STEP_RE.match(p.name) and not (p / CHECKSUM_FILE).is_file()):
+            if _TMP_MARK in p.name:
                 shutil.rmtree(p, ignore_errors=True)
                 removed.append(p.name)
+            elif p.is_dir() and _STEP_RE.match(p.name):
+                if is_sealed(p):
+                    try:
+                        partly_deleted = bool(missing_files(p, read_seal(p, f"checkpoint step {p.name}")))
+                    except VtError:  # an unreadable seal is damage for restore's verification to report
+                        partly_deleted = False
+                    if partly_deleted:
+                        shutil.rmtree(p, ignore_errors=True)
+                        removed.append(f"{p.name} (partly deleted)")
+                elif committed_by_orbax(p) and all((p / item).is_dir() for item in _ITEMS):
+                    seal(p, int(p.name), self.model_cfg, self.cfg.checksum,
+                         keep_config=_valid_json(p / "model_config.json"))
+                    sealed.append(p.name)
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(p.name)
+        self._empty_trash()
         if removed:
             log.warning("removed incomplete checkpoints left by an interrupted run: %s", ", ".join(removed))
-        return removed
+        if sealed:
+            log.warning("sealed checkpoints that Orbax had committed before the run was interrupted: %s",
+                        ", ".join(sealed))
+        return removed, sealed
+
+    def _empty_trash(self, saving: int | None = None) -> None:
+        trash = self.directory / TRASH_DIR
+        if trash.is_dir():
+            for p in trash.iterdir():
+                if saving is not None:
+                    _test_kill_point("deleting-old-step", saving)
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     # --- queries ------------------------------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
         return sorted(int(p.name) for p in self.directory.iterdir()
-                      if p.is_dir() and _STEP_RE.match(p.name) and (p / CHECKSUM_FILE).is_file())
+                      if p.is_dir() and _STEP_RE.match(p.name) and is_sealed(p))
 
     def latest_step(self) -> int | None:
         steps = self.all_steps()
@@ -173,7 +227,7 @@ class CheckpointManager:
 
         if step in self._mgr.all_steps():
             return False
-        self._seal_pending()  # a sync save (or a missed callback) leaves its predecessor to seal
+        self._seal_committed(saving=step)  # a sync save (or a missed callback) leaves its predecessor to seal
         items = dict(
             params=ocp.args.PyTreeSave(state.params),
             opt_state=ocp.args.PyTreeSave(state.opt_state),
@@ -188,10 +242,30 @@ class CheckpointManager:
             self._pending.append(step)
         saved = self._mgr.save(step, args=ocp.args.Composite(**items), metrics=metric, force=True)
         if not self.cfg.async_save:
-            self._seal_pending()
+            self._seal_committed()
         return saved
 
-    def _seal_pending(self) -> None:
+    def _seal_in_flight(self) -> None:
+        """Orbax's post-finalisation callback: every item of the step in flight is written, and Orbax has not yet
+        renamed its temporary directory to the step's name. Sealing the temporary directory now makes the step
+        appear (Orbax's atomic rename) already sealed: there is no moment at which a finished step sits
+        unsealed. Should the temporary directory not be found (another Orbax layout), the step is sealed once it
+        appears (_seal_committed), and a kill in between is recovered at start-up (_recover)."""
+        if jax.process_index() != 0:
+            return
+        with self._lock:
+            step = max(self._pending) if self._pending else None
+        if step is None:
+            return
+        tmps = [p for p in self.directory.glob(f"{step}{_TMP_MARK}*") if p.is_dir()]
+        if len(tmps) == 1 and not self.step_dir(step).exists():
+            seal(tmps[0], step, self.model_cfg, self.cfg.checksum)
+            _test_kill_point("sealed-before-commit", step)
+            with self._lock:
+                self._pending.remove(step)
+
+    def _seal_committed(self, saving: int | None = None) -> None:
+        """Seal pending steps Orbax has committed (renamed to their final name) and empty the trash."""
         if jax.process_index() != 0:
             return
         with self._lock:
@@ -199,28 +273,43 @@ class CheckpointManager:
         for step in pending:
             d = self.step_dir(step)
             if d.is_dir():
-                seal(d, step, self.model_cfg, self.cfg.checksum)
-            else:  # not finalised yet: try again at the next opportunity
+                if not is_sealed(d):
+                    seal(d, step, self.model_cfg, self.cfg.checksum)
+            else:  # not committed yet: try again at the next opportunity
                 with self._lock:
                     self._pending.append(step)
+        self._empty_trash(saving)
 
     def wait(self) -> None:
         """Block until every started save is on disk and sealed."""
         self._mgr.wait_until_finished()
-        self._seal_pending()
+        self._seal_committed()
 
     def close(self) -> None:
         self.wait()
         self._mgr.close()
 
     # --- restore ------------------------------------------------------------------------------------------------
+    def _check_same_model(self, d: Path, step: int) -> None:
+        """A resume with another model (size) is named as such, before Orbax's tree-mismatch text."""
+        from vt.checkpoint.params import CONFIG_FILE, load_model_config
+        if not (d / CONFIG_FILE).is_file():
+            return  # verification names the missing file
+        stored = architecture(load_model_config(d))
+        wanted = architecture(self.model_cfg)
+        diff = [f"{k}={stored.get(k)} (this run: {wanted.get(k)})" for k in sorted(set(stored) | set(wanted))
+                if stored.get(k) != wanted.get(k)]
+        if diff:
+            raise VtError(f"checkpoint step {step} ({d}) holds another model: {', '.join(diff[:4])}; resume with "
+                          f"the model it was trained with, or use a new --workdir")
+
     def restore(self, step: int, abstract_state, data_iterator=None) -> Restored:
         """Verify the seal of `step`, then restore params and optimiser state straight into the shardings of
         `abstract_state` (ShapeDtypeStructs), the RNG, and the data iterator's position (in place)."""
         import orbax.checkpoint as ocp
 
         d = self.step_dir(step)
-        verify(d, step)
+        self._check_same_model(d, step)
         def target(tree):
             return ocp.args.PyTreeRestore(item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree))
         items = dict(params=target(abstract_state.params), opt_state=target(abstract_state.opt_state),
@@ -230,12 +319,13 @@ class CheckpointManager:
                 raise VtError(f"checkpoint step {step} ({d}) has no data-iterator state to resume from")
             items["data"] = _data_args()[1](data_iterator)
         try:
-            out = self._mgr.restore(step, args=ocp.args.Composite(**items))
+            # The seal is checked while Orbax reads the same files; a damaged file is reported by the seal.
+            with BackgroundVerify(d, f"checkpoint step {step}", hint=f"delete {d} to resume from an earlier step"):
+                out = self._mgr.restore(step, args=ocp.args.Composite(**items))
         except VtError:
             raise
         except Exception as e:  # orbax/tensorstore raise many types; name the step and the cause
-            raise VtError(f"checkpoint step {step} ({d}): cannot restore "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+            raise VtError(f"checkpoint step {step} ({d}): cannot restore ({reader_error(e)})") from None
         meta = dict(out["meta"])
         if meta.get("step") != step:
             raise VtError(f"checkpoint step {step} ({d}): meta says step {meta.get('step')}")
