@@ -2,6 +2,10 @@
 
 __version__ = "0.1.0"
 
+# `vt train` stopped by SIGTERM after checkpointing (a preemption): 128 + SIGTERM, what a shell reports for a
+# process SIGTERM killed (vt eval, the launchers' own traps), so `vt train ... && next` does not carry on.
+EXIT_PREEMPTED = 143
+
 
 class VtError(Exception):
     """A user-facing error: the CLI prints its message as one line and exits non-zero.

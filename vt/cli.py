@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from vt import VtError
+from vt.checkpoint.seal import set_verify
 
 # Modules that contribute subcommands, in the order `vt --help` lists them.
 COMMAND_MODULES = (
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
         from vt.distributed import initialize
         initialize()
+        set_verify(not getattr(args, "trust_checkpoint", False))  # the flag vt.checkpoint.seal.add_trust_flag adds
         return int(args.func(args) or 0)
     except VtError as e:
         print(f"vt {args.command}: error: {e}", file=sys.stderr)

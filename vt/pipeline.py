@@ -242,9 +242,11 @@ def _plain_config(config):
 
 
 def run_pipeline(cfg: PipelineConfig, workdir: Path | str, *, from_stage: str | None = None,
-                 only: str | None = None, out=print) -> list[dict]:
-    """Run (or finish) the pipeline in `workdir`; returns the manifests of the enabled stages, in order."""
+                 only: str | None = None, out=print, before_start=None) -> list[dict]:
+    """Run (or finish) the pipeline in `workdir`; returns the manifests of the enabled stages, in order.
+    `before_start` runs once every flag and input is checked, before anything is written (`vt demo --fresh`)."""
     from vt import pipeline_stages as S
+    from vt.checkpoint.io import claim_dir
     workdir = Path(workdir).absolute()
     for name, value in (("--from", from_stage), ("--only", only)):
         if value is not None and value not in STAGES:
@@ -258,7 +260,9 @@ def run_pipeline(cfg: PipelineConfig, workdir: Path | str, *, from_stage: str | 
     report = validate(cfg, workdir, todo)
     if report["problems"]:
         raise VtError("missing or invalid inputs:\n  " + "\n  ".join(report["problems"]))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if before_start is not None:
+        before_start()
+    claim_dir(workdir, "vt pipeline")  # marks it as vt's: `vt demo --fresh` deletes only such a directory
     if cfg.compilation_cache:
         import jax
         jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache)

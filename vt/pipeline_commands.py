@@ -27,7 +27,9 @@ def register(subparsers) -> None:
                     "Face export whose greedy text transformers reproduces.")
     d.add_argument("--workdir", type=Path, default=Path("demo_out"))
     d.add_argument("--variant", default="", help="'' (the full demo) or 'ci' (shorter)")
-    d.add_argument("--fresh", action="store_true", help="delete WORKDIR first")
+    d.add_argument("--fresh", action="store_true",
+                   help="delete WORKDIR first, if vt created it (never under --validate, only once the config "
+                        "and its inputs are checked)")
     _common(d)
     d.set_defaults(func=run_demo_cmd, accepts_config_overrides=True)
 
@@ -39,7 +41,9 @@ def _common(p) -> None:
                    help="resolve every stage config and check every input path; run nothing")
 
 
-def _run(spec: str, args) -> int:
+def _run(spec: str, args, before_run=None) -> int:
+    """Load and check the config; under --validate report and stop; else run, calling `before_run` once every
+    flag and input is checked (vt demo --fresh: only then is the old work directory deleted)."""
     import logging
 
     from vt.config import load_config
@@ -50,7 +54,7 @@ def _run(spec: str, args) -> int:
     if args.validate:
         out(f"validating {spec} (work directory {args.workdir})")
         return 0 if print_validation(validate(cfg, args.workdir.absolute()), out) else 1
-    run_pipeline(cfg, args.workdir, from_stage=args.from_stage, only=args.only, out=out)
+    run_pipeline(cfg, args.workdir, from_stage=args.from_stage, only=args.only, out=out, before_start=before_run)
     return 0
 
 
@@ -59,14 +63,18 @@ def run_pipeline_cmd(args: argparse.Namespace) -> int:
 
 
 def run_demo_cmd(args: argparse.Namespace) -> int:
-    import shutil
     import time
+
+    from vt.checkpoint.io import remove_created_dir
     if not DEMO_CONFIG.is_file():
         raise VtError(f"{DEMO_CONFIG}: the demo config is missing (vt demo runs from a source checkout)")
-    if args.fresh and args.workdir.exists():
-        shutil.rmtree(args.workdir)
+
+    def fresh():  # vt deletes only what it created (vt.checkpoint.io), after validation, never under --validate
+        if remove_created_dir(args.workdir, "--fresh"):
+            print(f"[demo] --fresh: deleted {args.workdir}", flush=True)
     t0 = time.perf_counter()
-    rc = _run(f"{DEMO_CONFIG}:{args.variant}" if args.variant else str(DEMO_CONFIG), args)
+    rc = _run(f"{DEMO_CONFIG}:{args.variant}" if args.variant else str(DEMO_CONFIG), args,
+              before_run=fresh if args.fresh else None)
     if not args.validate:
         print(f"[demo] wall time {time.perf_counter() - t0:.0f} s; table {args.workdir / 'table.md'}, plot "
               f"{args.workdir / 'plot.png'}, TensorBoard: tensorboard --logdir {args.workdir}", flush=True)

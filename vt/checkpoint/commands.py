@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from vt import VtError
+from vt.checkpoint.seal import add_trust_flag, verify_seal
 
 
 def register(subparsers) -> None:
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
     h2o.add_argument("ckpt_dir", type=Path)
     h2o.add_argument("--param-dtype", choices=["float32", "bfloat16"], default=None,
                      help="dtype to store parameters in (default float32)")
+    add_trust_flag(h2o)
     h2o.set_defaults(func=_hf_to_orbax)
     o2h = sub.add_parser("orbax-to-hf", help="vt checkpoint -> HF directory loadable by transformers")
     o2h.add_argument("ckpt_dir", type=Path)
@@ -23,11 +25,13 @@ def register(subparsers) -> None:
     o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
     o2h.add_argument("--max-shard-gb", type=float, default=2.0)
+    add_trust_flag(o2h)
     o2h.set_defaults(func=_orbax_to_hf)
 
     info = subparsers.add_parser("info", help="describe a vt checkpoint or HF model directory")
     info.add_argument("path", type=Path)
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    add_trust_flag(info)
     info.set_defaults(func=_info)
 
 
@@ -49,10 +53,13 @@ def _orbax_to_hf(args: argparse.Namespace) -> int:
 
 
 def describe(path: Path) -> dict:
-    """Config, parameter count, and per-tensor shapes/dtypes, read from metadata only (no weights loaded)."""
+    """Config, parameter count, and per-tensor shapes/dtypes, read from metadata only (no weights loaded), after
+    verifying the checkpoint's seal (a Hugging Face directory from elsewhere has none and is described as is)."""
+    from vt.checkpoint.manager import architecture
     from vt.model import PRESETS, param_count
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "model_config.json").is_file():
+        verify_seal(path, f"Hugging Face directory {path}", required=False)
         from vt.checkpoint.hf import SafetensorsReader, read_hf_config
         cfg = read_hf_config(path)
         reader = SafetensorsReader(path)
@@ -64,15 +71,14 @@ def describe(path: Path) -> dict:
     else:
         from vt.checkpoint.params import PARAMS_ITEM, _checkpointer, load_model_config
         cfg = load_model_config(path)
+        verify_seal(path, f"checkpoint {path}")
         meta = _checkpointer().metadata(path / PARAMS_ITEM)
         meta = getattr(meta, "item_metadata", meta)
         meta = getattr(meta, "tree", meta)
         tensors = {k: {"shape": list(m.shape), "dtype": str(m.dtype)} for k, m in meta.items()}
         fmt = "vt-orbax"
-    arch = {k: v for k, v in cfg.to_dict().items() if k not in ("param_dtype", "dtype", "attention_impl",
-                                                                "remat_policy", "vocab_pad_multiple")}
-    matches = [name for name, p in PRESETS.items()
-               if {k: v for k, v in p.to_dict().items() if k in arch} == arch]
+    arch = architecture(cfg)
+    matches = [name for name, p in PRESETS.items() if architecture(p) == arch]
     return {"path": str(path), "format": fmt, "preset": matches[0] if matches else None, "config": cfg.to_dict(),
             "param_count": param_count(cfg), "dtypes": sorted({t["dtype"] for t in tensors.values()}),
             "tensors": tensors}

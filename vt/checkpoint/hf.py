@@ -19,6 +19,7 @@ import numpy as np
 
 from vt import VtError
 from vt.checkpoint.io import atomic_output_dir
+from vt.checkpoint.seal import write_seal
 from vt.model.config import ModelConfig, from_hf_config, to_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -263,3 +264,4 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
                 raise VtError(f"{tokenizer_dir}: holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES[:7])})")
             for f in copied:
                 shutil.copyfile(Path(tokenizer_dir) / f, tmp / f)
+        write_seal(tmp)  # last: readers of vt's exports verify it (vt.checkpoint.seal)

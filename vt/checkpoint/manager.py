@@ -40,6 +40,7 @@ import jax
 import numpy as np
 
 from vt import VtError
+from vt.checkpoint.io import reader_error
 from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files, read_seal,  # noqa: F401
                                 verify_enabled, verify_seal, write_seal)
 from vt.model.config import ModelConfig
@@ -93,14 +94,6 @@ def architecture(cfg: ModelConfig) -> dict:
     """The fields of a ModelConfig that fix the parameters' shapes (not dtypes or kernels)."""
     return {k: v for k, v in cfg.to_dict().items()
             if k not in ("param_dtype", "dtype", "attention_impl", "remat_policy", "vocab_pad_multiple")}
-
-
-def reader_error(e: BaseException) -> str:
-    """One line for a reader's exception: its type and first line, without pybind11/C++ frames that tensorstore
-    appends ("[source locations=...]", "...: pybind11::..."), at most 300 characters."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    first = re.split(r"\s*\[source locations=|\s*\[tensorstore_spec=|\s*pybind11::", first)[0]
-    return f"{type(e).__name__}: {first[:300]}"
 
 
 def _valid_json(path: Path) -> bool:
@@ -242,7 +235,7 @@ class CheckpointManager:
             self._pending.append(step)
         saved = self._mgr.save(step, args=ocp.args.Composite(**items), metrics=metric, force=True)
         if not self.cfg.async_save:
-            self._seal_committed()
+            self._seal_committed(saving=step)
         return saved
 
     def _seal_in_flight(self) -> None:

@@ -18,7 +18,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from vt import VtError
-from vt.checkpoint.io import atomic_output_dir
+from vt.checkpoint.io import atomic_output_dir, reader_error
+from vt.checkpoint.seal import BackgroundVerify, write_seal
 from vt.model import Qwen2, abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
@@ -54,6 +55,7 @@ def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax
     _checkpointer().save(Path(directory) / PARAMS_ITEM, params)  # collective: every process writes its shards
     if is_primary():
         (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+        write_seal(directory)  # last: every reader verifies it (vt.checkpoint.seal)
 
 
 def load_model_config(ckpt_dir: Path | str, **overrides) -> ModelConfig:
@@ -87,7 +89,12 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     params_dir = ckpt_dir / PARAMS_ITEM
     if not params_dir.is_dir():
         raise VtError(f"{params_dir}: missing; {ckpt_dir} holds no parameters")
-    stored = _checkpointer().metadata(params_dir)
+    verification = BackgroundVerify(ckpt_dir, f"checkpoint {ckpt_dir}")  # hashes while Orbax reads the files
+    try:
+        stored = _checkpointer().metadata(params_dir)
+    except Exception as e:  # noqa: BLE001 (as below)
+        verification.result()  # a damaged file: the seal names it
+        raise VtError(f"{params_dir}: cannot read its metadata ({reader_error(e)})") from None
     stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
     _check_keys(set(stored.keys()), set(target), params_dir, cfg, stored)
@@ -95,7 +102,9 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     try:
         restored = _checkpointer().restore(params_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
     except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
-        raise VtError(f"{params_dir}: cannot restore ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
+        verification.result()
+        raise VtError(f"{params_dir}: cannot restore ({reader_error(e)})") from None
+    verification.result()
     return _merge(graphdef, abstract_state, restored)
 
 
@@ -134,10 +143,13 @@ def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrid
     shardings = _flat_shardings(abstract_state, mesh)
     specs = _flat(abstract_state)
     flat = {}
+    # A directory vt exported carries a seal; one from elsewhere (the Hub) does not and is read as it is.
+    verification = BackgroundVerify(Path(hf_dir), f"Hugging Face directory {hf_dir}", required=False)
     for path, w in iter_hf_to_vt(Path(hf_dir), cfg):
         key = path_key(path)
         w = np.asarray(w).astype(specs[key].get_value().dtype)
         flat[key] = jax.make_array_from_callback(w.shape, shardings[key], lambda idx, w=w: w[idx])
+    verification.result()
     return _merge(graphdef, abstract_state, flat)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vt.checkpoint.seal import add_trust_flag
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -15,6 +17,7 @@ def register(subparsers) -> None:
     p.add_argument("--ckpt", default=None, help="vt checkpoint directory (sets config.model.ckpt)")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer directory (sets config.model.tokenizer)")
     p.add_argument("--out", required=True, type=Path, help="output directory (resumed when it exists)")
+    add_trust_flag(p)
     p.set_defaults(func=run, accepts_config_overrides=True)
 
 

@@ -170,7 +170,10 @@ def _open_out(cfg: EvalConfig, out_dir: Path, primary: bool = True) -> dict[str,
     out_dir.mkdir(parents=True, exist_ok=True)
     fp = fingerprint(cfg)
     cfg_path = out_dir / "config.json"
-    if cfg_path.exists():
+    done = read_results(out_dir)
+    # The settings guard results; a run that failed before its first result (a wrong --ckpt, a typo in a flag)
+    # left nothing to guard, so its config.json is replaced instead of blocking the corrected re-run.
+    if cfg_path.exists() and done:
         old = json.loads(cfg_path.read_text())
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
@@ -178,7 +181,7 @@ def _open_out(cfg: EvalConfig, out_dir: Path, primary: bool = True) -> dict[str,
                           f"(differs in {diff}); use another --out")
     elif primary:
         cfg_path.write_text(json.dumps(fp, indent=2) + "\n")
-    return read_results(out_dir)
+    return done
 
 
 def _smoke_tokenizer(path: Path, vocab_size: int):

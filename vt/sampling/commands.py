@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from vt import VtError
+from vt.checkpoint.seal import add_trust_flag
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
@@ -42,6 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="decode slots (concurrent samples)")
     p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_trust_flag(p)
     p.set_defaults(func=run)
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vt import VtError
+from vt import EXIT_PREEMPTED, VtError
+from vt.checkpoint.seal import add_trust_flag
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="run or resume SFT or RL from a config (configs/sft_stage1.py, configs/mgpo_math.py, ...)",
                               description="Run SFT (configs/sft_*.py) or MGPO RL (configs/mgpo_*.py, long2short.py, instruct_rl.py); "
                                           "a workdir with checkpoints resumes from the newest one. "
-                                          "Override any field with --config.key=value.")
+                                          "Override any field with --config.key=value. On SIGTERM it saves a "
+                                          f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume).")
     p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
     p.add_argument("--workdir", required=True, type=Path, help="checkpoints, metrics.jsonl and tb/ go here")
+    add_trust_flag(p)
     p.set_defaults(func=run_train, accepts_config_overrides=True)
 
     m = subparsers.add_parser("merge", help="average vt checkpoints at the parameter level",
@@ -23,6 +26,7 @@ def register(subparsers) -> None:
     m.add_argument("--out", required=True, type=Path, help="output checkpoint directory (must not exist)")
     m.add_argument("--weights", default=None,
                    help="comma-separated non-negative weights, one per checkpoint (default: uniform)")
+    add_trust_flag(m)
     m.set_defaults(func=run_merge)
 
 
@@ -39,7 +43,7 @@ def run_train(args: argparse.Namespace) -> int:
         result = train_rl(to_dataclass(RLConfig, raw), args.workdir)
         acc = f", held-out accuracy {result.eval_history[-1][1]:.3f}" if result.eval_history else ""
         print(f"{result.status} at step {result.step}{acc}; checkpoints in {args.workdir / 'checkpoints'}")
-        return 0
+        return EXIT_PREEMPTED if result.status == "preempted" else 0
     from vt.train.sft import SftConfig, train
     cfg = to_dataclass(SftConfig, raw)
     result = train(cfg, args.workdir)
@@ -48,7 +52,7 @@ def run_train(args: argparse.Namespace) -> int:
     if "eval_loss" in result.last_metrics:
         tail += f", eval_loss {result.last_metrics['eval_loss']:.4f}"
     print(f"{result.status} at step {result.step}{tail}; checkpoints in {args.workdir / 'checkpoints'}")
-    return 0
+    return EXIT_PREEMPTED if result.status == "preempted" else 0
 
 
 def run_merge(args: argparse.Namespace) -> int:
