@@ -118,3 +118,19 @@ def test_ifeval_levels(tmp_path):
                      sampling=SamplingSettings(n=1))
     s = run_eval(cfg, tmp_path / "out", generator=Gen())
     assert s["prompt_strict"] == 0.0 and s["inst_strict"] == pytest.approx(1 / 3) and s["avg@n"] == 0.0
+
+
+def test_a_failed_run_does_not_block_the_corrected_one(tmp_path, aime_rows, math_reward):
+    """Issue 16: a run that failed before its first result (here a wrong --ckpt) leaves config.json behind; the
+    corrected re-run into the same --out must not be refused for 'different settings'."""
+    from vt.eval.runner import ModelSettings
+    with pytest.raises(VtError, match="no such checkpoint directory"):
+        run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "typo"))), tmp_path / "out", reward=math_reward)
+    assert (tmp_path / "out" / "config.json").is_file()
+    summary = run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "right"))), tmp_path / "out",
+                       generator=StandIn(aime_rows), reward=math_reward)
+    assert summary["problems"] == 30
+    # Once results exist the settings guard them: another checkpoint into the same --out is refused.
+    with pytest.raises(VtError, match="holds results of different settings"):
+        run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "other"))), tmp_path / "out",
+                 generator=StandIn(aime_rows), reward=math_reward)

@@ -169,3 +169,17 @@ def test_truncated_file_is_one_line_naming_the_file(tmp_path, state_bits):
         CheckpointManager(tmp_path, CheckpointConfig(), cfg).restore(1, abstract)
     msg = str(e.value)
     assert f"{victim}: checksum mismatch" in msg and "pybind11" not in msg and "\n" not in msg
+
+
+def test_back_to_back_async_saves_are_each_sealed_before_orbax_commits(tmp_path, state_bits):
+    """Each step's seal is written before Orbax's commit (the commit timestamp Orbax records in its step
+    metadata), even when the next save is already waiting for it: no committed step is ever unsealed."""
+    cfg, state, _ = state_bits
+    mgr = CheckpointManager(tmp_path, CheckpointConfig(keep=3), cfg)
+    for step in (1, 2, 3):
+        mgr.save(step, state)
+    mgr.close()
+    for step in (1, 2, 3):
+        d = tmp_path / str(step)
+        committed_ns = json.loads((d / "_CHECKPOINT_METADATA").read_text())["commit_timestamp_nsecs"]
+        assert (d / CHECKSUM_FILE).stat().st_mtime_ns <= committed_ns, step

@@ -246,16 +246,18 @@ class CheckpointManager:
         appears (_seal_committed), and a kill in between is recovered at start-up (_recover)."""
         if jax.process_index() != 0:
             return
+        # The step in flight is the pending one with a temporary directory: the next save has queued its step
+        # already (it waits in Orbax for this one), but its temporary directory does not exist yet.
         with self._lock:
-            step = max(self._pending) if self._pending else None
-        if step is None:
-            return
-        tmps = [p for p in self.directory.glob(f"{step}{_TMP_MARK}*") if p.is_dir()]
-        if len(tmps) == 1 and not self.step_dir(step).exists():
-            seal(tmps[0], step, self.model_cfg, self.cfg.checksum)
-            _test_kill_point("sealed-before-commit", step)
-            with self._lock:
-                self._pending.remove(step)
+            pending = sorted(self._pending)
+        for step in pending:
+            tmps = [p for p in self.directory.glob(f"{step}{_TMP_MARK}*") if p.is_dir()]
+            if len(tmps) == 1 and not self.step_dir(step).exists():
+                seal(tmps[0], step, self.model_cfg, self.cfg.checksum)
+                _test_kill_point("sealed-before-commit", step)
+                with self._lock:
+                    self._pending.remove(step)
+                return
 
     def _seal_committed(self, saving: int | None = None) -> None:
         """Seal pending steps Orbax has committed (renamed to their final name) and empty the trash."""
@@ -267,7 +269,11 @@ class CheckpointManager:
             d = self.step_dir(step)
             if d.is_dir():
                 if not is_sealed(d):
-                    seal(d, step, self.model_cfg, self.cfg.checksum)
+                    try:
+                        seal(d, step, self.model_cfg, self.cfg.checksum)
+                    except FileNotFoundError:
+                        if d.exists():
+                            raise  # else Orbax retired the step (keep) while it was being sealed: nothing to seal
             else:  # not committed yet: try again at the next opportunity
                 with self._lock:
                     self._pending.append(step)
