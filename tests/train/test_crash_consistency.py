@@ -41,40 +41,40 @@ def _stderr_after_kill(p, timeout=600) -> str:
     return err
 
 
-def _kill_when_step_appears(p, ck: Path, at_least: int, timeout=600):
+def _kill_when_step_appears(p, ck: Path, at_least: int, timeout=600) -> str:
     end = time.time() + timeout
     while time.time() < end and p.poll() is None:
         if _committed(ck) >= at_least:
             p.kill()
-            p.communicate()
-            return
+            return p.communicate()[1]
         time.sleep(0.002)
     raise AssertionError(f"step {at_least} never appeared (rc {p.poll()})")
 
 
-@pytest.mark.parametrize("learner,keep", [("sft", 1), ("rl", 2)])
-def test_kill9_in_the_seal_window_and_during_deletion_loses_no_step(tmp_path, learner, keep):
+# Each learner start costs ~40 s of CPU here, so each case kills twice: both learners in the seal window at an
+# exact point; then SFT exactly while a retired step is deleted, RL with a plain kill -9 when a new step appears.
+@pytest.mark.parametrize("learner,keep,second_kill", [("sft", 1, "deleting-old-step:5"), ("rl", 2, "plain")])
+def test_kill9_in_the_seal_window_and_during_deletion_loses_no_step(tmp_path, learner, keep, second_kill):
     ck = tmp_path / "checkpoints"
     # 1. killed with step 3's seal written into Orbax's temporary directory, before Orbax's commit
     _stderr_after_kill(_start(learner, tmp_path, keep, kill_at="sealed-before-commit:3"))
     expected = _committed(ck)
     assert expected == 2
-    # 2. the restart resumes from step 2 (step 3 never committed) and is killed while deleting a retired step
-    err = _stderr_after_kill(_start(learner, tmp_path, keep, kill_at="deleting-old-step:5"))
+    # 2. the restart resumes from step 2 (step 3 never committed), and is killed again
+    if second_kill == "plain":
+        err = _kill_when_step_appears(_start(learner, tmp_path, keep), ck, expected + 2)
+    else:
+        err = _stderr_after_kill(_start(learner, tmp_path, keep, kill_at=second_kill))
     assert f"resumed from {ck / str(expected)}\n" in err
-    expected = _committed(ck)
-    assert expected >= 3  # step 4 may still be in flight when step 5's save starts
-    # 3. the restart resumes from the newest committed step; kill -9 the moment the next one appears
-    p = _start(learner, tmp_path, keep)
-    _kill_when_step_appears(p, ck, expected + 2)
     newest = _committed(ck)
-    # 4. what a restart finds: every committed step is kept (sealed now if the kill beat the seal) and whole
+    assert newest > expected
+    # 3. what the next start finds: the newest committed step (sealed now if the kill beat the seal), every
+    #    step whole, the trash empty
     from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
     from vt.checkpoint.params import load_model_config
-    mgr = CheckpointManager(ck, CheckpointConfig(keep=keep), load_model_config(ck / str(expected)))
-    assert mgr.latest_step() == newest and mgr.all_steps() == list(range(newest - len(mgr.all_steps()) + 1, newest + 1))
+    mgr = CheckpointManager(ck, CheckpointConfig(keep=keep), load_model_config(ck / str(newest)))
+    assert mgr.latest_step() == newest
     for step in mgr.all_steps():
-        assert (ck / str(step) / CHECKSUM_FILE).is_file()
         verify_seal(ck / str(step), f"step {step}")
     assert not any((ck / TRASH_DIR).iterdir())
     mgr.close()

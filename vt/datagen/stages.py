@@ -4,7 +4,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from vt import VtError
 from vt.datagen.io import ResumableWriter, count_rows, read_rows
+
+# The reason a step gives for a row it could not process for a passing cause (the teacher endpoint is down): the
+# row is not journaled, so a re-run retries it, and the run stops at once (the finished rows are kept).
+RETRY = "retry"
 
 # process(i, where, row) -> (output rows, reason, detail); reason "kept" when rows are written
 Step = Callable[[int, str, dict], tuple[list[dict], str, object]]
@@ -26,10 +31,18 @@ def run_stage(inp: str | Path, writer: ResumableWriter, step: Step | None = None
 
     def flush():
         results = batch_step(pending) if batch_step is not None else [step(*x) for x in pending]
+        retry = []
         for (i, where, _), (outs, reason, detail) in zip(pending, results):
-            writer.write(i, outs, reason, detail, where)
-        bar.update(len(pending))
+            if reason == RETRY:
+                retry.append((where, detail))
+            else:
+                writer.write(i, outs, reason, detail, where)
+        bar.update(len(pending) - len(retry))
         pending.clear()
+        if retry:
+            where, detail = retry[0]
+            raise VtError(f"{where}: {detail}; stopped with {len(retry)} row(s) of this batch not done (they are "
+                          f"not marked rejected): re-run the same command to retry them, finished rows are kept")
 
     try:
         for i, (where, row) in enumerate(read_rows(inp)):

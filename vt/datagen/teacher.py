@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from vt import VtError
 from vt.data.sources import Malformed
 from vt.datagen.quality import row_record
+from vt.datagen.stages import RETRY
 from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
 from vt.eval.metrics import cluster_answers
 from vt.rewards.base import answer_region
+from vt.rewards.rubric import JudgeUnreachable
 
 STRATEGIES = {
     "concept": "Compose it with a second, related concept so that solving it requires combining both ideas.",
@@ -55,6 +57,15 @@ Problem:
 _JUDGE_RE = re.compile(r"verdict\s*\**\s*[:：]?\s*\**\s*(good|bad)\b", re.I)
 
 
+def _unreachable(replies) -> JudgeUnreachable | None:
+    """The first transport failure among `replies`: such a row is retried on a re-run, never rejected."""
+    return next((r for r in replies if isinstance(r, JudgeUnreachable)), None)
+
+
+def _retry(failure: JudgeUnreachable):
+    return [], RETRY, f"teacher endpoint {failure}"
+
+
 def prompt_text(rec) -> str:
     return "\n".join(m["content"] for m in rec.prompt if m["role"] == "user")
 
@@ -66,8 +77,11 @@ def parse_rewrite(reply: str) -> str:
     return text.strip()
 
 
-def parse_judgement(reply) -> bool | None:
-    """True (GOOD), False (BAD) or None (no verdict: rejected as ``judge_unparseable``)."""
+def parse_judgement(reply) -> bool | None | JudgeUnreachable:
+    """True (GOOD), False (BAD), None (no verdict: rejected as ``judge_unparseable``), or the endpoint's
+    transport failure (the row is retried on a re-run)."""
+    if isinstance(reply, JudgeUnreachable):
+        return reply
     if isinstance(reply, BaseException):
         return None
     hits = _JUDGE_RE.findall(answer_region(reply))
@@ -95,12 +109,19 @@ def expand_batch(teacher, strategies: Sequence[str], judge=None):
         vi = iter(verdicts or [])
         out = [([], "", {}) for _ in items]
         per: dict[int, list] = {}
-        for (k, s), text in zip(jobs, rewrites):
+        failed: dict[int, JudgeUnreachable] = {}
+        for (k, s), text, reply in zip(jobs, rewrites, replies):
             verdict = next(vi) if (text and verdicts is not None) else True
             per.setdefault(k, []).append((s, text, verdict))
+            failure = _unreachable([reply, verdict])
+            if failure is not None:
+                failed.setdefault(k, failure)
         for k, rec in enumerate(recs):
             if isinstance(rec, Malformed):
                 out[k] = ([], f"malformed:{rec.reason}", rec.detail)
+                continue
+            if k in failed:
+                out[k] = _retry(failed[k])
                 continue
             rows, why = [], {}
             for s, text, verdict in per.get(k, []):
@@ -129,6 +150,8 @@ def judge_batch(judge):
         for k, (i, where, row) in enumerate(items):
             if isinstance(recs[k], Malformed):
                 out.append(([], f"malformed:{recs[k].reason}", recs[k].detail))
+            elif isinstance(verdicts[k], JudgeUnreachable):
+                out.append(_retry(verdicts[k]))
             elif verdicts[k] is None:
                 out.append(([], "judge_unparseable", None))
             else:
@@ -197,6 +220,10 @@ def distill_batch(teacher, cfg: DistillConfig, rewards):
                 out.append(([], f"malformed:{rec.reason}", rec.detail))
                 continue
             pos = live.index(k) * cfg.k
+            failure = _unreachable(replies[pos:pos + cfg.k])
+            if failure is not None:  # a vote over fewer samples would change the label: retry the whole row
+                out.append(_retry(failure))
+                continue
             texts = [None if isinstance(r, BaseException) else str(r) for r in replies[pos:pos + cfg.k]]
             out.append(_distill_one(cfg, rec, row, texts, rewards))
         return out

@@ -127,6 +127,11 @@ class JudgeError(RuntimeError):
     pass
 
 
+class JudgeUnreachable(JudgeError):
+    """The endpoint could not be reached (connection failures, timeouts, 5xx/429 after every retry): a
+    transport failure, retryable later, never a verdict on the request."""
+
+
 class OpenAIChatJudge:
     """A judge behind an OpenAI-compatible ``/chat/completions`` endpoint (stdlib HTTP, no SDK).
 
@@ -156,6 +161,10 @@ class OpenAIChatJudge:
         self.concurrency, self.timeout_s = concurrency, timeout_s
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
+        # Fail fast when the endpoint is down: this many failed attempts in a row, across all requests (no
+        # success in between), stop every request's retries at once instead of each backing off for ~30 s.
+        self.max_consecutive_failures = max(1, concurrency)
+        self._failures_in_a_row, self._failures_lock = 0, threading.Lock()
 
     @property
     def identity(self) -> str:
@@ -184,19 +193,30 @@ class OpenAIChatJudge:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 time.sleep(self._delay(attempt, last))
+            if self._failures_in_a_row >= self.max_consecutive_failures:
+                raise JudgeUnreachable(f"{self.url} unreachable: {self._failures_in_a_row} attempts in a row "
+                                       f"failed (last: {last})")
             try:
                 req = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
                 with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return self._content(resp.read())
+                    raw = resp.read()
+                self._count_failure(False)
+                return self._content(raw)
             except urllib.error.HTTPError as e:
                 retry_after = e.headers.get("Retry-After") if e.headers else None
                 last = f"HTTP {e.code}" + (f" retry-after={retry_after}" if retry_after else "")
                 e.close()
                 if e.code not in (408, 409, 425, 429) and e.code < 500:
                     raise JudgeError(f"judge returned HTTP {e.code}") from None
+                self._count_failure(True)
             except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
                 last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-        raise JudgeError(f"judge failed after {self.max_retries + 1} attempts (last: {last})")
+                self._count_failure(True)
+        raise JudgeUnreachable(f"{self.url} failed after {self.max_retries + 1} attempts (last: {last})")
+
+    def _count_failure(self, failed: bool) -> None:
+        with self._failures_lock:
+            self._failures_in_a_row = self._failures_in_a_row + 1 if failed else 0
 
     def _delay(self, attempt: int, last: str) -> float:
         m = re.search(r"retry-after=(\d+(?:\.\d+)?)", last)
