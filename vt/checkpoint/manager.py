@@ -41,8 +41,8 @@ import numpy as np
 
 from vt import VtError
 from vt.checkpoint.io import reader_error
-from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files, read_seal,  # noqa: F401
-                                verify_enabled, verify_seal, write_seal)
+from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files,  # noqa: F401
+                                read_seal, write_seal)
 from vt.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,6 @@ def seal(step_dir: Path, step: int, model_cfg: ModelConfig, checksum: bool = Tru
     if not keep_config:
         (step_dir / "model_config.json").write_text(json.dumps(model_cfg.to_dict(), indent=2))
     write_seal(step_dir, hashed=checksum, step=step)
-
-
-def verify(step_dir: Path, step: int) -> None:
-    """Raise VtError naming the step (and file) if the step directory differs from its seal."""
-    verify_seal(step_dir, f"checkpoint step {step}", hint=f"delete {step_dir} to resume from an earlier step")
 
 
 def architecture(cfg: ModelConfig) -> dict:
