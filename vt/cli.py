@@ -5,11 +5,11 @@ heavy imports (jax, torch) happen inside the handlers so `vt --help` stays insta
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
 
 from vt import VtError
+from vt.validation import ArgumentParser
 
 # Modules that contribute subcommands, in the order `vt --help` lists them.
 COMMAND_MODULES = (
@@ -25,8 +25,9 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
+def build_parser() -> ArgumentParser:
+    # Subparsers inherit the class: every usage error of every subcommand is one line, exit code 2.
+    parser = ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from vt import VtError
+from vt.validation import positive_float
 
 
 def register(subparsers) -> None:
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     o2h.add_argument("hf_dir", type=Path)
     o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
-    o2h.add_argument("--max-shard-gb", type=float, default=2.0)
+    o2h.add_argument("--max-shard-gb", type=positive_float, default=2.0)
     o2h.set_defaults(func=_orbax_to_hf)
 
     info = subparsers.add_parser("info", help="describe a vt checkpoint or HF model directory")

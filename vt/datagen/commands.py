@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from vt import VtError
+from vt.datagen.teacher import DISTILL_DOMAINS
+from vt.validation import fraction, non_negative_float, non_negative_int, number, positive_int
 
 
 def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
@@ -23,11 +25,11 @@ def _teacher_args(p, what="teacher"):
     p.add_argument(f"--{what}", required=True, help="ckpt:DIR (vt sampler; needs --tokenizer) or "
                                                     "openai:URL|MODEL[|API_KEY_ENV]")
     p.add_argument("--tokenizer", default="", help="HF tokenizer directory for a ckpt: teacher")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=16384)
-    p.add_argument("--batch-rows", type=int, default=16, help="input rows per teacher call")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
+    p.add_argument("--top-p", type=number(gt=0, le=1), default=0.95)
+    p.add_argument("--max-new-tokens", type=positive_int, default=16384)
+    p.add_argument("--batch-rows", type=positive_int, default=16, help="input rows per teacher call")
+    p.add_argument("--seed", type=non_negative_int, default=0)
 
 
 def register(subparsers) -> None:
@@ -37,28 +39,28 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("filter", help="n-gram quality filters (repetition, templated degeneration, length)")
     _io(p)
-    p.add_argument("--repetition-n", type=int, default=10)
-    p.add_argument("--max-repetition", type=float, default=0.5, help="reject above this repetition score")
-    p.add_argument("--template-n", type=int, default=6)
-    p.add_argument("--max-template", type=float, default=0.7, help="reject above this digit-blind score")
-    p.add_argument("--min-chars", type=int, default=1)
-    p.add_argument("--max-chars", type=int, default=0)
+    p.add_argument("--repetition-n", type=positive_int, default=10)
+    p.add_argument("--max-repetition", type=fraction, default=0.5, help="reject above this repetition score")
+    p.add_argument("--template-n", type=positive_int, default=6)
+    p.add_argument("--max-template", type=fraction, default=0.7, help="reject above this digit-blind score")
+    p.add_argument("--min-chars", type=non_negative_int, default=1)
+    p.add_argument("--max-chars", type=non_negative_int, default=0, help="0 = no limit")
     p.add_argument("--require-response", action="store_true", help="reject rows without an assistant turn")
     p.set_defaults(func=run_filter)
 
     p = sub.add_parser("dedup", help="exact and near-duplicate removal (MinHash LSH)")
     _io(p)
     p.add_argument("--key", choices=("prompt", "response", "all"), default="all")
-    p.add_argument("--near-threshold", type=float, default=0.8, help="Jaccard threshold; 0 = exact only")
-    p.add_argument("--num-perm", type=int, default=128)
-    p.add_argument("--shingle", type=int, default=5, help="words per shingle")
+    p.add_argument("--near-threshold", type=fraction, default=0.8, help="Jaccard threshold; 0 = exact only")
+    p.add_argument("--num-perm", type=positive_int, default=128)
+    p.add_argument("--shingle", type=positive_int, default=5, help="words per shingle")
     p.set_defaults(func=run_dedup)
 
     p = sub.add_parser("decontam", help="drop rows sharing a word n-gram with evaluation sets")
     _io(p)
     p.add_argument("--eval", action="append", required=True, help="evaluation set (.jsonl/.parquet); repeatable")
-    p.add_argument("-n", "--ngram", type=int, default=13)
-    p.add_argument("--min-short-words", type=int, default=6, help="shorter eval texts match whole")
+    p.add_argument("-n", "--ngram", type=positive_int, default=13)
+    p.add_argument("--min-short-words", type=non_negative_int, default=6, help="shorter eval texts match whole")
     p.add_argument("--part", choices=("prompt", "response", "all"), default="all")
     p.set_defaults(func=run_decontam)
 
@@ -78,11 +80,12 @@ def register(subparsers) -> None:
     p = sub.add_parser("distill", help="k teacher traces per query; keep verified ones (reference or vote)")
     _io(p)
     _teacher_args(p)
-    p.add_argument("-k", type=int, default=8, help="samples per query")
-    p.add_argument("--domain", default="", help="math, stem, code or instruct ('' = each row's own)")
-    p.add_argument("--min-agreement", type=float, default=0.5, help="pseudo-label vote share of k")
+    p.add_argument("-k", type=positive_int, default=8, help="samples per query")
+    p.add_argument("--domain", default="", choices=("", *DISTILL_DOMAINS),
+                   help="math, stem, code or instruct ('' = each row's own)")
+    p.add_argument("--min-agreement", type=fraction, default=0.5, help="pseudo-label vote share of k")
     p.add_argument("--no-reference", action="store_true", help="ignore references: vote even when present")
-    p.add_argument("--reward-workers", type=int, default=2)
+    p.add_argument("--reward-workers", type=positive_int, default=2)
     p.set_defaults(func=run_distill)
 
     p = sub.add_parser("stratify", help="curriculum manifests (stage1/stage2/pass_rates) by difficulty and length")
@@ -90,9 +93,9 @@ def register(subparsers) -> None:
     p.add_argument("output", help="output directory")
     p.add_argument("--difficulty-edges", default="0.25,0.5,0.75")
     p.add_argument("--length-edges", default="1024,5000,16384")
-    p.add_argument("--min-trace-tokens", type=int, default=5000)
-    p.add_argument("--min-error-rate", type=float, default=0.75)
-    p.add_argument("--min-rollouts", type=int, default=8)
+    p.add_argument("--min-trace-tokens", type=non_negative_int, default=5000)
+    p.add_argument("--min-error-rate", type=fraction, default=0.75)
+    p.add_argument("--min-rollouts", type=positive_int, default=8)
     p.add_argument("--tokenizer", default="", help="count trace tokens when metadata.trace_length is absent")
     p.set_defaults(func=run_stratify)
 

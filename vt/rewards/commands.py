@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vt import VtError
+from vt.validation import positive_float, positive_int
 
 DOMAINS = ("math", "code", "stem", "instruct", "rubric")
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
@@ -35,10 +36,10 @@ def register(subparsers) -> None:
     p.add_argument("--domain", required=True, choices=DOMAINS)
     p.add_argument("--input", required=True, type=Path, help="JSONL: one {'completion': ..., <reference>} per line")
     p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
-    p.add_argument("--workers", type=int, default=2, help="concurrent verifications (processes / sandboxes)")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--workers", type=positive_int, default=2, help="concurrent verifications (processes / sandboxes)")
+    p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds: math per-item deadline, code per-test limit, rubric per-request timeout")
-    p.add_argument("--batch-size", type=int, default=256, help="records scored per batch")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="records scored per batch")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="code: run untrusted programs WITHOUT isolation if bubblewrap is unavailable")
     p.add_argument("--mode", choices=("strict", "loose"), default="strict", help="instruct: IFEval scoring mode")
@@ -51,8 +52,6 @@ def register(subparsers) -> None:
 def build_reward(args: argparse.Namespace):
     from vt.rewards.registry import make_reward
 
-    if args.workers < 1:
-        raise VtError(f"--workers must be >= 1, got {args.workers}")
     opts: dict[str, Any] = {}
     t = args.timeout
     if args.domain == "math":

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from vt import VtError
+from vt.validation import non_negative_float, non_negative_int, number, positive_int, top_k
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
@@ -33,13 +34,13 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="output JSONL, one line per sample")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="HF tokenizer directory or SentencePiece .model (needed for prompt/messages/--stop)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1, help="-1 = off")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64, help="decode slots (concurrent samples)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-p", type=number(gt=0, le=1), default=1.0)
+    p.add_argument("--top-k", type=top_k, default=-1, help="-1 = off")
+    p.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots (concurrent samples)")
     p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
