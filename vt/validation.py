@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import math
 import os
 import sys
@@ -152,3 +153,40 @@ def refuse_same_file(input_path, output_path, input_name: str, output_name: str)
     if same:
         raise VtError(f"{output_name} {output_path} is the input ({input_name}); writing it would destroy the "
                       "input: choose another output path")
+
+
+def check_output_path(path, name: str, *, directory: bool = False) -> None:
+    """VtError unless ``path`` can be written as a file (``directory=False``) or a directory: an existing path
+    of the other kind, or an existing file among its parents, is named instead of surfacing later as
+    IsADirectoryError / NotADirectoryError / FileExistsError."""
+    path = Path(path)
+    if path.exists():
+        if directory and not path.is_dir():
+            raise VtError(f"{name} {path}: exists and is not a directory")
+        if not directory and path.is_dir():
+            raise VtError(f"{name} {path}: is a directory; give a file path")
+        return
+    for parent in path.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise VtError(f"{name} {path}: {parent} is a file, not a directory")
+            return
+
+
+def parse_json_line(raw: bytes | str, where: str):
+    """One JSONL line -> its value, or VtError naming ``where``: not UTF-8, not JSON, or text holding a lone
+    surrogate (``"\\ud800"`` is valid JSON but not Unicode: it cannot be written back out as UTF-8)."""
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        raise VtError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise VtError(f"{where}: text holds a lone surrogate ({e.object[e.start:e.end]!a}); not valid "
+                      "Unicode") from None
+    return value

@@ -63,11 +63,9 @@ def describe(path: Path) -> dict:
             tensors[k] = {"shape": list(sl.get_shape()), "dtype": str(sl.get_dtype())}
         fmt = "huggingface"
     else:
-        from vt.checkpoint.params import PARAMS_ITEM, _checkpointer, load_model_config
+        from vt.checkpoint.params import PARAMS_ITEM, load_model_config, stored_param_metadata
         cfg = load_model_config(path)
-        meta = _checkpointer().metadata(path / PARAMS_ITEM)
-        meta = getattr(meta, "item_metadata", meta)
-        meta = getattr(meta, "tree", meta)
+        meta = stored_param_metadata(path / PARAMS_ITEM)
         tensors = {k: {"shape": list(m.shape), "dtype": str(m.dtype)} for k, m in meta.items()}
         fmt = "vt-orbax"
     arch = {k: v for k, v in cfg.to_dict().items() if k not in ("param_dtype", "dtype", "attention_impl",

@@ -51,7 +51,8 @@ def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -
 
 def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax.Array]) -> None:
     from vt.distributed import is_primary
-    _checkpointer().save(Path(directory) / PARAMS_ITEM, params)  # collective: every process writes its shards
+    # Orbax accepts only absolute paths (`vt merge --out rel` crashed on that); collective: every process writes.
+    _checkpointer().save(Path(directory).absolute() / PARAMS_ITEM, params)
     if is_primary():
         (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
 
@@ -87,9 +88,7 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     params_dir = ckpt_dir / PARAMS_ITEM
     if not params_dir.is_dir():
         raise VtError(f"{params_dir}: missing; {ckpt_dir} holds no parameters")
-    stored = _checkpointer().metadata(params_dir)
-    stored = getattr(stored, "item_metadata", stored)
-    stored = getattr(stored, "tree", stored)
+    stored = stored_param_metadata(params_dir)
     _check_keys(set(stored.keys()), set(target), params_dir, cfg, stored)
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     try:
@@ -97,6 +96,23 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
         raise VtError(f"{params_dir}: cannot restore ({type(e).__name__}: {str(e).splitlines()[0][:300]})") from None
     return _merge(graphdef, abstract_state, restored)
+
+
+def stored_param_metadata(params_dir: Path) -> dict:
+    """Tensor name -> stored metadata (shape, dtype) of a checkpoint's params item, read without the weights;
+    VtError when the item's metadata is missing or unreadable (Orbax itself returns None for that)."""
+    params_dir = Path(params_dir).absolute()
+    try:
+        stored = _checkpointer().metadata(params_dir)
+    except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
+        raise VtError(f"{params_dir}: unreadable checkpoint metadata ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:300] if str(e) else ''})") from None
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)
+    if not isinstance(stored, dict) or not stored:
+        raise VtError(f"{params_dir}: no parameter metadata (_METADATA missing or empty); "
+                      "the checkpoint is incomplete or damaged")
+    return stored
 
 
 def _flat(state) -> dict:

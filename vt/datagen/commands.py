@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vt import VtError
 from vt.datagen.teacher import DISTILL_DOMAINS
-from vt.validation import fraction, non_negative_float, non_negative_int, number, positive_int
+from vt.validation import check_output_path, fraction, non_negative_float, non_negative_int, number, positive_int, refuse_same_file
 
 
 def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
@@ -100,6 +100,21 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_stratify)
 
 
+def _open(args):
+    """The output writer, opened only once the input and output paths are known to be usable (a missing
+    input used to leave a fresh empty output and journal behind)."""
+    from vt.datagen.stages import open_writer
+    _check_input(args.input)
+    refuse_same_file(args.input, args.output, "INPUT", "OUTPUT")
+    check_output_path(args.output, "OUTPUT")
+    return open_writer(args.output)
+
+
+def _check_input(path: str) -> None:
+    if not Path(path).is_file():
+        raise VtError(f"{path}: no such input file" + (" (it is a directory)" if Path(path).is_dir() else ""))
+
+
 def _finish(report: dict) -> int:
     counts = report["counts"]
     kept = counts.get("kept", 0)
@@ -113,27 +128,27 @@ def _finish(report: dict) -> int:
 
 def run_filter(args) -> int:
     from vt.datagen.quality import FilterConfig, filter_step
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     cfg = FilterConfig(args.repetition_n, args.max_repetition, args.template_n, args.max_template, args.min_chars,
                        args.max_chars, args.require_response)
-    return _finish(run_stage(args.input, open_writer(args.output), filter_step(cfg), desc="filter",
+    return _finish(run_stage(args.input, _open(args), filter_step(cfg), desc="filter",
                              progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
 
 
 def run_dedup(args) -> int:
     from vt.datagen.quality import DedupConfig, dedup_step
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     cfg = DedupConfig(args.key, args.near_threshold, args.num_perm, args.shingle)
-    w = open_writer(args.output)
+    w = _open(args)
     return _finish(run_stage(args.input, w, dedup_step(cfg, w.kept_rows), desc="dedup",
                              progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
 
 
 def run_decontam(args) -> int:
     from vt.datagen.quality import Decontaminator, decontam_step, eval_texts
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     deco = Decontaminator(eval_texts(args.eval), args.ngram, args.min_short_words)
-    return _finish(run_stage(args.input, open_writer(args.output), decontam_step(deco, args.part),
+    return _finish(run_stage(args.input, _open(args), decontam_step(deco, args.part),
                              desc="decontam", progress=not args.no_progress,
                              report={"eval_sets": args.eval, "ngram": args.ngram}))
 
@@ -145,25 +160,25 @@ def _teacher(args, spec):
 
 
 def run_expand(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import expand_batch
     judge = _teacher(args, args.judge) if args.judge else None
     step = expand_batch(_teacher(args, args.teacher), [s.strip() for s in args.strategies.split(",") if s.strip()],
                         judge)
-    return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+    return _finish(run_stage(args.input, _open(args), batch_step=step, batch_size=args.batch_rows,
                              desc="expand", progress=not args.no_progress, report={"teacher": args.teacher}))
 
 
 def run_judge(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import judge_batch
-    return _finish(run_stage(args.input, open_writer(args.output), batch_step=judge_batch(_teacher(args, args.judge)),
+    return _finish(run_stage(args.input, _open(args), batch_step=judge_batch(_teacher(args, args.judge)),
                              batch_size=args.batch_rows, desc="judge", progress=not args.no_progress,
                              report={"judge": args.judge}))
 
 
 def run_distill(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import DistillConfig, distill_batch
     from vt.rewards import make_reward
     cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
@@ -176,7 +191,7 @@ def run_distill(args) -> int:
     rewards = Rewards()
     try:
         step = distill_batch(_teacher(args, args.teacher), cfg, rewards)
-        return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+        return _finish(run_stage(args.input, _open(args), batch_step=step, batch_size=args.batch_rows,
                                  desc="distill", progress=not args.no_progress,
                                  report={"teacher": args.teacher, "k": args.k}))
     finally:
@@ -193,6 +208,8 @@ def _floats(text: str, name: str, cast=float) -> tuple:
 
 def run_stratify(args) -> int:
     from vt.datagen.stratify import StratifyConfig, run_stratify as run
+    _check_input(args.input)
+    check_output_path(args.output, "OUTPUT", directory=True)
     cfg = StratifyConfig(_floats(args.difficulty_edges, "difficulty-edges"),
                          _floats(args.length_edges, "length-edges", int), args.min_trace_tokens, args.min_error_rate, args.min_rollouts, args.tokenizer)
     manifest = run(args.input, Path(args.output), cfg)

@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+from vt.validation import check_output_path
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -20,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from vt.config import load_config, to_dataclass
     from vt.distill.pipeline import SelfDistillConfig, run_self_distill
 
+    check_output_path(args.workdir, "--workdir", directory=True)
     cfg = to_dataclass(SelfDistillConfig, load_config(args.config, args.config_overrides))
     report = run_self_distill(cfg, args.workdir)
     print(json.dumps(report["domains"], indent=1))

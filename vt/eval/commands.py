@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vt.validation import check_output_path
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -22,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from vt.config import load_config, to_dataclass
     from vt.eval.runner import EvalConfig, run_eval
 
+    check_output_path(args.out, "--out", directory=True)
     overrides = list(args.config_overrides)
     if args.ckpt is not None:
         overrides.append(f"--config.model.ckpt={args.ckpt}")

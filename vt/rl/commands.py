@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from vt.rewards.registry import DOMAINS
-from vt.validation import non_negative_float, non_negative_int, number, positive_int
+from vt.validation import check_output_path, non_negative_float, non_negative_int, number, positive_int
 
 
 def register(subparsers) -> None:
@@ -29,6 +29,7 @@ def register(subparsers) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from vt.rl.profile import profile
+    check_output_path(args.out, "--out")
     added = profile(args.ckpt, args.tokenizer, args.data, args.out, k=args.k, domain=args.domain,
                     temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size, seed=args.seed)

@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 from vt import VtError
-from vt.validation import non_negative_float, non_negative_int, number, positive_int, top_k
+from vt.validation import (check_output_path, non_negative_float, non_negative_int, number, parse_json_line,
+                           positive_int, refuse_same_file, top_k)
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
@@ -52,15 +53,12 @@ def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> l
     if not path.is_file():
         raise VtError(f"{path}: no such prompts file")
     requests = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path} line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            rec = parse_json_line(line, where)
             if not isinstance(rec, dict):
                 raise VtError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             unknown = sorted(set(rec) - set(PROMPT_FIELDS) - set(OPTIONAL_FIELDS))
@@ -110,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop))
+    refuse_same_file(args.prompts, args.out, "--prompts", "--out")
+    check_output_path(args.out, "--out")
     tokenizer = None
     if args.tokenizer is not None:
         from vt.data.tokenizer import load_tokenizer
