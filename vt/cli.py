@@ -5,7 +5,9 @@ heavy imports (jax, torch) happen inside the handlers so `vt --help` stays insta
 """
 from __future__ import annotations
 
+import errno
 import importlib
+import logging
 import sys
 
 from vt import VtError
@@ -40,12 +42,43 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def out_of_space(e: BaseException) -> bool:
+    """Whether ``e`` is the file system running out of space, however the writer reports it (OSError from
+    Python, ValueError "RESOURCE_EXHAUSTED ... [OS error 28]" from Orbax/tensorstore, SafetensorError)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    text = str(e)
+    return any(s in text for s in ("No space left on device", "Disk quota exceeded", "os error 28",
+                                   "OS error 28", "File too large"))
+
+
+def _os_error_text(e: OSError) -> str:
+    if e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e)
+
+
+class _NoRaisedTracebacks(logging.Filter):
+    """Orbax logs (through absl) the traceback of a writer-thread error that it then raises to its caller, where
+    `main` reports it in one line or re-raises it: drop the logged copy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.exc_info)
+
+
+_NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
+
+
 def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("absl").addFilter(_NO_RAISED_TRACEBACKS)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # Only config-driven commands accept `--config.key=value` overrides; anything else is a typo.
-    if extra and not getattr(args, "accepts_config_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # Only config-driven commands accept `--config.key=value` overrides; anything else is a typo.
+        if extra and not getattr(args, "accepts_config_overrides", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # a usage error (2, one line already printed) or --help (0), as a return code
+        return e.code if isinstance(e.code, int) else 0
     args.config_overrides = extra
     try:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
@@ -55,6 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     except VtError as e:
         print(f"vt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        # Writers clean up after themselves (atomic output directories, temporary files renamed at the end), so
+        # a full disk leaves nothing half-written: say so in one line rather than a writer's traceback.
+        if out_of_space(e):
+            detail = _os_error_text(e) if isinstance(e, OSError) else str(e).splitlines()[0][:300]
+            print(f"vt {args.command}: error: out of disk space; nothing was written ({detail})", file=sys.stderr)
+            return 2
+        if isinstance(e, OSError) and e.filename is not None:  # a path the file system refused, named
+            print(f"vt {args.command}: error: {_os_error_text(e)}", file=sys.stderr)
+            return 2
+        raise
     except BrokenPipeError:  # `vt info ... | head`
         return 0
     except KeyboardInterrupt:
