@@ -47,12 +47,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> list:
-    """Parse and check every line; VtError names the line at fault."""
+def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> tuple[list, list[int]]:
+    """Parse and check every line; VtError names the line at fault. Returns the requests and their line numbers."""
     from vt.sampling.engine import Request, check_prompt
     if not path.is_file():
         raise VtError(f"{path}: no such prompts file")
-    requests = []
+    requests, lines = [], []
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -97,9 +97,28 @@ def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> l
                         raise VtError(f"{where}: field '{k}' must be a positive integer, got {v!r}")
                     extra[k] = v
             requests.append(Request(prompt_ids=ids, **extra))
+            lines.append(lineno)
     if not requests:
         raise VtError(f"{path}: no prompts")
-    return requests
+    return requests, lines
+
+
+def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
+    """The engine's up-front memory check, before the model loads, naming flags and input lines."""
+    import numpy as np
+
+    from vt.sampling.engine import check_memory, device_memory_bytes, host_memory_bytes
+    reqs = [(np.asarray(r.prompt_ids), min(r.max_new_tokens or cfg.max_new_tokens, context - len(r.prompt_ids)),
+             r.n or cfg.n) for r in requests]
+
+    def name(i: int) -> str:
+        where = f"{args.prompts} line {lines[i]}"
+        if requests[i].n is None and requests[i].max_new_tokens is None:
+            return f"--n {cfg.n} and --max-new-tokens {cfg.max_new_tokens} ({where})"
+        return where
+
+    check_memory(model_cfg, cfg.batch_size, reqs, context, device_bytes=device_memory_bytes(),
+                 host_bytes=host_memory_bytes(), batch_name="--batch-size", request_name=name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,10 +136,12 @@ def run(args: argparse.Namespace) -> int:
     if cfg.stop_strings and tokenizer is None:
         raise VtError("--stop needs --tokenizer")
     model_cfg = load_model_config(args.ckpt)
-    requests = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, model_cfg.max_position_embeddings)
+    context = model_cfg.max_position_embeddings
+    requests, lines = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, context)
     out_dir = args.out.absolute().parent
     if not out_dir.is_dir():
         raise VtError(f"{args.out}: directory {out_dir} does not exist")
+    _check_memory(args, cfg, model_cfg, requests, lines, context)
 
     engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
     total = sum(r.n or cfg.n for r in requests)
