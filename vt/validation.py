@@ -77,6 +77,7 @@ def _converter(cast, kind: str, rng: Range):
         return value
 
     convert.__name__ = kind  # argparse shows it in its own messages
+    convert.range = rng  # for tests that feed every flag a value outside its range
     return convert
 
 
@@ -97,6 +98,10 @@ def top_k(text: str) -> int:
     if value == 0:
         raise argparse.ArgumentTypeError("must be -1 (off) or >= 1, got 0")
     return value
+
+
+top_k.range = Range(ge=-1)
+top_k.bad_values = ("0",)  # inside that range yet refused
 
 
 positive_int = integer(ge=1)
