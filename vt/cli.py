@@ -89,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vt {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        # Writers clean up after themselves (atomic output directories, temporary files renamed at the end), so
-        # a full disk leaves nothing half-written: say so in one line rather than a writer's traceback.
+        # Writers clean up after themselves (atomic output directories, temporary files renamed at the end,
+        # checkpoints committed by rename), so a full disk leaves nothing half-written that would be used:
+        # one line rather than a writer's traceback.
         if out_of_space(e):
             detail = _os_error_text(e) if isinstance(e, OSError) else str(e).splitlines()[0][:300]
-            print(f"vt {args.command}: error: out of disk space; nothing was written ({detail})", file=sys.stderr)
+            print(f"vt {args.command}: error: out of disk space ({detail})", file=sys.stderr)
             return 2
         if isinstance(e, OSError) and e.filename is not None:  # a path the file system refused, named
             print(f"vt {args.command}: error: {_os_error_text(e)}", file=sys.stderr)
