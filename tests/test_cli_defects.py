@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vt import VtError
@@ -16,13 +17,18 @@ from vt.cli import main
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> Path:
-    """A small real vt checkpoint (tiny preset, random weights) and its HF export."""
-    from vt.checkpoint.params import export_to_hf, save_model
-    from vt.model import create_model, preset
+    """A small real vt checkpoint (tiny preset, random weights) and its HF export. Weights drawn with numpy
+    for the abstract model's shapes: no initialiser to compile."""
+    from vt.checkpoint.io import atomic_output_dir
+    from vt.checkpoint.params import export_to_hf, flat_params, load_model, write_model_entries
+    from vt.model import abstract_model, preset
     root = tmp_path_factory.mktemp("defects")
-    model = create_model(preset("tiny", num_layers=1, vocab_size=256))
-    save_model(root / "ck", model)
-    export_to_hf(model, root / "hf")
+    cfg = preset("tiny", num_layers=1, vocab_size=256)
+    rng = np.random.default_rng(0)
+    params = {k: rng.normal(0, 0.02, s.shape).astype(s.dtype) for k, s in flat_params(abstract_model(cfg)).items()}
+    with atomic_output_dir(root / "ck") as tmp:
+        write_model_entries(tmp, cfg, params)
+    export_to_hf(load_model(root / "ck"), root / "hf")
     return root / "ck"
 
 
