@@ -5,6 +5,7 @@ heavy imports (jax, torch) happen inside the handlers so `vt --help` stays insta
 """
 from __future__ import annotations
 
+import argparse
 import errno
 import importlib
 import logging
@@ -39,7 +40,18 @@ def build_parser() -> ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    _name_leaves(parser)
     return parser
+
+
+def _name_leaves(parser: ArgumentParser) -> None:
+    """Each leaf subcommand records its full name ("vt data filter"), which errors are prefixed with."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for sub in action.choices.values():
+            _name_leaves(sub)
+    if not subs:
+        parser.set_defaults(command_name=parser.prog)
 
 
 def out_of_space(e: BaseException) -> bool:
@@ -80,13 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # a usage error (2, one line already printed) or --help (0), as a return code
         return e.code if isinstance(e.code, int) else 0
     args.config_overrides = extra
+    name = args.command_name  # "vt data filter"
     try:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
         from vt.distributed import initialize
         initialize()
         return int(args.func(args) or 0)
     except VtError as e:
-        print(f"vt {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
         # Writers clean up after themselves (atomic output directories, temporary files renamed at the end,
@@ -94,16 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         # one line rather than a writer's traceback.
         if out_of_space(e):
             detail = _os_error_text(e) if isinstance(e, OSError) else str(e).splitlines()[0][:300]
-            print(f"vt {args.command}: error: out of disk space ({detail})", file=sys.stderr)
+            print(f"{name}: error: out of disk space ({detail})", file=sys.stderr)
             return 2
         if isinstance(e, OSError) and e.filename is not None:  # a path the file system refused, named
-            print(f"vt {args.command}: error: {_os_error_text(e)}", file=sys.stderr)
+            print(f"{name}: error: {_os_error_text(e)}", file=sys.stderr)
             return 2
         raise
     except BrokenPipeError:  # `vt info ... | head`
         return 0
     except KeyboardInterrupt:
-        print(f"vt {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 
