@@ -366,7 +366,9 @@ def test_forked_children_share_one_memory_budget(bound):
             attack = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=256))])[0]
         control = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=32))])[0]
     assert attack.score == 0.0, attack
-    assert rss.peak <= budget + (32 << 20), (rss.peak, budget)
+    # RSS sums count the interpreter pages the forked children share once per child: some slack; the attack
+    # unbounded holds 4 x 256 MiB plus those.
+    assert rss.peak <= budget + (64 << 20), (rss.peak, budget)
     assert control.score == 1.0, control
 
 
