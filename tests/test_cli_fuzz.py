@@ -165,6 +165,8 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/a_file/sub"], "a_file"),
         (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.no_such_field=1"],
          "no_such_field"),
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.optim.lr=-1.0"],
+         "config.optim.lr: must be > 0"),
     ],
     ("merge",): [
         (["{d}/ckpt_badtype", "{d}/ckpt_badtype", "--out", "{d}/m"], "field 'hidden_size'"),
@@ -184,10 +186,13 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         (["--config", "{d}/missing.py", "--out", "{d}/e"], "missing.py"),
         (["--config", "{d}/raises.py", "--out", "{d}/e"], "raises.py"),
         (["--config", "{repo}/configs/eval_aime25.py", "--out", "{d}/a_file"], "--out"),
+        (["--config", "{repo}/configs/eval_aime25.py", "--out", "{d}/e", "--config.sampling.n=0"],
+         "config.sampling.n: must be >= 1"),
     ],
     ("self-distill",): [
         (["--config", "{d}/missing.py", "--workdir", "{d}/s"], "missing.py"),
         (["--config", "{repo}/configs/self_distill.py", "--workdir", "{d}/a_file/s"], "a_file"),
+        (["--config", "{repo}/configs/self_distill.py:smoke", "--workdir", "{d}/s"], "config.student"),
     ],
     ("pipeline",): [
         (["--config", "{d}/missing.py", "--workdir", "{d}/p"], "missing.py"),
