@@ -164,7 +164,7 @@ def _write(path: Path, value, optional: bool = False) -> None:
     """Write a cgroup control file; ``optional`` ones (swap accounting, oom.group) may be absent."""
     try:
         path.write_text(f"{value}\n")
-    except (FileNotFoundError, PermissionError):
+    except OSError:  # absent (no swap accounting), refused or EINVAL: the limit that matters is not optional
         if not optional:
             raise
 
