@@ -9,6 +9,17 @@ Run:
         --config.data.train=runs/self_distill/selected.jsonl --config.model.init_checkpoint=runs/student
 
 The report publishes no thresholds: every band and bucket edge below is a starting point to tune.
+
+Variant `smoke` shrinks the sizes (4 math prompts x 2 samples, 16 new tokens, code and STEM skipped), not the
+inputs, so it cannot run on its own: it still reads a student checkpoint, its tokenizer and a math RL checkpoint
+with its prompts, which earlier stages produce. Point it at small ones, e.g. a finished `vt demo` run (or
+`vt pipeline`) in demo_out/:
+
+    vt self-distill --config configs/self_distill.py:smoke --workdir /tmp/sd_smoke \
+        --config.student=STUDENT_CKPT --config.tokenizer=TOKENIZER \
+        --config.sources.math.ckpt=MATH_RL_CKPT --config.sources.math.data=PROMPTS.jsonl
+
+Missing inputs are named by their config field before anything loads.
 """
 import ml_collections
 

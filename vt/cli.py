@@ -6,11 +6,14 @@ heavy imports (jax, torch) happen inside the handlers so `vt --help` stays insta
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import logging
 import sys
 
 from vt import VtError
 from vt.checkpoint.seal import set_verify
+from vt.validation import ArgumentParser
 
 # Modules that contribute subcommands, in the order `vt --help` lists them.
 COMMAND_MODULES = (
@@ -26,8 +29,9 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
+def build_parser() -> ArgumentParser:
+    # Subparsers inherit the class: every usage error of every subcommand is one line, exit code 2.
+    parser = ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         try:
@@ -37,16 +41,59 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         module.register(subparsers)
+    _name_leaves(parser)
     return parser
 
 
+def _name_leaves(parser: ArgumentParser) -> None:
+    """Each leaf subcommand records its full name ("vt data filter"), which errors are prefixed with."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for action in subs:
+        for sub in action.choices.values():
+            _name_leaves(sub)
+    if not subs:
+        parser.set_defaults(command_name=parser.prog)
+
+
+def out_of_space(e: BaseException) -> bool:
+    """Whether ``e`` is the file system running out of space, however the writer reports it (OSError from
+    Python, ValueError "RESOURCE_EXHAUSTED ... [OS error 28]" from Orbax/tensorstore, SafetensorError)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return True
+    text = str(e)
+    return any(s in text for s in ("No space left on device", "Disk quota exceeded", "os error 28",
+                                   "OS error 28", "File too large"))
+
+
+def _os_error_text(e: OSError) -> str:
+    if e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e)
+
+
+class _NoRaisedTracebacks(logging.Filter):
+    """Orbax logs (through absl) the traceback of a writer-thread error that it then raises to its caller, where
+    `main` reports it in one line or re-raises it: drop the logged copy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.exc_info)
+
+
+_NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
+
+
 def main(argv: list[str] | None = None) -> int:
+    logging.getLogger("absl").addFilter(_NO_RAISED_TRACEBACKS)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # Only config-driven commands accept `--config.key=value` overrides; anything else is a typo.
-    if extra and not getattr(args, "accepts_config_overrides", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        args, extra = parser.parse_known_args(argv)
+        # Only config-driven commands accept `--config.key=value` overrides; anything else is a typo.
+        if extra and not getattr(args, "accepts_config_overrides", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # a usage error (2, one line already printed) or --help (0), as a return code
+        return e.code if isinstance(e.code, int) else 0
     args.config_overrides = extra
+    name = args.command_name  # "vt data filter"
     try:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
         from vt.distributed import initialize
@@ -54,12 +101,24 @@ def main(argv: list[str] | None = None) -> int:
         set_verify(not getattr(args, "trust_checkpoint", False))  # the flag vt.checkpoint.seal.add_trust_flag adds
         return int(args.func(args) or 0)
     except VtError as e:
-        print(f"vt {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        # Writers clean up after themselves (atomic output directories, temporary files renamed at the end,
+        # checkpoints committed by rename), so a full disk leaves nothing half-written that would be used:
+        # one line rather than a writer's traceback.
+        if out_of_space(e):
+            detail = _os_error_text(e) if isinstance(e, OSError) else str(e).splitlines()[0][:300]
+            print(f"{name}: error: out of disk space ({detail})", file=sys.stderr)
+            return 2
+        if isinstance(e, OSError) and e.filename is not None:  # a path the file system refused, named
+            print(f"{name}: error: {_os_error_text(e)}", file=sys.stderr)
+            return 2
+        raise
     except BrokenPipeError:  # `vt info ... | head`
         return 0
     except KeyboardInterrupt:
-        print(f"vt {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 

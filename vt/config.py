@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vt import VtError
+from vt.validation import FieldError
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
@@ -123,7 +124,10 @@ def to_dataclass(cls, cd, where: str = "config"):
                 raise VtError(f"{where}: missing field {where}.{f.name}")
             continue
         kwargs[f.name] = _coerce(hints[f.name], data[f.name], f"{where}.{f.name}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except FieldError as e:  # a range check in __post_init__: name the field as the config spells it
+        raise VtError(f"{where}.{e.field}: {e.detail}") from None
 
 
 def _coerce(tp, value, where):

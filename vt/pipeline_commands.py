@@ -5,6 +5,8 @@ import argparse
 from pathlib import Path
 
 from vt import VtError
+from vt.pipeline import STAGES
+from vt.validation import check_output_path
 
 DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.py"
 
@@ -35,8 +37,11 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    p.add_argument("--from", dest="from_stage", metavar="STAGE", help="discard STAGE and later stages, run them again")
-    p.add_argument("--only", metavar="STAGE", help="run only STAGE again (earlier stages must be finished)")
+    # choices: a misspelt stage is a usage error at once, --validate included
+    p.add_argument("--from", dest="from_stage", metavar="STAGE", choices=STAGES,
+                   help="discard STAGE and later stages, run them again")
+    p.add_argument("--only", metavar="STAGE", choices=STAGES,
+                   help="run only STAGE again (earlier stages must be finished)")
     p.add_argument("--validate", action="store_true",
                    help="resolve every stage config and check every input path; run nothing")
 
@@ -49,6 +54,7 @@ def _run(spec: str, args, before_run=None) -> int:
     from vt.config import load_config
     from vt.pipeline import main_stream, pipeline_config, print_validation, run_pipeline, validate
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    check_output_path(args.workdir, "--workdir", directory=True)
     cfg = pipeline_config(load_config(spec, args.config_overrides), args.workdir)
     out = main_stream()
     if args.validate:

@@ -66,7 +66,7 @@ def test_info_reports_config_and_counts(vt_ckpt, hf_dir):
 def _assert_clean_failure(proc, *needles, out: Path | None = None):
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("vt convert: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("vt convert ") and ": error:" in lines[0], proc.stderr
     for n in needles:
         assert n in lines[0], (n, lines[0])
     if out is not None:

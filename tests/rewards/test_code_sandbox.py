@@ -303,6 +303,75 @@ def test_filling_tmp_hits_its_size_cap():
     assert res.score == 0.0 and res.failure == "output_limit", res
 
 
+def test_dev_is_read_only_and_dev_shm_is_size_capped(reward):
+    # /dev was a writable tmpfs without a size cap: 1 GiB into /dev/shm went straight into host memory.
+    # Files of 32 MiB each, under the per-file size limit (RLIMIT_FSIZE), 1 GiB in all.
+    for where in ("/dev/shm", "/dev"):
+        src = f"""
+            try:
+                for i in range(32):
+                    with open(f'{where}/big{{i}}', 'wb') as f:
+                        for _ in range(32):
+                            f.write(b'x' * (1 << 20))
+                print('wrote 1 GiB')
+            except OSError:
+                print('blocked')
+        """
+        assert_blocked(reward, src, "wrote 1 GiB")
+
+
+def _run_rss_bytes(uids) -> int:
+    """Resident memory of every live process of the sandbox uids, summed."""
+    total = 0
+    for pid in processes_matching(uids):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+FORKED_ALLOCATORS = """
+    import os, time
+    pids = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                block = b'x' * ({mib} << 20)  # touched: resident, not just reserved
+                time.sleep(1.0)
+                os._exit(0)
+            except MemoryError:
+                os._exit(3)
+        pids.append(pid)
+    ok = all(os.waitpid(p, 0)[1] == 0 for p in pids)
+    print('all allocated' if ok else 'blocked')
+"""
+
+
+@pytest.mark.parametrize("bound", ["cgroup", "rlimit-fallback"])
+def test_forked_children_share_one_memory_budget(bound):
+    # The limit was per process: four forked children held 4x the budget of host memory in one run.
+    budget = 768 << 20
+    with CodeReward(workers=1, test_time_limit_s=10, memory_bytes=budget) as r:
+        if not r.sandbox_uids:
+            pytest.skip("per-sandbox uids (to measure the run's memory) exist only when the grader runs as root")
+        if bound == "cgroup":
+            if r.sandbox.cgroups is None:
+                pytest.skip("no writable memory cgroup on this host (cgroup v2 delegation or v1 as root)")
+        else:
+            r.sandbox.cgroups = None  # what a host without usable cgroups gets
+        with Sampler(lambda: _run_rss_bytes(r.sandbox_uids), period_s=0.005) as rss:
+            attack = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=256))])[0]
+        control = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=32))])[0]
+    assert attack.score == 0.0, attack
+    # RSS sums count the interpreter pages the forked children share once per child: some slack; the attack
+    # unbounded holds 4 x 256 MiB plus those.
+    assert rss.peak <= budget + (64 << 20), (rss.peak, budget)
+    assert control.score == 1.0, control
+
+
 CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from testutil import run_vt
+from vt import VtError
 from vt.cli import main
 
 
@@ -108,11 +109,38 @@ def test_bad_flags_and_missing_files(sampling_ckpt, tmp_path, capsys):
     _write(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2, 3]}])
     base = ["sample", "--ckpt", str(sampling_ckpt), "--prompts", str(tmp_path / "in.jsonl"), "--out",
             str(tmp_path / "out.jsonl"), "--no-progress"]
-    for extra, message in [(["--top-p", "0"], "top_p"), (["--top-k", "0"], "top_k"),
-                           (["--batch-size", "0"], "batch_size"),
+    for extra, message in [(["--top-p", "0"], "--top-p"), (["--top-k", "0"], "--top-k"),
+                           (["--batch-size", "0"], "--batch-size"),
                            (["--stop", "x"], "--stop needs --tokenizer")]:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err
     assert main(base[:4] + [str(tmp_path / "missing.jsonl")] + base[5:]) == 2
     assert "no such prompts file" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("extra,record,message", [
+    (["--batch-size", "10000000"], {"prompt_ids": [1, 2, 3]}, "--batch-size 10000000: the KV cache"),
+    ([], {"prompt_ids": [1, 2, 3], "n": 100_000_000}, "in.jsonl line 1: n=100000000"),
+    (["--n", "100000000"], {"prompt_ids": [1, 2, 3]}, "--n 100000000"),
+], ids=["batch-size", "record-n", "flag-n"])
+def test_work_too_large_for_memory_is_refused_before_allocating(extra, record, message, sampling_ckpt, tmp_path,
+                                                                 capsys):
+    # Issue 16: --batch-size 10000000 brought the out-of-memory killer; "n": 1e8 grew memory ~170 MB/s.
+    _write(tmp_path / "in.jsonl", [record])
+    rc = main(["sample", "--ckpt", str(sampling_ckpt), "--prompts", str(tmp_path / "in.jsonl"), "--out",
+               str(tmp_path / "out.jsonl"), "--no-progress", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_engine_refuses_a_batch_too_large_for_memory_before_allocating(sampling_model):
+    from vt.sampling.engine import Engine, Request, SamplerConfig
+    engine = Engine(sampling_model, SamplerConfig(batch_size=10_000_000, max_new_tokens=8))
+    with pytest.raises(VtError, match="sampler batch_size 10000000: the KV cache"):
+        engine.generate([Request(prompt_ids=[1, 2, 3])])
+    engine = Engine(sampling_model, SamplerConfig(batch_size=4, max_new_tokens=200))
+    with pytest.raises(VtError, match="request 1: n=100000000"):
+        engine.generate([Request(prompt_ids=[1, 2]), Request(prompt_ids=[1, 2, 3], n=100_000_000)])
+    assert engine.compile_count == 0  # refused before any program ran

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag, verify_seal
+from vt.validation import positive_float
 
 
 def register(subparsers) -> None:
@@ -24,7 +25,7 @@ def register(subparsers) -> None:
     o2h.add_argument("hf_dir", type=Path)
     o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
     o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
-    o2h.add_argument("--max-shard-gb", type=float, default=2.0)
+    o2h.add_argument("--max-shard-gb", type=positive_float, default=2.0)
     add_trust_flag(o2h)
     o2h.set_defaults(func=_orbax_to_hf)
 
@@ -69,12 +70,10 @@ def describe(path: Path) -> dict:
             tensors[k] = {"shape": list(sl.get_shape()), "dtype": str(sl.get_dtype())}
         fmt = "huggingface"
     else:
-        from vt.checkpoint.params import PARAMS_ITEM, _checkpointer, load_model_config
+        from vt.checkpoint.params import PARAMS_ITEM, load_model_config, stored_param_metadata
         cfg = load_model_config(path)
         verify_seal(path, f"checkpoint {path}")
-        meta = _checkpointer().metadata(path / PARAMS_ITEM)
-        meta = getattr(meta, "item_metadata", meta)
-        meta = getattr(meta, "tree", meta)
+        meta = stored_param_metadata(path / PARAMS_ITEM)
         tensors = {k: {"shape": list(m.shape), "dtype": str(m.dtype)} for k, m in meta.items()}
         fmt = "vt-orbax"
     arch = architecture(cfg)

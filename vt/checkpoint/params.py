@@ -52,7 +52,8 @@ def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -
 
 def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax.Array]) -> None:
     from vt.distributed import is_primary
-    _checkpointer().save(Path(directory) / PARAMS_ITEM, params)  # collective: every process writes its shards
+    # Orbax accepts only absolute paths (`vt merge --out rel` crashed on that); collective: every process writes.
+    _checkpointer().save(Path(directory).absolute() / PARAMS_ITEM, params)
     if is_primary():
         (Path(directory) / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
         write_seal(directory)  # last: every reader verifies it (vt.checkpoint.seal)
@@ -91,12 +92,10 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
         raise VtError(f"{params_dir}: missing; {ckpt_dir} holds no parameters")
     verification = BackgroundVerify(ckpt_dir, f"checkpoint {ckpt_dir}")  # hashes while Orbax reads the files
     try:
-        stored = _checkpointer().metadata(params_dir)
-    except Exception as e:  # noqa: BLE001 (as below)
+        stored = stored_param_metadata(params_dir)
+    except VtError:
         verification.result()  # a damaged file: the seal names it
-        raise VtError(f"{params_dir}: cannot read its metadata ({reader_error(e)})") from None
-    stored = getattr(stored, "item_metadata", stored)
-    stored = getattr(stored, "tree", stored)
+        raise
     _check_keys(set(stored.keys()), set(target), params_dir, cfg, stored)
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     try:
@@ -106,6 +105,22 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
         raise VtError(f"{params_dir}: cannot restore ({reader_error(e)})") from None
     verification.result()
     return _merge(graphdef, abstract_state, restored)
+
+
+def stored_param_metadata(params_dir: Path) -> dict:
+    """Tensor name -> stored metadata (shape, dtype) of a checkpoint's params item, read without the weights;
+    VtError when the item's metadata is missing or unreadable (Orbax itself returns None for that)."""
+    params_dir = Path(params_dir).absolute()
+    try:
+        stored = _checkpointer().metadata(params_dir)
+    except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
+        raise VtError(f"{params_dir}: unreadable checkpoint metadata ({reader_error(e)})") from None
+    stored = getattr(stored, "item_metadata", stored)
+    stored = getattr(stored, "tree", stored)
+    if not isinstance(stored, dict) or not stored:
+        raise VtError(f"{params_dir}: no parameter metadata (_METADATA missing or empty); "
+                      "the checkpoint is incomplete or damaged")
+    return stored
 
 
 def _flat(state) -> dict:

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 from vt import VtError
+from vt.datagen.teacher import DISTILL_DOMAINS
+from vt.validation import check_output_path, fraction, non_negative_float, non_negative_int, number, positive_int, refuse_same_file
 
 
 def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
@@ -23,11 +25,11 @@ def _teacher_args(p, what="teacher"):
     p.add_argument(f"--{what}", required=True, help="ckpt:DIR (vt sampler; needs --tokenizer) or "
                                                     "openai:URL|MODEL[|API_KEY_ENV]")
     p.add_argument("--tokenizer", default="", help="HF tokenizer directory for a ckpt: teacher")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=16384)
-    p.add_argument("--batch-rows", type=int, default=16, help="input rows per teacher call")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
+    p.add_argument("--top-p", type=number(gt=0, le=1), default=0.95)
+    p.add_argument("--max-new-tokens", type=positive_int, default=16384)
+    p.add_argument("--batch-rows", type=positive_int, default=16, help="input rows per teacher call")
+    p.add_argument("--seed", type=non_negative_int, default=0)
 
 
 def register(subparsers) -> None:
@@ -37,28 +39,28 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("filter", help="n-gram quality filters (repetition, templated degeneration, length)")
     _io(p)
-    p.add_argument("--repetition-n", type=int, default=10)
-    p.add_argument("--max-repetition", type=float, default=0.5, help="reject above this repetition score")
-    p.add_argument("--template-n", type=int, default=6)
-    p.add_argument("--max-template", type=float, default=0.7, help="reject above this digit-blind score")
-    p.add_argument("--min-chars", type=int, default=1)
-    p.add_argument("--max-chars", type=int, default=0)
+    p.add_argument("--repetition-n", type=positive_int, default=10)
+    p.add_argument("--max-repetition", type=fraction, default=0.5, help="reject above this repetition score")
+    p.add_argument("--template-n", type=positive_int, default=6)
+    p.add_argument("--max-template", type=fraction, default=0.7, help="reject above this digit-blind score")
+    p.add_argument("--min-chars", type=non_negative_int, default=1)
+    p.add_argument("--max-chars", type=non_negative_int, default=0, help="0 = no limit")
     p.add_argument("--require-response", action="store_true", help="reject rows without an assistant turn")
     p.set_defaults(func=run_filter)
 
     p = sub.add_parser("dedup", help="exact and near-duplicate removal (MinHash LSH)")
     _io(p)
     p.add_argument("--key", choices=("prompt", "response", "all"), default="all")
-    p.add_argument("--near-threshold", type=float, default=0.8, help="Jaccard threshold; 0 = exact only")
-    p.add_argument("--num-perm", type=int, default=128)
-    p.add_argument("--shingle", type=int, default=5, help="words per shingle")
+    p.add_argument("--near-threshold", type=fraction, default=0.8, help="Jaccard threshold; 0 = exact only")
+    p.add_argument("--num-perm", type=positive_int, default=128)
+    p.add_argument("--shingle", type=positive_int, default=5, help="words per shingle")
     p.set_defaults(func=run_dedup)
 
     p = sub.add_parser("decontam", help="drop rows sharing a word n-gram with evaluation sets")
     _io(p)
     p.add_argument("--eval", action="append", required=True, help="evaluation set (.jsonl/.parquet); repeatable")
-    p.add_argument("-n", "--ngram", type=int, default=13)
-    p.add_argument("--min-short-words", type=int, default=6, help="shorter eval texts match whole")
+    p.add_argument("-n", "--ngram", type=positive_int, default=13)
+    p.add_argument("--min-short-words", type=non_negative_int, default=6, help="shorter eval texts match whole")
     p.add_argument("--part", choices=("prompt", "response", "all"), default="all")
     p.set_defaults(func=run_decontam)
 
@@ -78,11 +80,12 @@ def register(subparsers) -> None:
     p = sub.add_parser("distill", help="k teacher traces per query; keep verified ones (reference or vote)")
     _io(p)
     _teacher_args(p)
-    p.add_argument("-k", type=int, default=8, help="samples per query")
-    p.add_argument("--domain", default="", help="math, stem, code or instruct ('' = each row's own)")
-    p.add_argument("--min-agreement", type=float, default=0.5, help="pseudo-label vote share of k")
+    p.add_argument("-k", type=positive_int, default=8, help="samples per query")
+    p.add_argument("--domain", default="", choices=("", *DISTILL_DOMAINS),
+                   help="math, stem, code or instruct ('' = each row's own)")
+    p.add_argument("--min-agreement", type=fraction, default=0.5, help="pseudo-label vote share of k")
     p.add_argument("--no-reference", action="store_true", help="ignore references: vote even when present")
-    p.add_argument("--reward-workers", type=int, default=2)
+    p.add_argument("--reward-workers", type=positive_int, default=2)
     p.set_defaults(func=run_distill)
 
     p = sub.add_parser("stratify", help="curriculum manifests (stage1/stage2/pass_rates) by difficulty and length")
@@ -90,11 +93,26 @@ def register(subparsers) -> None:
     p.add_argument("output", help="output directory")
     p.add_argument("--difficulty-edges", default="0.25,0.5,0.75")
     p.add_argument("--length-edges", default="1024,5000,16384")
-    p.add_argument("--min-trace-tokens", type=int, default=5000)
-    p.add_argument("--min-error-rate", type=float, default=0.75)
-    p.add_argument("--min-rollouts", type=int, default=8)
+    p.add_argument("--min-trace-tokens", type=non_negative_int, default=5000)
+    p.add_argument("--min-error-rate", type=fraction, default=0.75)
+    p.add_argument("--min-rollouts", type=positive_int, default=8)
     p.add_argument("--tokenizer", default="", help="count trace tokens when metadata.trace_length is absent")
     p.set_defaults(func=run_stratify)
+
+
+def _open(args):
+    """The output writer, opened only once the input and output paths are known to be usable (a missing
+    input used to leave a fresh empty output and journal behind)."""
+    from vt.datagen.stages import open_writer
+    _check_input(args.input)
+    refuse_same_file(args.input, args.output, "INPUT", "OUTPUT")
+    check_output_path(args.output, "OUTPUT")
+    return open_writer(args.output)
+
+
+def _check_input(path: str) -> None:
+    if not Path(path).is_file():
+        raise VtError(f"{path}: no such input file" + (" (it is a directory)" if Path(path).is_dir() else ""))
 
 
 def _finish(report: dict) -> int:
@@ -110,27 +128,27 @@ def _finish(report: dict) -> int:
 
 def run_filter(args) -> int:
     from vt.datagen.quality import FilterConfig, filter_step
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     cfg = FilterConfig(args.repetition_n, args.max_repetition, args.template_n, args.max_template, args.min_chars,
                        args.max_chars, args.require_response)
-    return _finish(run_stage(args.input, open_writer(args.output), filter_step(cfg), desc="filter",
+    return _finish(run_stage(args.input, _open(args), filter_step(cfg), desc="filter",
                              progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
 
 
 def run_dedup(args) -> int:
     from vt.datagen.quality import DedupConfig, dedup_step
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     cfg = DedupConfig(args.key, args.near_threshold, args.num_perm, args.shingle)
-    w = open_writer(args.output)
+    w = _open(args)
     return _finish(run_stage(args.input, w, dedup_step(cfg, w.kept_rows), desc="dedup",
                              progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
 
 
 def run_decontam(args) -> int:
     from vt.datagen.quality import Decontaminator, decontam_step, eval_texts
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     deco = Decontaminator(eval_texts(args.eval), args.ngram, args.min_short_words)
-    return _finish(run_stage(args.input, open_writer(args.output), decontam_step(deco, args.part),
+    return _finish(run_stage(args.input, _open(args), decontam_step(deco, args.part),
                              desc="decontam", progress=not args.no_progress,
                              report={"eval_sets": args.eval, "ngram": args.ngram}))
 
@@ -142,25 +160,25 @@ def _teacher(args, spec):
 
 
 def run_expand(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import expand_batch
     judge = _teacher(args, args.judge) if args.judge else None
     step = expand_batch(_teacher(args, args.teacher), [s.strip() for s in args.strategies.split(",") if s.strip()],
                         judge)
-    return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+    return _finish(run_stage(args.input, _open(args), batch_step=step, batch_size=args.batch_rows,
                              desc="expand", progress=not args.no_progress, report={"teacher": args.teacher}))
 
 
 def run_judge(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import judge_batch
-    return _finish(run_stage(args.input, open_writer(args.output), batch_step=judge_batch(_teacher(args, args.judge)),
+    return _finish(run_stage(args.input, _open(args), batch_step=judge_batch(_teacher(args, args.judge)),
                              batch_size=args.batch_rows, desc="judge", progress=not args.no_progress,
                              report={"judge": args.judge}))
 
 
 def run_distill(args) -> int:
-    from vt.datagen.stages import open_writer, run_stage
+    from vt.datagen.stages import run_stage
     from vt.datagen.teacher import DistillConfig, distill_batch
     from vt.rewards import make_reward
     cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
@@ -173,7 +191,7 @@ def run_distill(args) -> int:
     rewards = Rewards()
     try:
         step = distill_batch(_teacher(args, args.teacher), cfg, rewards)
-        return _finish(run_stage(args.input, open_writer(args.output), batch_step=step, batch_size=args.batch_rows,
+        return _finish(run_stage(args.input, _open(args), batch_step=step, batch_size=args.batch_rows,
                                  desc="distill", progress=not args.no_progress,
                                  report={"teacher": args.teacher, "k": args.k}))
     finally:
@@ -190,6 +208,8 @@ def _floats(text: str, name: str, cast=float) -> tuple:
 
 def run_stratify(args) -> int:
     from vt.datagen.stratify import StratifyConfig, run_stratify as run
+    _check_input(args.input)
+    check_output_path(args.output, "OUTPUT", directory=True)
     cfg = StratifyConfig(_floats(args.difficulty_edges, "difficulty-edges"),
                          _floats(args.length_edges, "length-edges", int), args.min_trace_tokens, args.min_error_rate, args.min_rollouts, args.tokenizer)
     manifest = run(args.input, Path(args.output), cfg)

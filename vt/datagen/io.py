@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from vt import VtError
+from vt.validation import parse_json_line
 
 
 def plain(x: Any) -> Any:
@@ -50,10 +51,7 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise VtError(f"{path}:{lineno}: not a JSON line: {e}") from None
+            obj = parse_json_line(raw, f"{path}:{lineno}")  # names bad UTF-8, JSON or lone surrogates
             if not isinstance(obj, dict):
                 raise VtError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield f"{path}:{lineno}", obj

@@ -19,10 +19,12 @@ import dataclasses
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import Annotated
 
 from vt import VtError
 from vt.data.filters import NgramDecontaminator, ngrams, repetition_score, words
 from vt.data.sources import Malformed, record_from_dict
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields, check_value
 
 
 def row_record(row: dict, where: str, i: int):
@@ -39,13 +41,16 @@ def texts_of(rec, part: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class FilterConfig:
-    repetition_n: int = 10
-    max_repetition: float = 0.5
-    template_n: int = 6
-    max_template: float = 0.7
-    min_chars: int = 1
-    max_chars: int = 0  # 0 = no limit
+    repetition_n: Annotated[int, AT_LEAST_1] = 10
+    max_repetition: Annotated[float, FRACTION] = 0.5
+    template_n: Annotated[int, AT_LEAST_1] = 6
+    max_template: Annotated[float, FRACTION] = 0.7
+    min_chars: Annotated[int, NON_NEGATIVE] = 1
+    max_chars: Annotated[int, NON_NEGATIVE] = 0  # 0 = no limit
     require_response: bool = False
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def templated_score(text: str, n: int) -> float:
@@ -77,9 +82,12 @@ def filter_step(cfg: FilterConfig):
 @dataclasses.dataclass(frozen=True)
 class DedupConfig:
     key: str = "all"  # prompt | response | all: which text must repeat to count as a duplicate
-    near_threshold: float = 0.8  # Jaccard (MinHash estimate) at or above which rows are near-duplicates; 0 = exact only
-    num_perm: int = 128
-    shingle: int = 5  # words per shingle
+    near_threshold: Annotated[float, FRACTION] = 0.8  # Jaccard (MinHash estimate) at or above which rows are near-duplicates; 0 = exact only
+    num_perm: Annotated[int, AT_LEAST_1] = 128
+    shingle: Annotated[int, AT_LEAST_1] = 5  # words per shingle
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 class Deduplicator:
@@ -169,6 +177,7 @@ class Decontaminator:
     """NgramDecontaminator plus attribution of each hit to the eval item it came from."""
 
     def __init__(self, items: list[tuple[str, str]], n: int = 13, min_short_words: int = 6):
+        check_value(n, AT_LEAST_1, "decontamination n-gram length")  # 0 would match every row
         self.items, self.n, self.min_short = items, n, min_short_words
         self.index = NgramDecontaminator([t for _, t in items], n=n, min_short_words=min_short_words)
         self._grams = None

@@ -16,21 +16,25 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Annotated, Sequence
 
 from vt import VtError
 from vt.data.curriculum import bucket_of, default_difficulty, stratify
 from vt.data.sources import ListSource, Malformed, record_from_dict
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class StratifyConfig:
     difficulty_edges: tuple[float, ...] = (0.25, 0.5, 0.75)
     length_edges: tuple[int, ...] = (1024, 5000, 16384)
-    min_trace_tokens: int = 5000  # RECIPE stage 2: traces of at least 5K tokens
-    min_error_rate: float = 0.75  # RECIPE stage 2: reference errs in >= 75% of rollouts
-    min_rollouts: int = 8  # RECIPE profiles with 8 rollouts; rates from fewer are not trusted
+    min_trace_tokens: Annotated[int, NON_NEGATIVE] = 5000  # RECIPE stage 2: traces of at least 5K tokens
+    min_error_rate: Annotated[float, FRACTION] = 0.75  # RECIPE stage 2: reference errs in >= 75% of rollouts
+    min_rollouts: Annotated[int, AT_LEAST_1] = 8  # RECIPE profiles with 8 rollouts; rates from fewer are not trusted
     tokenizer: str = ""  # for traces without metadata.trace_length
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def _write(path: Path, rows) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from typing import Annotated
 
 from vt import VtError
 from vt.data.sources import Malformed
@@ -30,6 +31,7 @@ from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
 from vt.eval.metrics import cluster_answers
 from vt.rewards.base import answer_region
 from vt.rewards.rubric import JudgeUnreachable
+from vt.validation import AT_LEAST_1, FRACTION, check_fields
 
 STRATEGIES = {
     "concept": "Compose it with a second, related concept so that solving it requires combining both ideas.",
@@ -162,10 +164,13 @@ def judge_batch(judge):
 
 @dataclasses.dataclass(frozen=True)
 class DistillConfig:
-    k: int = 8  # teacher samples per query
+    k: Annotated[int, AT_LEAST_1] = 8  # teacher samples per query
     domain: str = ""  # "" = each row's own domain (ability); math, stem, code, instruct
-    min_agreement: float = 0.5  # pseudo-label needs this share of the k samples
+    min_agreement: Annotated[float, FRACTION] = 0.5  # pseudo-label needs this share of the k samples
     use_reference: bool = True  # verify against ground_truth / tests when the row has them
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def majority_label(answers: Sequence[str | None], k: int, min_agreement: float, equivalent=None):

@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from vt.checkpoint.seal import add_trust_flag
+from vt.validation import check_output_path
 
 
 def register(subparsers) -> None:
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from vt.config import load_config, to_dataclass
     from vt.eval.runner import EvalConfig, run_eval
 
+    check_output_path(args.out, "--out", directory=True)
     overrides = list(args.config_overrides)
     if args.ckpt is not None:
         overrides.append(f"--config.model.ckpt={args.ckpt}")

@@ -27,12 +27,13 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from vt import VtError
 from vt.eval import metrics as M
 from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
 from vt.eval.generation import Generator
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, Range, check_fields
 from vt.sharding import MeshConfig
 
 log = logging.getLogger(__name__)
@@ -53,14 +54,17 @@ class ModelSettings:
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-    n: int = 64  # samples per problem
-    temperature: float = 1.0
-    top_p: float = 0.95
-    top_k: int = -1
-    max_new_tokens: int = 32768
-    max_context: int = 0  # 0: the model's max_position_embeddings
-    batch_size: int = 256  # decode slots of the engine
-    seed: int = 0
+    n: Annotated[int, AT_LEAST_1] = 64  # samples per problem
+    temperature: Annotated[float, NON_NEGATIVE] = 1.0
+    top_p: Annotated[float, Range(gt=0, le=1)] = 0.95
+    top_k: Annotated[int, Range(ge=-1)] = -1  # -1 = off (0 is refused by the sampler)
+    max_new_tokens: Annotated[int, AT_LEAST_1] = 32768
+    max_context: Annotated[int, NON_NEGATIVE] = 0  # 0: the model's max_position_embeddings
+    batch_size: Annotated[int, AT_LEAST_1] = 256  # decode slots of the engine
+    seed: Annotated[int, NON_NEGATIVE] = 0
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,7 @@ class ModelConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self):
+        _check_types(self)
         if self.head_dim == 0:
             if self.hidden_size % self.num_heads:
                 raise VtError(f"model config: hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
@@ -77,6 +78,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "model config") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise VtError(f"{source}: expected a JSON object, got {type(d).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
@@ -85,6 +88,30 @@ class ModelConfig:
             return cls(**d)
         except TypeError as e:
             raise VtError(f"{source}: {e}") from None
+        except VtError as e:  # name the file rather than "model config"
+            raise VtError(f"{source}: {str(e).removeprefix('model config: ')}") from None
+
+
+def _kind_ok(value, kind: str) -> bool:
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, {"bool": bool, "str": str}[kind])
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """A field of the wrong JSON type (``"hidden_size": "96"``) is named here, not met later as a TypeError
+    deep in shape arithmetic."""
+    for f in dataclasses.fields(cfg):
+        kind = str(f.type).replace(" | None", "")
+        value = getattr(cfg, f.name)
+        if value is None and "None" in str(f.type):
+            continue
+        if kind in ("int", "float", "bool", "str") and not _kind_ok(value, kind):
+            raise VtError(f"model config: field '{f.name}' must be {kind}, got {type(value).__name__} {value!r}")
+        if kind == "float":
+            object.__setattr__(cfg, f.name, float(value))
 
 
 def param_count(cfg: ModelConfig, *, padded: bool = False) -> int:
@@ -125,8 +152,18 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 # --- Hugging Face config.json -------------------------------------------------------------------------------
 
+_HF_FIELD_KINDS = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"), "int"),
+    **dict.fromkeys(("rope_theta", "rms_norm_eps", "initializer_range"), "float"),
+    **dict.fromkeys(("tie_word_embeddings", "use_sliding_window"), "bool"),
+}
+
+
 def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides) -> ModelConfig:
     """Read a transformers Qwen2 `config.json` dict. Features vt does not implement are errors, not ignored."""
+    if not isinstance(hf, dict):
+        raise VtError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     archs = hf.get("architectures") or []
     if model_type != "qwen2" or (archs and "Qwen2ForCausalLM" not in archs):
@@ -150,6 +187,9 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides)
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     if hf.get("use_sliding_window", False):
         raise VtError(f"{source}: field 'use_sliding_window' is true; vt does not implement sliding-window attention")
+    for key, kind in _HF_FIELD_KINDS.items():
+        if hf.get(key) is not None and not _kind_ok(hf[key], kind):
+            raise VtError(f"{source}: field '{key}' must be {kind}, got {type(hf[key]).__name__} {hf[key]!r}")
     layers = need("num_hidden_layers")
     heads = need("num_attention_heads")
     dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(str(hf.get("torch_dtype", hf.get("dtype"))), "float32")

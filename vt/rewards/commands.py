@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vt import VtError
+from vt.validation import check_output_path, parse_json_line, positive_float, positive_int, refuse_same_file
 
 DOMAINS = ("math", "code", "stem", "instruct", "rubric")
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
@@ -35,24 +36,23 @@ def register(subparsers) -> None:
     p.add_argument("--domain", required=True, choices=DOMAINS)
     p.add_argument("--input", required=True, type=Path, help="JSONL: one {'completion': ..., <reference>} per line")
     p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
-    p.add_argument("--workers", type=int, default=2, help="concurrent verifications (processes / sandboxes)")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--workers", type=positive_int, default=2, help="concurrent verifications (processes / sandboxes)")
+    p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds: math per-item deadline, code per-test limit, rubric per-request timeout")
-    p.add_argument("--batch-size", type=int, default=256, help="records scored per batch")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="records scored per batch")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="code: run untrusted programs WITHOUT isolation if bubblewrap is unavailable")
     p.add_argument("--mode", choices=("strict", "loose"), default="strict", help="instruct: IFEval scoring mode")
     p.add_argument("--judge-url", help="rubric: OpenAI-compatible API base, e.g. http://localhost:8000/v1")
     p.add_argument("--judge-model", help="rubric: judge model name")
     p.add_argument("--judge-api-key-env", help="rubric: name of the environment variable holding the API key")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
 def build_reward(args: argparse.Namespace):
     from vt.rewards.registry import make_reward
 
-    if args.workers < 1:
-        raise VtError(f"--workers must be >= 1, got {args.workers}")
     opts: dict[str, Any] = {}
     t = args.timeout
     if args.domain == "math":
@@ -82,14 +82,11 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise VtError(f"{path}: no such file")
     out = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VtError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            rec = parse_json_line(line, f"{path}:{lineno}")
             if not isinstance(rec, dict):
                 raise VtError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
             if not isinstance(rec.get("completion"), str):
@@ -103,6 +100,8 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
 def run(args: argparse.Namespace) -> int:
     from vt.rewards.base import RewardSpecError
 
+    refuse_same_file(args.input, args.out, "--input", "--out")
+    check_output_path(args.out, "--out")
     records = read_records(args.input)
     if not args.out.parent.is_dir():
         raise VtError(f"{args.out}: directory {args.out.parent} does not exist")
@@ -128,10 +127,13 @@ def _write_scored(args, reward, records, references) -> tuple[collections.Counte
     """Score in batches into a temporary file next to --out, renamed over it only when complete."""
     counts: collections.Counter = collections.Counter()
     score_sum = 0.0
+    from tqdm import tqdm
+
     fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".partial", dir=args.out.parent)
+    bar = tqdm(total=len(records), unit="record", file=sys.stderr, desc="vt reward", disable=args.no_progress)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for start in range(0, len(records), max(1, args.batch_size)):
+            for start in range(0, len(records), args.batch_size):
                 chunk = records[start : start + args.batch_size]
                 refs = references[start : start + args.batch_size]
                 results = reward.score_batch(refs, [rec["completion"] for _, rec in chunk])
@@ -139,8 +141,11 @@ def _write_scored(args, reward, records, references) -> tuple[collections.Counte
                     f.write(json.dumps({**rec, **res.to_json()}, ensure_ascii=False) + "\n")
                     counts[res.failure or "ok"] += 1
                     score_sum += res.score or 0.0  # verifier errors (None) are excluded via `valid`
+                bar.update(len(chunk))
         os.replace(tmp, args.out)
     except BaseException:
         os.unlink(tmp)
         raise
+    finally:
+        bar.close()
     return counts, score_sum

@@ -5,14 +5,21 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
     sandbox's loopback is its own and down), and when the PID namespace's init dies the kernel kills
     every process in it, so daemons (``setsid`` + double fork) cannot outlive the run;
   - ``--die-with-parent``: killing the outer bwrap process kills the namespace;
-  - a fresh root: read-only /usr (and the /bin, /lib* links), a handful of /etc files, a new /proc and
-    /dev, the solution read-only at /code, and a private size-capped tmpfs as /tmp (the only writable
-    path), the root itself remounted read-only. /root, /home, /work, the host's /tmp are not there;
+  - a fresh root: read-only /usr (and the /bin, /lib* links), a handful of /etc files, a new /proc, a
+    read-only /dev holding only the standard device nodes plus a small size-capped /dev/shm (POSIX
+    semaphores), the solution read-only at /code, and a private size-capped tmpfs as /tmp, the root
+    itself remounted read-only. /root, /home, /work, the host's /tmp are not there;
   - a clean environment (bwrap itself is started with one, so not even the sandbox's init process
     carries host variables a program could read through /proc/1/environ);
   - when the host runs as root, bwrap is started under a dedicated unprivileged uid per concurrent
     slot: no capabilities anywhere, and RLIMIT_NPROC actually applies (the kernel exempts uid 0 from it,
     so a root-owned fork bomb would be unbounded);
+  - one memory budget for the whole run (``Limits.memory_bytes``), every process of it together, the
+    pages of its /tmp and /dev/shm included: a memory cgroup per run (cgroup v2, or the v1 memory
+    controller) when this host lets us create one (root, or a delegated v2 subtree). Without one, the
+    address-space limit is split: at most ``FALLBACK_PROCS`` processes, each with RLIMIT_AS of
+    memory_bytes / (FALLBACK_PROCS - 2) (the two bwrap processes count against RLIMIT_NPROC but not
+    against the budget), so all of them together still stay within memory_bytes (+ /tmp + /dev/shm);
   - rlimits set by the harness before any solution code runs (CPU, address space, file size, open
     files, processes);
   - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
@@ -48,26 +55,34 @@ STDERR_KEEP = 8192  # trailing stderr bytes kept for classification and details
 _UID_BASE = 1_000_000
 _uid_lock = threading.Lock()
 _uid_next = _UID_BASE + (os.getpid() % 50_000) * 256
+# Without a memory cgroup: processes (and threads) per run, the two bwrap processes included.
+FALLBACK_PROCS = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
     wall_s: float = 6.0  # wall-clock per run, start-up included; the whole namespace is killed beyond it
-    memory_bytes: int = 2 << 30  # RLIMIT_AS per process
+    memory_bytes: int = 2 << 30  # the whole run, all its processes together (see the module docstring)
     output_bytes: int = 16 << 20  # stdout cap; the run is killed at cap + 1 bytes
     file_bytes: int = 64 << 20  # RLIMIT_FSIZE: largest file the program may write
     nproc: int = 64  # RLIMIT_NPROC: processes + threads of the sandbox's uid
     nofile: int = 256  # RLIMIT_NOFILE
     tmp_bytes: int = 64 << 20  # size of the sandbox's private /tmp (tmpfs): bounds all writes together
+    shm_bytes: int = 8 << 20  # size of its /dev/shm (tmpfs): multiprocessing's semaphores, not bulk data
 
-    def harness_json(self, with_nproc: bool) -> str:
+    def harness_json(self, with_nproc: bool, memory_cgroup: bool) -> str:
+        as_bytes, nproc = self.memory_bytes, self.nproc
+        if not memory_cgroup and with_nproc:
+            # No cgroup to bound the sum: bound it by (process count) x (address space per process).
+            nproc = min(nproc, FALLBACK_PROCS)
+            as_bytes = self.memory_bytes // (nproc - 2)
         # CPU soft limit just above the wall limit: SIGXCPU (a timeout) if a busy loop somehow outlived it.
         return json.dumps(
             {
                 "cpu_s": int(self.wall_s) + 2,
-                "as_bytes": self.memory_bytes,
+                "as_bytes": as_bytes,
                 "fsize_bytes": self.file_bytes,
-                "nproc": self.nproc if with_nproc else None,
+                "nproc": nproc if with_nproc else None,
                 "nofile": self.nofile,
             }
         )
@@ -93,6 +108,139 @@ class RunResult:
 
 class SandboxUnavailable(RuntimeError):
     pass
+
+
+class MemoryCgroups:
+    """Creates one memory cgroup per run under this process's own cgroup, where the host allows it.
+
+    cgroup v2: this process's cgroup in the unified hierarchy, when its ``memory`` controller can be
+    enabled for children. Else cgroup v1: this process's cgroup in the hierarchy that carries the
+    ``memory`` controller (hosts that still mount v1 for memory, e.g. this project's CI). ``base`` is
+    None when neither can be written (not root, no delegation): the caller falls back to rlimits.
+    """
+
+    def __init__(self):
+        self.base, self.version = _memory_cgroup_base()
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def create(self, limit_bytes: int) -> Path:
+        """A new empty cgroup limited to ``limit_bytes`` (no swap; v2: the whole group dies on OOM)."""
+        with self._lock:
+            self._count += 1
+            path = self.base / f"vt-sandbox-{os.getpid()}-{self._count}"
+        path.mkdir()
+        try:
+            if self.version == 2:
+                _write(path / "memory.max", limit_bytes)
+                _write(path / "memory.swap.max", 0, optional=True)
+                _write(path / "memory.oom.group", 1, optional=True)  # no half-killed process trees
+            else:
+                _write(path / "memory.limit_in_bytes", limit_bytes)
+                _write(path / "memory.memsw.limit_in_bytes", limit_bytes, optional=True)
+        except OSError:
+            path.rmdir()
+            raise
+        return path
+
+    @staticmethod
+    def remove(path: Path) -> None:
+        """rmdir once the run's processes are gone (the kernel may still be tearing the last one down)."""
+        end = time.monotonic() + 5.0
+        while True:
+            try:
+                path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if time.monotonic() > end:
+                    log.warning("could not remove sandbox cgroup %s", path)
+                    return
+                time.sleep(0.005)
+
+
+def _write(path: Path, value, optional: bool = False) -> None:
+    """Write a cgroup control file; ``optional`` ones (swap accounting, oom.group) may be absent."""
+    try:
+        path.write_text(f"{value}\n")
+    except OSError:  # absent (no swap accounting), refused or EINVAL: the limit that matters is not optional
+        if not optional:
+            raise
+
+
+def _memory_cgroup_base() -> tuple[Path | None, int]:
+    """(this process's cgroup directory under which per-run memory cgroups can be made, 2 or 1)."""
+    try:
+        own = {}  # controller ("" for v2) -> path, from /proc/self/cgroup
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for c in controllers.split(",") if controllers else [""]:
+                own[c] = path
+        mounts = []  # (fstype, super options, root, mount point), from /proc/self/mountinfo
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            left, right = line.split(" - ", 1)
+            fields, rfields = left.split(), right.split()
+            mounts.append((rfields[0], rfields[2].split(","), fields[3], fields[4]))
+    except (OSError, ValueError, IndexError):
+        return None, 0
+    candidates = []
+    for fstype, opts, root, point in mounts:
+        if fstype == "cgroup2" and "" in own:
+            candidates.append((2, root, point, own[""]))
+        elif fstype == "cgroup" and "memory" in opts and "memory" in own:
+            candidates.append((1, root, point, own["memory"]))
+    for version, root, point, own_path in sorted(candidates, reverse=True):  # v2 first
+        rel = own_path[len(root):] if own_path.startswith(root) else own_path
+        base = Path(point) / rel.lstrip("/")
+        if _usable(base, version):
+            return base, version
+    return None, 0
+
+
+def _usable(base: Path, version: int) -> bool:
+    """Whether a child memory cgroup with a limit can be made here: try one."""
+    try:
+        if version == 2:
+            if "memory" not in (base / "cgroup.controllers").read_text().split():
+                return False
+            if "memory" not in (base / "cgroup.subtree_control").read_text().split():
+                _write(base / "cgroup.subtree_control", "+memory")  # fails if processes sit in base itself
+        probe = base / f"vt-sandbox-probe-{os.getpid()}"
+        probe.mkdir()
+        try:
+            _write(probe / ("memory.max" if version == 2 else "memory.limit_in_bytes"), 64 << 20)
+        finally:
+            probe.rmdir()
+        return True
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def memory_cgroups() -> MemoryCgroups:
+    """One per process: which hierarchy to use is a property of the host, probed once."""
+    return MemoryCgroups()
+
+
+def _enter_cgroup_then_drop_to(procs_file: str | None, uid: int | None):
+    """preexec_fn: runs in the forked child before exec, as root still, so that it can join the run's
+    cgroup (every later process of the run is born inside it), then becomes ``uid``. Only system calls:
+    nothing that could wait on a lock another thread of the host held at fork time."""
+
+    def pre():
+        if procs_file is not None:
+            fd = os.open(procs_file, os.O_WRONLY)
+            try:
+                os.write(fd, b"0\n")
+            finally:
+                os.close(fd)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+    return pre
 
 
 def allocate_uids(n: int) -> list[int]:
@@ -129,8 +277,13 @@ def _root_layout(python: str) -> list[str]:
 class Sandbox:
     """Runs ``solution.py`` through ``_harness.py`` in a bwrap sandbox (or, if allowed, without one)."""
 
-    def __init__(self, python: str | None = None, allow_unsandboxed: bool = False, slots: int = 1):
+    def __init__(self, python: str | None = None, allow_unsandboxed: bool = False, slots: int = 1,
+                 memory_cgroup: bool = True):
+        """memory_cgroup=False: use the rlimit fallback even where cgroups work (tests of the fallback)."""
         self.python = python or default_python()
+        self.cgroups = memory_cgroups() if memory_cgroup else None
+        if self.cgroups is not None and self.cgroups.base is None:
+            self.cgroups = None
         self.bwrap = shutil.which("bwrap")
         self.is_root = os.geteuid() == 0
         self.uids = allocate_uids(slots) if self.is_root else []
@@ -164,11 +317,12 @@ class Sandbox:
                 force_rmtree(work)
 
     def _run(self, code_dir: Path, work: Path | None, mode: str, stdin_f, limits: Limits, uid: int | None) -> RunResult:
-        limits_json = limits.harness_json(with_nproc=self.isolated)
+        cgroup = self.cgroups.create(limits.memory_bytes) if self.cgroups is not None else None
+        limits_json = limits.harness_json(with_nproc=self.isolated, memory_cgroup=cgroup is not None)
         info_r, info_w = os.pipe()
         try:
             if self.isolated:
-                argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w)
+                argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
                 argv += [self.python, "-I", "/code/_harness.py", limits_json, mode]
                 cwd = "/"
             else:  # allow_unsandboxed: a plain process in a scratch directory
@@ -176,7 +330,10 @@ class Sandbox:
                 cwd = str(work)
                 if uid is not None:
                     os.chown(work, uid, uid)
-            ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+            if cgroup is not None:  # join the cgroup first, then drop to uid (needs root for the join)
+                ids = {"preexec_fn": _enter_cgroup_then_drop_to(str(cgroup / "cgroup.procs"), uid)}
+            else:
+                ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
             start = time.monotonic()
             proc = subprocess.Popen(
                 argv,
@@ -200,12 +357,15 @@ class Sandbox:
             if info_w >= 0:
                 os.close(info_w)
             os.close(info_r)
+            if cgroup is not None:
+                self.cgroups.remove(cgroup)
         if status == "exited" and not started:
             status = "sandbox_error"
         return RunResult(status, proc.returncode, out, err, wall)
 
 
-def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int) -> list[str]:
+def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int,
+               shm_bytes: int = Limits.shm_bytes) -> list[str]:
     return [
         bwrap,
         "--unshare-all",
@@ -217,8 +377,10 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--hostname", "sandbox",
         *_root_layout(python),
         "--proc", "/proc",
-        "--dev", "/dev",
-        "--size", str(tmp_bytes), "--tmpfs", "/tmp",  # the only writable place, size-capped
+        "--dev", "/dev",  # null, zero, full, random, urandom, tty, pts: no host devices
+        "--size", str(shm_bytes), "--tmpfs", "/dev/shm",  # size-capped: not a way into host memory
+        "--remount-ro", "/dev",  # no files in /dev (the device nodes themselves stay usable)
+        "--size", str(tmp_bytes), "--tmpfs", "/tmp",  # size-capped
         "--ro-bind", str(code_dir), "/code",
         "--remount-ro", "/",
         "--chdir", "/tmp",
@@ -382,7 +544,7 @@ def _probe_cached(bwrap: str | None, python: str, uid: int | None) -> str | None
     try:
         code = prepare_code_dir(root, "print(6 * 7)\n")
         sandbox = object.__new__(Sandbox)
-        sandbox.python, sandbox.bwrap, sandbox.isolated = python, bwrap, True
+        sandbox.python, sandbox.bwrap, sandbox.isolated, sandbox.cgroups = python, bwrap, True, None
         r = sandbox.run(code, "stdin", b"", Limits(wall_s=30.0), uid)
     except OSError as e:
         return f"could not start bwrap: {e}"

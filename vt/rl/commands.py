@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vt.rewards.registry import DOMAINS
+from vt.validation import check_output_path, non_negative_float, non_negative_int, number, positive_int
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="sample k responses per prompt, verify, write pass rates (JSONL)",
@@ -13,18 +16,20 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", required=True, type=Path, help="tokenizer directory or SentencePiece model")
     p.add_argument("--data", required=True, help="prompt records: verl parquet, JSONL, ... (vt.data.open_source)")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--k", type=int, default=8, help="samples per prompt (RECIPE: 8)")
-    p.add_argument("--domain", default="", help="reward domain for every record (default: each record's own)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=4096)
-    p.add_argument("--batch-size", type=int, default=64, help="decode slots")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k", type=positive_int, default=8, help="samples per prompt (RECIPE: 8)")
+    p.add_argument("--domain", default="", choices=("", *DOMAINS),
+                   help="reward domain for every record (default: each record's own)")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
+    p.add_argument("--top-p", type=number(gt=0, le=1), default=1.0)
+    p.add_argument("--max-new-tokens", type=positive_int, default=4096)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.set_defaults(func=run_profile)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     from vt.rl.profile import profile
+    check_output_path(args.out, "--out")
     added = profile(args.ckpt, args.tokenizer, args.data, args.out, k=args.k, domain=args.domain,
                     temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size, seed=args.seed)

@@ -1,10 +1,11 @@
 """Pass-rate profiling: k samples per prompt from a checkpoint, verified; one JSON line per prompt id.
 
-    {"id": "<prompt id>", "pass_rate": c / n, "n": n, "verifier_errors": e}
+    {"id": "<prompt id>", "pass_rate": c / n, "n": n, "verifier_errors": e, "k": k}
 
 The SFT stage-2 filter (vt.data.curriculum.load_pass_rates) and the RL learner's `data.profile` (drop prompts at
 exactly 0 or 1) read this file. Profiling appends as it goes and skips ids already in the file, so a killed run
-resumes where it stopped. n counts only samples the verifier could judge.
+resumes where it stopped. n counts only samples the verifier could judge. A resume must use the same k as the
+lines already there (rates from different k would be mixed in one file).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from vt import VtError
 log = logging.getLogger(__name__)
 
 
-def done_ids(out: Path) -> set[str]:
+def done_ids(out: Path, k: int | None = None) -> set[str]:
+    """Ids already profiled in ``out``; VtError if a line was written with another k than ``k``."""
     if not out.is_file():
         return set()
     ids = set()
@@ -26,9 +28,13 @@ def done_ids(out: Path) -> set[str]:
         if not line.strip():
             continue
         try:
-            ids.add(str(json.loads(line)["id"]))
+            obj = json.loads(line)
+            ids.add(str(obj["id"]))
         except (json.JSONDecodeError, KeyError, TypeError):
             raise VtError(f"{out}:{i}: not a profile line (a JSON object with 'id'); refusing to append") from None
+        if k is not None and obj.get("k", k) != k:
+            raise VtError(f"--k {k}: {out} was profiled with k={obj['k']} (line {i}); resume with --k {obj['k']} "
+                          "or write to a new --out")
     return ids
 
 
@@ -46,7 +52,7 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
     from vt.sampling.engine import Engine, SamplerConfig
 
     out = Path(out)
-    seen = done_ids(out)
+    seen = done_ids(out, k)
     records = [r for r in load_records(data, "--data") if str(r.prompt_id) not in seen]
     if not records:
         return 0
@@ -78,7 +84,7 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
                         continue
                     rate = float(s.correct[q].sum() / n)
                     f.write(json.dumps({"id": str(r.prompt_id), "pass_rate": rate, "n": n,
-                                        "verifier_errors": int(k - n)}) + "\n")
+                                        "verifier_errors": int(k - n), "k": k}) + "\n")
                 f.flush()
                 if bar is not None:
                     bar.update(len(chunk))

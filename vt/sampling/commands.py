@@ -22,6 +22,8 @@ from pathlib import Path
 
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag
+from vt.validation import (check_output_path, non_negative_float, non_negative_int, number, parse_json_line,
+                           positive_int, refuse_same_file, top_k)
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
@@ -34,34 +36,31 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="output JSONL, one line per sample")
     p.add_argument("--tokenizer", type=Path, default=None,
                    help="HF tokenizer directory or SentencePiece .model (needed for prompt/messages/--stop)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1, help="-1 = off")
-    p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64, help="decode slots (concurrent samples)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-p", type=number(gt=0, le=1), default=1.0)
+    p.add_argument("--top-k", type=top_k, default=-1, help="-1 = off")
+    p.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots (concurrent samples)")
     p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_trust_flag(p)
     p.set_defaults(func=run)
 
 
-def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> list:
-    """Parse and check every line; VtError names the line at fault."""
+def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> tuple[list, list[int]]:
+    """Parse and check every line; VtError names the line at fault. Returns the requests and their line numbers."""
     from vt.sampling.engine import Request, check_prompt
     if not path.is_file():
         raise VtError(f"{path}: no such prompts file")
-    requests = []
-    with open(path, encoding="utf-8") as f:
+    requests, lines = [], []
+    with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path} line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            rec = parse_json_line(line, where)
             if not isinstance(rec, dict):
                 raise VtError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             unknown = sorted(set(rec) - set(PROMPT_FIELDS) - set(OPTIONAL_FIELDS))
@@ -100,9 +99,28 @@ def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> l
                         raise VtError(f"{where}: field '{k}' must be a positive integer, got {v!r}")
                     extra[k] = v
             requests.append(Request(prompt_ids=ids, **extra))
+            lines.append(lineno)
     if not requests:
         raise VtError(f"{path}: no prompts")
-    return requests
+    return requests, lines
+
+
+def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
+    """The engine's up-front memory check, before the model loads, naming flags and input lines."""
+    import numpy as np
+
+    from vt.sampling.engine import check_memory, device_memory_bytes, host_memory_bytes
+    reqs = [(np.asarray(r.prompt_ids), min(r.max_new_tokens or cfg.max_new_tokens, context - len(r.prompt_ids)),
+             r.n or cfg.n) for r in requests]
+
+    def name(i: int) -> str:
+        where = f"{args.prompts} line {lines[i]}"
+        if requests[i].n is None and requests[i].max_new_tokens is None:
+            return f"--n {cfg.n} and --max-new-tokens {cfg.max_new_tokens} ({where})"
+        return where
+
+    check_memory(model_cfg, cfg.batch_size, reqs, context, device_bytes=device_memory_bytes(),
+                 host_bytes=host_memory_bytes(), batch_name="--batch-size", request_name=name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop))
+    refuse_same_file(args.prompts, args.out, "--prompts", "--out")
+    check_output_path(args.out, "--out")
     tokenizer = None
     if args.tokenizer is not None:
         from vt.data.tokenizer import load_tokenizer
@@ -118,10 +138,12 @@ def run(args: argparse.Namespace) -> int:
     if cfg.stop_strings and tokenizer is None:
         raise VtError("--stop needs --tokenizer")
     model_cfg = load_model_config(args.ckpt)
-    requests = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, model_cfg.max_position_embeddings)
+    context = model_cfg.max_position_embeddings
+    requests, lines = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, context)
     out_dir = args.out.absolute().parent
     if not out_dir.is_dir():
         raise VtError(f"{args.out}: directory {out_dir} does not exist")
+    _check_memory(args, cfg, model_cfg, requests, lines, context)
 
     engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
     total = sum(r.n or cfg.n for r in requests)

@@ -21,6 +21,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import os
 import time
 from typing import Callable, Sequence
 
@@ -100,6 +101,65 @@ def _length_bucket(x: int) -> int:
     step, so a tighter bucket is faster; two buckets per octave still bound the number of programs)."""
     p = _bucket(x, 16)
     return p * 3 // 4 if x <= p * 3 // 4 and p >= 32 else p
+
+
+# Host memory generate() holds until it returns, per sample (scheduler queue entry, result slot, Sample object)
+# and per generated token (token id and log-prob list slots). Lower bounds on purpose: work refused by them
+# cannot fit however it were represented.
+HOST_BYTES_PER_SAMPLE = 100
+HOST_BYTES_PER_TOKEN = 16
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_bytes(mesh: Mesh | None = None) -> int:
+    """Memory of the devices a sampler uses, together (host memory on the CPU backend)."""
+    devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
+    if devices[0].platform == "cpu":  # CPU "devices" share the host's memory
+        return host_memory_bytes()
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    return sum(limits) if all(limits) else host_memory_bytes()  # a backend that does not report it
+
+
+def check_memory(mc, batch_size: int, reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int, *,
+                 device_bytes: int, host_bytes: int, batch_name: str = "sampler batch_size",
+                 request_name: Callable[[int], str] = lambda i: f"request {i}") -> None:
+    """VtError, before anything is allocated, for work that cannot fit: the KV cache and slot state of
+    ``batch_size`` decode slots over the cache length these requests need (device memory), or the samples and
+    tokens generate() holds until it returns (host memory). ``reqs``: (prompt, max_new_tokens, n) per request,
+    as Engine.check returns them. The errors name ``batch_name`` or the request at fault."""
+    if not reqs:
+        return
+    S = _cache_length(reqs, max_context)
+    itemsize = jnp.dtype(mc.dtype).itemsize
+    cache = 2 * mc.num_layers * batch_size * S * mc.num_kv_heads * mc.head_dim * itemsize
+    slots = batch_size * S * 8  # tokens (int32) and log-probs (float32) per slot and position
+    if cache + slots > device_bytes:
+        raise VtError(f"{batch_name} {batch_size}: the KV cache for {batch_size} slots x {S} positions needs "
+                      f"{_human(cache + slots)}, more than the {_human(device_bytes)} of device memory; lower it")
+    per_request = [n * (HOST_BYTES_PER_SAMPLE + HOST_BYTES_PER_TOKEN * mn) for _, mn, n in reqs]
+    if sum(per_request) > host_bytes:
+        i = int(np.argmax(per_request))
+        _, mn, n = reqs[i]
+        raise VtError(f"{request_name(i)}: n={n} samples of up to {mn} tokens: the requests would hold at least "
+                      f"{_human(sum(per_request))} of host memory until they finish, more than this host's "
+                      f"{_human(host_bytes)}; lower n or max_new_tokens, or split the input")
+
+
+def _cache_length(reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int) -> int:
+    """Cache positions a generate call allocates: the longest prompt + completion, bucketed."""
+    return min(_length_bucket(max(len(p) + mn for p, mn, _ in reqs)), max_context)
 
 
 def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarray:
@@ -215,6 +275,8 @@ class Engine:
         first_request: the index of requests[0] in a larger batch split over processes; sample j of request i
         draws as request first_request + i would, so a split batch samples what the whole one would."""
         reqs = self.check(requests)
+        check_memory(self.model_cfg, self.cfg.batch_size, reqs, self.max_context,
+                     device_bytes=device_memory_bytes(self.mesh), host_bytes=host_memory_bytes())
         if seed is None:
             seed, self._calls = self.cfg.seed + self._calls, self._calls + 1
         t0, self.last_stats = time.perf_counter(), Stats()
@@ -222,7 +284,7 @@ class Engine:
         if not reqs:
             return []
         B = self.cfg.batch_size
-        S = min(_length_bucket(max(len(p) + mn for p, mn, _ in reqs)), self.max_context)
+        S = _cache_length(reqs, self.max_context)
         queue = collections.deque((i, j) for i, (_, _, n) in enumerate(reqs) for j in range(n))
         owner: list[tuple[int, int] | None] = [None] * B
         seen = np.zeros(B, np.int64)  # generated count at the last stop-string check

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from vt import EXIT_PREEMPTED, VtError
 from vt.checkpoint.seal import add_trust_flag
+from vt.validation import check_output_path
 
 
 def register(subparsers) -> None:
@@ -37,6 +38,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("vt").setLevel(logging.INFO)
+    check_output_path(args.workdir, "--workdir", directory=True)
     raw = load_config(args.config, args.config_overrides)
     if "rollout" in raw:  # an RL config (configs/mgpo_*.py, long2short.py, instruct_rl.py)
         from vt.rl.learner import RLConfig, train_rl
@@ -64,6 +66,7 @@ def run_merge(args: argparse.Namespace) -> int:
             weights = [float(w) for w in args.weights.split(",")]
         except ValueError:
             raise VtError(f"--weights {args.weights!r}: expected comma-separated numbers") from None
+    check_output_path(args.out, "--out", directory=True)
     used = merge_checkpoints(args.ckpts, args.out, weights)
     print(f"wrote {args.out} = " + " + ".join(f"{w:.4g} * {c}" for c, w in zip(args.ckpts, used)))
     return 0

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Annotated
 
 import jax.numpy as jnp
 import optax
 
 from vt import VtError
+from vt.validation import NON_NEGATIVE, POSITIVE, Range, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 5e-5  # peak learning rate
-    final_lr: float = 8e-8  # cosine floor, reached on the last step
-    warmup_frac: float = 0.05  # fraction of total steps spent in linear warmup
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01  # decoupled (AdamW); matrices only, never norms or biases
-    clip_norm: float = 1.0  # global-norm gradient clipping; 0 disables
+    lr: Annotated[float, POSITIVE] = 5e-5  # peak learning rate
+    final_lr: Annotated[float, NON_NEGATIVE] = 8e-8  # cosine floor, reached on the last step
+    warmup_frac: Annotated[float, Range(ge=0, lt=1)] = 0.05  # fraction of total steps spent in linear warmup
+    b1: Annotated[float, Range(ge=0, lt=1)] = 0.9
+    b2: Annotated[float, Range(ge=0, lt=1)] = 0.999
+    eps: Annotated[float, POSITIVE] = 1e-8
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.01  # decoupled (AdamW); matrices only, never norms or biases
+    clip_norm: Annotated[float, NON_NEGATIVE] = 1.0  # global-norm gradient clipping; 0 disables
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:

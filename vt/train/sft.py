@@ -29,7 +29,7 @@ import math
 import signal
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import numpy as np
@@ -41,6 +41,7 @@ from vt.sharding import MeshConfig, make_mesh
 from vt.train.metrics import MetricsWriter, model_flops_per_token, peak_flops_per_device
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 from vt.train.step import batch_sharding, device_batch, make_eval_step, make_train_step
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,13 @@ class ModelSection:
 @dataclasses.dataclass(frozen=True)
 class HardSubset:
     pass_rates: str = ""  # profiling JSONL (one line per prompt id); "" = train on all records
-    min_trace_tokens: int = 5000
-    min_error_rate: float = 0.75
-    min_rollouts: int = 8
+    min_trace_tokens: Annotated[int, NON_NEGATIVE] = 5000
+    min_error_rate: Annotated[float, FRACTION] = 0.75
+    min_rollouts: Annotated[int, AT_LEAST_1] = 8
     missing: str = "error"  # prompt without a pass rate: error | exclude | include
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,28 +76,34 @@ class DataSection:
     train: str = ""  # vt.data.open_source spec: files, globs, comma-separated lists, tfds:NAME
     eval: str = ""  # held-out source spec ("" = no eval); synthetic: any non-empty value enables it
     tokenizer: str = ""  # tokenizer directory or SentencePiece model
-    seq_len: int = 4096
-    global_batch_size: int = 128  # packed rows per optimiser step, all processes together
-    grad_accum_steps: int = 1  # micro-batches per step (must divide global_batch_size / num_shards)
+    seq_len: Annotated[int, AT_LEAST_1] = 4096
+    global_batch_size: Annotated[int, AT_LEAST_1] = 128  # packed rows per optimiser step, all processes together
+    grad_accum_steps: Annotated[int, AT_LEAST_1] = 1  # micro-batches per step (must divide global_batch_size / num_shards)
     # Logical data shards (vt.data.shards): each packs its own records into global_batch_size / num_shards rows
     # of every step. Fixed per run, so the batches (and a resume) are the same on any process count that
     # divides it; must be a multiple of the process count and divide global_batch_size.
-    num_shards: int = 8
-    num_epochs: float = 5.0  # sets the step count when train.steps == 0
-    seed: int = 0
+    num_shards: Annotated[int, AT_LEAST_1] = 8
+    num_epochs: Annotated[float, POSITIVE] = 5.0  # sets the step count when train.steps == 0
+    seed: Annotated[int, NON_NEGATIVE] = 0
     overlong: str = "truncate_right"  # truncate_right | drop
-    max_skip_rate: float = 0.05
-    read_threads: int = 4
-    eval_batches: int = 4  # batches of the held-out split per evaluation
+    max_skip_rate: Annotated[float, FRACTION] = 0.05
+    read_threads: Annotated[int, NON_NEGATIVE] = 4  # 0 = in the calling thread
+    eval_batches: Annotated[int, NON_NEGATIVE] = 4  # batches of the held-out split per evaluation
     hard_subset: HardSubset = HardSubset()
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
-    steps: int = 0  # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
-    eval_every: int = 0  # steps between held-out evaluations (0 = only at the end, if eval data is set)
-    peak_flops: float = 0.0  # per device, for MFU; 0 = known accelerators only
+    steps: Annotated[int, NON_NEGATIVE] = 0  # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
+    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the end, if eval data is set)
+    peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
     progress: bool = True  # tqdm progress bar
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
