@@ -37,9 +37,12 @@ from vt import VtError
 
 ROLES = ("system", "user", "assistant", "tool")
 METADATA_KEYS = ("difficulty", "pass_rate", "trace_length", "prompt_id")
-# Verifier references other than ground_truth, kept in metadata for vt.rewards: unit tests (code),
-# instruction constraints (instruct), rubric names (rubric).
-REFERENCE_KEYS = ("tests", "constraints", "rubric")
+# Verifier references other than ground_truth, kept in metadata for vt.rewards: unit tests (code: vt's
+# `tests`, HumanEval's `test` + `entry_point`, MBPP's `test_list` + `test_setup_code`, LiveCodeBench's
+# test cases and `func_name`), instruction constraints (instruct: vt's `constraints`, IFEval's
+# `instruction_id_list` + `kwargs`), rubric names (rubric). vt.rewards reads each shape as it comes.
+REFERENCE_KEYS = ("tests", "constraints", "rubric", "test", "entry_point", "test_list", "test_setup_code",
+                  "public_test_cases", "private_test_cases", "func_name", "instruction_id_list", "kwargs")
 
 # Reasons a record can be rejected; the pipeline counts every skip under exactly one of these.
 MALFORMED_JSON = "malformed_json"
@@ -148,6 +151,12 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
     if not isinstance(obj, dict):
         return Malformed(MALFORMED_JSON, where, f"expected a JSON object, got {type(obj).__name__}")
     meta_in = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    if isinstance(obj.get("metadata"), str):  # LiveCodeBench: metadata as a JSON string ({"func_name": ...})
+        try:
+            meta_in = json.loads(obj["metadata"])
+        except json.JSONDecodeError:
+            meta_in = {}
+        meta_in = meta_in if isinstance(meta_in, dict) else {}
     extra = obj.get("extra_info") if isinstance(obj.get("extra_info"), dict) else {}
     metadata = dict(meta_in)
     for k in METADATA_KEYS + REFERENCE_KEYS:
