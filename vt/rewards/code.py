@@ -452,7 +452,10 @@ def judge_program_result(stdout: bytes, nonce: str) -> tuple[str, dict] | None:
         return result
     if result.get("ok") is True and len(result) == 1:
         return None
-    return _harness_error(result, ("wrong", "memory", "runtime_error"))
+    kind, info = _harness_error(result, ("wrong", "memory", "runtime_error"))
+    if kind == "runtime_error" and ("[Errno 27] File too large" in info["reason"] or "[Errno 28]" in info["reason"]):
+        kind = "output_limit"  # as classify_run: the file-size cap or a full /tmp, seen as an OSError
+    return kind, info
 
 
 class _Slots:
