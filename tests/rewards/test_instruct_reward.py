@@ -41,8 +41,10 @@ CASES = [
     ({"type": "end_phrase", "phrase": "Any other questions?"}, "Done. Any other questions?", "Any other questions? Done."),
     ({"type": "quotation"}, '"All quoted."', 'Not "quoted".'),
     ({"type": "capital_word_frequency", "relation": "at least", "num": 2}, "THIS IS loud", "This is quiet"),
-    ({"type": "all_uppercase"}, "THIS ANSWER IS WRITTEN IN ENGLISH AND IN CAPITALS.", "Not All Caps"),
-    ({"type": "all_lowercase"}, "this answer is written in english and in lower case.", "not All lower"),
+    ({"type": "english_uppercase"}, "THIS ANSWER IS WRITTEN IN ENGLISH AND IN CAPITALS.", "DAS IST NICHT ENGLISCH UND DIE KATZE AUCH NICHT."),
+    ({"type": "english_lowercase"}, "this answer is written in english and in lower case.", "not All lower"),
+    ({"type": "all_uppercase"}, "* CAT\n* OWL 123", "Not All Caps"),
+    ({"type": "all_lowercase"}, "* lime, kiwi", "not All lower"),
     ({"type": "no_commas"}, "No commas here.", "Commas, here."),
     ({"type": "keyword_order", "keywords": ["first", "second"]}, "first then second", "second then first"),
 ]  # fmt: skip
@@ -154,3 +156,13 @@ def test_adversarial_text_does_not_hang():
         t.start()
         t.join(timeout=120)  # a hang detector (catastrophic regex backtracking), not a speed test
     assert not t.is_alive() and 0.0 <= box["r"].score <= 1.0
+
+
+def test_tokeniser_constraints_fail_past_their_length_cap():
+    from vt.rewards.instruct import MAX_TOKENIZED_CHARS
+
+    ok = build_constraint({"type": "length_sentences", "relation": "at least", "num": 1}, "c")
+    caps = build_constraint({"type": "capital_word_frequency", "relation": "at least", "num": 1}, "c")
+    short = "A SENTENCE. " * (MAX_TOKENIZED_CHARS // 12 - 1)
+    assert ok.check(short) and caps.check(short)
+    assert not ok.check(short + "MORE. " * 4) and not caps.check(short + "MORE. " * 4)

@@ -11,8 +11,9 @@ tokenisers: nltk's Punkt sentences and Treebank words (tables from the ``nltk-pu
 download) and langdetect (seeded). tests/rewards/test_ifeval_agreement.py holds vt to that. Deliberate
 differences (README, "Rewards"): relations beyond IFEval's "less than"/"at least"; a keyword that is not a
 valid regular expression is matched literally (IFEval crashes); arguments are validated up front
-(IFEval silently draws a random value for a missing or out-of-range one); two vt-only types
-(``start_phrase``, ``keyword_order``).
+(IFEval silently draws a random value for a missing or out-of-range one); vt-only types
+(``start_phrase``, ``keyword_order``, and ``all_uppercase`` / ``all_lowercase``: letter case in any
+language, where IFEval's ``english_*`` ids also require English).
 
 The reward is the fraction of constraints met (partial credit). Strict: the response as is. Loose (as
 IFEval): a constraint counts as met if any of the response, the response without its first line, without
@@ -75,8 +76,17 @@ def _nltk():
     return PunktSentenceTokenizer(params), NLTKWordTokenizer()
 
 
+# Punkt costs ~15-70 us per character in Python (a hostile "a. a. a. ..." is the slow end): past this
+# length the sentence and capital-word constraints fail instead of spending seconds per check. IFEval's
+# responses are a few thousand characters.
+MAX_TOKENIZED_CHARS = 50_000
+
+
 def sentences(text: str) -> list[str]:
-    """nltk.sent_tokenize(text), as IFEval counts sentences."""
+    """nltk.sent_tokenize(text), as IFEval counts sentences. TimeoutError past MAX_TOKENIZED_CHARS (and
+    when nltk's own regex time limit trips)."""
+    if len(text) > MAX_TOKENIZED_CHARS:
+        raise TimeoutError(f"text of {len(text)} characters: over {MAX_TOKENIZED_CHARS} for nltk's tokenisers")
     return _nltk()[0].tokenize(text)
 
 
@@ -249,7 +259,7 @@ class LengthSentences(Constraint):
     def check(self, response):
         try:
             return compare(count_sentences(response), self.relation, self.num)
-        except TimeoutError:  # nltk's regex time limit (5 s) on a pathological text: IFEval would crash
+        except TimeoutError:  # over MAX_TOKENIZED_CHARS, or nltk's regex time limit tripped (IFEval crashes)
             return False
 
 
@@ -489,24 +499,40 @@ class CapitalWordFrequency(Constraint):
     def check(self, response):
         try:
             return compare(sum(1 for w in word_tokens(response) if w.isupper()), self.relation, self.num)
-        except TimeoutError:  # nltk's regex time limit (5 s) on a pathological text: IFEval would crash
+        except TimeoutError:  # over MAX_TOKENIZED_CHARS, or nltk's regex time limit tripped (IFEval crashes)
             return False
 
 
-@register("all_uppercase", "change_case:english_capital", {})
-class AllUppercase(Constraint):
+@register("english_uppercase", "change_case:english_capital", {})
+class EnglishUppercase(Constraint):
     """All capitals, and English (langdetect)."""
 
     def check(self, response):
         return response.isupper() and _is_english(response)
 
 
-@register("all_lowercase", "change_case:english_lowercase", {})
-class AllLowercase(Constraint):
+@register("english_lowercase", "change_case:english_lowercase", {})
+class EnglishLowercase(Constraint):
     """All lower case, and English (langdetect)."""
 
     def check(self, response):
         return response.islower() and _is_english(response)
+
+
+@register("all_uppercase")
+class AllUppercase(Constraint):
+    """All capitals, in any language (vt-only: IFEval's english_capital also requires English)."""
+
+    def check(self, response):
+        return response.isupper()
+
+
+@register("all_lowercase")
+class AllLowercase(Constraint):
+    """All lower case, in any language (vt-only: IFEval's english_lowercase also requires English)."""
+
+    def check(self, response):
+        return response.islower()
 
 
 @register("no_commas", "punctuation:no_comma", {})
