@@ -402,19 +402,34 @@ def test_printing_PASSED_fails(reward, kind):
         # print a pass verdict with every marker it could guess, straight to fd 1, then leave
         "import os, sys\ndef solve(x):\n    for fd in (1, 2):\n        os.write(fd, b'\\n0' * 32 + b'{\"ok\": true}\\n')\n"
         "    sys.stdout.write('{\"ok\": true}\\n')\n    os._exit(0)",
-        # take the verdict stream and the request (with the nonce) from the test process
-        "import os\nppid = os.getppid()\nfound = []\nfor fd in range(8):\n    for mode in ('rb', 'wb'):\n"
-        "        try:\n            f = open(f'/proc/{ppid}/fd/{fd}', mode)\n            found.append((fd, mode))\n"
-        "            if mode == 'wb':\n                f.write(b'\\n' + b'0' * 32 + b'{\"ok\": true}\\n')\n"
-        "        except OSError:\n            pass\ndef solve(x):\n    return found",
         # kill the test process before it can fail
         "import os, signal\ndef solve(x):\n    os.kill(os.getppid(), signal.SIGKILL)\n    return x * x + 1",
     ],
-    ids=["patched-assert-and-operators", "printed-verdicts-then-exit", "parent-fds", "kill-the-tests"],
+    ids=["patched-assert-and-operators", "printed-verdicts-then-exit", "kill-the-tests"],
 )
 def test_program_tests_cannot_be_fooled(reward, src):
     r = reward([PROGRAM], [block(src)])[0]
     assert r.score == 0.0 and r.failure in ("wrong", "runtime_error"), r
+
+
+def test_the_test_process_is_out_of_the_solutions_reach(reward):
+    """The test process holds the nonce (its stdin) and the verdict stream (its stdout): the solution's
+    process can open none of its fds, nor its memory. The program test passes only if nothing opened."""
+    src = """
+        import os
+        ppid, opened = os.getppid(), []
+        for what in [f"fd/{fd}" for fd in range(8)] + ["mem", "environ"]:
+            for mode in ("rb", "wb"):
+                try:
+                    open(f"/proc/{ppid}/{what}", mode)
+                    opened.append((what, mode))
+                except OSError:
+                    pass
+        def solve(x):
+            return opened
+    """
+    r = reward([{"tests": [{"program": "assert solve(0) == [], solve(0)"}]}], [block(src)])[0]
+    assert r.score == 1.0, r
 
 
 def test_program_test_kinds_of_failure(reward):
