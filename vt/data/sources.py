@@ -11,6 +11,7 @@ Accepted record shapes (JSON object per JSONL line / ArrayRecord record / parque
     {"prompt": "question" | [messages], "response": "answer", ...}
     {"prompt": [messages], "reward_model": {"ground_truth": ...}, "ability": ..., "extra_info": ...}  (verl)
     {"input_ids": [...], "loss_mask": [...]}                     (pre-tokenised; loss_mask per token)
+    {"question_content": ..., "public_test_cases": ...}          (LiveCodeBench; MBPP: "text" + "test_list")
 
 Optional fields: ``id``, ``domain`` (else ``ability``, else the source's default), ``ground_truth`` (else
 ``reward_model.ground_truth``, else ``answer``), and ``difficulty``, ``pass_rate``, ``trace_length``,
@@ -195,6 +196,10 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
             if not isinstance(obj["response"], str):
                 return Malformed(MISSING_FIELD, where, "'response' must be a string")
             msgs = msgs + ({"role": "assistant", "content": obj["response"]},)
+    elif "question_content" in obj and "public_test_cases" in obj:  # LiveCodeBench's question
+        msgs = _messages(obj["question_content"], where, "question_content")
+    elif "text" in obj and "test_list" in obj:  # MBPP's question
+        msgs = _messages(obj["text"], where, "text")
     else:
         return Malformed(MISSING_FIELD, where, "no 'messages', 'prompt' or 'input_ids' field")
     if isinstance(msgs, Malformed):
