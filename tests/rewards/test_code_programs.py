@@ -114,6 +114,17 @@ MBPP = [
         "test_setup_code": "",
         "challenge_test_list": [],
     },
+    {  # the asserts use `math` from the solution's own import, as MBPP's harness allows
+        "task_id": 82,
+        "text": "Write a function to find the volume of a sphere.",
+        "code": "import math\ndef volume_sphere(r):\n  volume=(4/3)*math.pi*r*r*r\n  return volume",
+        "test_list": [
+            "assert math.isclose(volume_sphere(10), 4188.790204786391, rel_tol=0.001)",
+            "assert math.isclose(volume_sphere(25), 65449.84694978735, rel_tol=0.001)",
+        ],
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    },
     {  # test_setup_code: run before the solution and before the asserts
         "task_id": 9001,
         "text": "Write a function returning the area of a circle of radius r (PI is given).",
@@ -128,11 +139,12 @@ MBPP = [
 def test_mbpp_records_as_they_come(reward):
     good = [block(r["code"]) for r in MBPP]
     bad = [block("def similar_elements(a, b):\n    return tuple(a)"), block("def find_char_long(text):\n    return text.split()"),
+           block("import math\ndef volume_sphere(r):\n    return math.pi * r ** 3"),
            block("def area(r):\n    return 3.14 * r * r")]  # fmt: skip
     res = reward(MBPP + MBPP, good + bad)
-    assert [r.score for r in res] == [1.0] * 3 + [0.0] * 3, res
-    assert all(r.failure == "wrong" for r in res[3:])
-    assert code_tests(MBPP[2], 0) == [ProgramTest("\n".join(MBPP[2]["test_list"]) + "\n", "import math\nPI = math.pi")]
+    assert [r.score for r in res] == [1.0] * 4 + [0.0] * 4, res
+    assert all(r.failure == "wrong" for r in res[4:])
+    assert code_tests(MBPP[3], 0) == [ProgramTest("\n".join(MBPP[3]["test_list"]) + "\n", "import math\nPI = math.pi")]
 
 
 # ---- LiveCodeBench and verl/APPS -------------------------------------------------------------------

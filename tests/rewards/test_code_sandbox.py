@@ -432,6 +432,22 @@ def test_the_test_process_is_out_of_the_solutions_reach(reward):
     assert r.score == 1.0, r
 
 
+def test_a_reported_module_name_never_imports_the_solution_into_the_test_process(reward):
+    """The solution's process reports its imported modules by name; the test process imports only
+    standard-library names, so a module object named "solution" does not run solution code there."""
+    src = """
+        import types
+        solution = types.ModuleType("solution")
+        _harness = types.ModuleType("_harness")
+        print("PWNED-IF-IMPORTED")
+        def solve(x):
+            return x * x
+    """
+    test = "assert 'solution' not in dir() and '_harness' not in dir()\nassert solve(3) == 9\n"
+    r = reward([{"tests": [{"program": test}]}], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
 def test_program_test_kinds_of_failure(reward):
     recs = [PROGRAM] * 4
     srcs = ["def solve(x):\n    return x", "def solve(x):\n    raise ValueError('no')", "x = 1", "def solve(x):\n    return object()"]
