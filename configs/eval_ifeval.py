@@ -1,6 +1,7 @@
 """IFEval style instruction following: prompt- and instruction-level accuracy, strict and loose.
 
-Rows: {"prompt": ..., "constraints": [{"type": ..., ...kwargs}], "ability": "instruct"} (vt.rewards.instruct).
+Rows: {"prompt": ..., "constraints": [{"type": ..., ...kwargs}], "ability": "instruct"} (vt.rewards.instruct),
+or IFEval's own rows as they come: {"key", "prompt", "instruction_id_list", "kwargs"}.
 
     vt eval --config configs/eval_ifeval.py --ckpt DIR --tokenizer DIR --out runs/eval/ifeval \
         --config.data=data/eval/ifeval.jsonl

@@ -104,16 +104,18 @@ def test_eval_config_files_load():
 
 
 def test_ifeval_levels(tmp_path):
-    """Prompt and instruction level, strict, through the real instruct reward."""
+    """Prompt and instruction level, strict, through the real instruct reward; IFEval's records as they come."""
     from vt.eval.generation import Completion
-    rows = [{"id": "a", "prompt": "Say hi.", "constraints": [{"type": "all_lowercase"}, {"type": "no_commas"}]},
-            {"id": "b", "prompt": "Say bye.", "constraints": [{"type": "all_lowercase"}]}]
+    lower, comma = "change_case:english_lowercase", "punctuation:no_comma"
+    rows = [{"key": 1, "prompt": "Say hi.", "instruction_id_list": [lower, comma], "kwargs": [{}, {}]},
+            {"key": 2, "prompt": "Say bye.", "instruction_id_list": [lower], "kwargs": [{"num_words": None}]}]
     data = tmp_path / "if.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hello = "hello there, my friend. how are you doing today? the weather is nice."
 
     class Gen:
         def generate(self, convs, n, seed, max_new_tokens=None):
-            return [[Completion("hi, there" if "hi" in c[-1]["content"] else "BYE", 2, "stop")] for c in convs]
+            return [[Completion(hello if "hi" in c[-1]["content"] else "BYE", 2, "stop")] for c in convs]
     cfg = EvalConfig(name="if", data=str(data), domain="instruct", ks=(1,), maj_ks=(), progress=False,
                      sampling=SamplingSettings(n=1))
     s = run_eval(cfg, tmp_path / "out", generator=Gen())

@@ -3,6 +3,10 @@
 Most attacks come with a *control*: the same program graded against the output it prints when the
 attack fails must score 1, proving the program really ran and the attack really was blocked (rather
 than the program crashing for an unrelated reason).
+
+The attacks run for both kinds of test (``kind``): a stdin/stdout test, and a program test (Python test
+code, as HumanEval's and MBPP's) that calls a function of the solution which runs the attack and
+returns what it printed.
 """
 from __future__ import annotations
 
@@ -41,15 +45,45 @@ def stdio(output: str, inp: str = "") -> dict:
     return {"tests": [{"input": inp, "output": output}]}
 
 
-def grade(reward, src: str, output: str, inp: str = ""):
+KINDS = ["stdio", "program"]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request):
+    return request.param
+
+
+def program_block(src: str) -> str:
+    """A solution whose function ``answer()`` runs ``src`` as a script and returns what it printed."""
+    body = textwrap.dedent(src).strip()
+    return block(
+        "import contextlib, io\n"
+        f"SRC = {body!r}\n"
+        "def answer():\n"
+        "    buf = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(buf):\n"
+        "        exec(compile(SRC, 'attack', 'exec'), {'__name__': '__main__'})\n"
+        "    return buf.getvalue()\n"
+    )
+
+
+def program_test(output: str) -> dict:
+    check = "got = [line.rstrip() for line in answer().rstrip().split('\\n')]\n"
+    check += f"assert got == {[line.rstrip() for line in output.rstrip().split(chr(10))]!r}\n"
+    return {"tests": [{"program": check}]}
+
+
+def grade(reward, src: str, output: str, inp: str = "", kind: str = "stdio"):
+    if kind == "program":
+        return reward([program_test(output)], [program_block(src)])[0]
     return reward([stdio(output, inp)], [block(src)])[0]
 
 
-def assert_blocked(reward, src: str, leaked: str, blocked: str = "blocked", kinds=("wrong",)):
+def assert_blocked(reward, src: str, leaked: str, blocked: str = "blocked", kinds=("wrong",), kind: str = "stdio"):
     """The attack's success output scores 0, its failure output scores 1 (the program did run)."""
-    attack = grade(reward, src, leaked)
+    attack = grade(reward, src, leaked, kind=kind)
     assert attack.score == 0.0 and attack.failure in kinds, attack
-    control = grade(reward, src, blocked)
+    control = grade(reward, src, blocked, kind=kind)
     assert control.score == 1.0, control
 
 
@@ -111,7 +145,7 @@ def test_test_case_without_expected_output_is_a_dataset_error(reward):
         reward([{"tests": [{"input": "1"}]}], [block("print(1)")])
     with pytest.raises(RewardSpecError, match=r"tests'\[1\].*expected"):
         reward([{"tests": [{"fn_name": "f", "args": [], "expected": 1}, {"fn_name": "f", "args": []}]}], [block("")])
-    with pytest.raises(RewardSpecError, match="missing field 'tests'"):
+    with pytest.raises(RewardSpecError, match="record 0: no tests: expected 'tests'"):
         reward([{}], [block("")])
     with pytest.raises(RewardSpecError, match="non-empty"):
         reward([{"tests": []}], [block("")])
@@ -120,7 +154,7 @@ def test_test_case_without_expected_output_is_a_dataset_error(reward):
 # ---- attacks -------------------------------------------------------------------------------------
 
 
-def test_no_network_even_to_host_loopback(reward):
+def test_no_network_even_to_host_loopback(reward, kind):
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -136,14 +170,14 @@ def test_no_network_even_to_host_loopback(reward):
             print("blocked")
     """
     try:
-        assert_blocked(reward, src, "connected")
+        assert_blocked(reward, src, "connected", kind=kind)
         with pytest.raises(socket.timeout):
             server.accept()  # the server never saw a connection
     finally:
         server.close()
 
 
-def test_environment_secrets_are_not_visible(reward, monkeypatch):
+def test_environment_secrets_are_not_visible(reward, monkeypatch, kind):
     secret = "vt-fake-secret-" + secrets.token_hex(8)
     monkeypatch.setenv("VT_FAKE_SECRET", secret)
     src = f"""
@@ -156,12 +190,12 @@ def test_environment_secrets_are_not_visible(reward, monkeypatch):
                 pass
         print("leaked" if {secret!r} in seen else "blocked")
     """
-    assert_blocked(reward, src, "leaked")
-    r = grade(reward, "import os; print(dict(os.environ))", secret)
+    assert_blocked(reward, src, "leaked", kind=kind)
+    r = grade(reward, "import os; print(dict(os.environ))", secret, kind=kind)
     assert r.score == 0.0 and secret not in repr(r.details)
 
 
-def test_host_files_cannot_be_read_or_written(reward, tmp_path):
+def test_host_files_cannot_be_read_or_written(reward, tmp_path, kind):
     canary_text = "canary-" + secrets.token_hex(8)
     repo = Path(vt.__file__).resolve().parents[1]
     targets = [Path.home() / f".vt_canary_{secrets.token_hex(4)}", repo / f".vt_canary_{secrets.token_hex(4)}"]
@@ -187,7 +221,7 @@ def test_host_files_cannot_be_read_or_written(reward, tmp_path):
         print(got[0] if got else "blocked")
     """
     try:
-        assert_blocked(reward, src, canary_text)
+        assert_blocked(reward, src, canary_text, kind=kind)
         assert all(t.read_text() == canary_text for t in targets)
         assert not any(t.exists() for t in new_files)
     finally:
@@ -195,7 +229,7 @@ def test_host_files_cannot_be_read_or_written(reward, tmp_path):
             t.unlink(missing_ok=True)
 
 
-def test_files_outside_the_temp_dir_cannot_be_deleted(reward, tmp_path):
+def test_files_outside_the_temp_dir_cannot_be_deleted(reward, tmp_path, kind):
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     json_dir = Path(os.__file__).parent / "json"  # the system python's stdlib is bound read-only
@@ -216,12 +250,12 @@ def test_files_outside_the_temp_dir_cannot_be_deleted(reward, tmp_path):
         os.remove("/tmp/mine.txt")
         print("deleted" if ok else "blocked")
     """
-    assert_blocked(reward, src, "deleted")
+    assert_blocked(reward, src, "deleted", kind=kind)
     assert victim.read_text() == "keep me"
     assert Path("/usr/lib").is_dir() and Path("/etc/passwd").exists() and json_dir.is_dir()
 
 
-def test_fork_bomb_is_bounded_and_cleaned_up(reward):
+def test_fork_bomb_is_bounded_and_cleaned_up(reward, kind):
     src = """
         import os
         while True:
@@ -234,7 +268,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(reward):
     if not uids:
         pytest.skip("per-sandbox uids exist only when the grader runs as root (CI does)")
     with Sampler(lambda: len(processes_matching(uids))) as count:
-        r = grade(reward, src, "anything")
+        r = grade(reward, src, "anything", kind=kind)
     assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
     # RLIMIT_NPROC (64) plus the two bwrap processes, never thousands.
     assert count.peak <= 64 + 4, count.peak
@@ -242,7 +276,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(reward):
 
 
 @pytest.mark.parametrize("parent", ["exits", "sleeps"])
-def test_setsid_daemon_dies_with_the_sandbox(reward, parent):
+def test_setsid_daemon_dies_with_the_sandbox(reward, parent, kind):
     marker = f"{1000 + secrets.randbelow(10**6)}.{secrets.randbelow(10**6)}"  # unique `sleep` argument
     src = f"""
         import os, time
@@ -256,7 +290,7 @@ def test_setsid_daemon_dies_with_the_sandbox(reward, parent):
         {"time.sleep(600)" if parent == "sleeps" else "pass"}
     """
     t0 = time.monotonic()
-    r = grade(reward, src, "never")
+    r = grade(reward, src, "never", kind=kind)
     returned = time.monotonic()
     assert r.score == 0.0
     assert r.failure == ("timeout" if parent == "sleeps" else "wrong"), r
@@ -269,9 +303,9 @@ def test_setsid_daemon_dies_with_the_sandbox(reward, parent):
 
 
 @pytest.mark.parametrize("src", ["while True:\n    pass", "import time\ntime.sleep(100)"], ids=["busy", "sleep"])
-def test_busy_loop_and_sleep_time_out(reward, src):
+def test_busy_loop_and_sleep_time_out(reward, src, kind):
     t0 = time.monotonic()
-    r = grade(reward, src, "x")
+    r = grade(reward, src, "x", kind=kind)
     assert r.score == 0.0 and r.failure == "timeout", r
     assert time.monotonic() - t0 < TEST_LIMIT_S + 2
 
@@ -284,22 +318,22 @@ def test_huge_print_hits_output_limit_with_bounded_grader_memory(reward):
     assert rss.peak - before < CAP + (48 << 20), (before, rss.peak)
 
 
-def test_huge_allocation_is_a_memory_failure(reward):
-    r = grade(reward, "x = bytearray(8 << 30)\nprint('allocated')", "allocated")
+def test_huge_allocation_is_a_memory_failure(reward, kind):
+    r = grade(reward, "x = bytearray(8 << 30)\nprint('allocated')", "allocated", kind=kind)
     assert r.score == 0.0 and r.failure == "memory", r
 
 
-def test_large_file_write_hits_the_file_size_cap():
+def test_large_file_write_hits_the_file_size_cap(kind):
     with CodeReward(workers=1, test_time_limit_s=5, file_bytes=1 << 20) as r:
         src = "f = open('/tmp/big', 'wb')\nfor _ in range(64):\n    f.write(b'x' * (1 << 16))\nprint('wrote')"
-        res = r([stdio("wrote")], [block(src)])[0]
+        res = grade(r, src, "wrote", kind=kind)
     assert res.score == 0.0 and res.failure == "output_limit", res
 
 
-def test_filling_tmp_hits_its_size_cap():
+def test_filling_tmp_hits_its_size_cap(kind):
     with CodeReward(workers=1, test_time_limit_s=5, tmp_bytes=1 << 20, file_bytes=1 << 30) as r:
         src = "for i in range(64):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (1 << 16))\nprint('wrote')"
-        res = r([stdio("wrote")], [block(src)])[0]
+        res = grade(r, src, "wrote", kind=kind)
     assert res.score == 0.0 and res.failure == "output_limit", res
 
 
@@ -373,6 +407,8 @@ def test_forked_children_share_one_memory_budget(bound):
 
 
 CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}
+PROGRAM = {"tests": [{"program": "assert solve(3) == 9\nassert solve(4) == 16\n"}]}
+SOLVER = block("def solve(x):\n    return x * x")
 
 
 @pytest.mark.parametrize(
@@ -386,8 +422,10 @@ CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": 
     ],
     ids=["sys.exit-top", "os._exit-top", "os._exit-in-call", "sys.exit-in-call", "atexit-PASSED"],
 )
-def test_exiting_before_the_result_fails(reward, src):
-    r = reward([CALL], [block(src)])[0]
+@pytest.mark.parametrize("record", [CALL, PROGRAM], ids=["call", "program"])
+def test_exiting_before_the_result_fails(reward, src, record):
+    assert reward([record], [SOLVER])[0].score == 1.0  # control
+    r = reward([record], [block(src)])[0]
     assert r.score == 0.0 and r.failure == "runtime_error", r
 
 
@@ -413,14 +451,78 @@ def test_exit_before_printing_fails_stdin_tests(reward):
     ],
     ids=["eq-always-true", "int-subclass-eq", "patched-builtins", "printed-PASSED"],
 )
-def test_faked_equality_and_printed_passes_fail(reward, src):
-    r = reward([CALL], [block(src)])[0]
+@pytest.mark.parametrize("record", [CALL, PROGRAM], ids=["call", "program"])
+def test_faked_equality_and_printed_passes_fail(reward, src, record):
+    r = reward([record], [block(src)])[0]
     assert r.score == 0.0 and r.failure in ("wrong", "runtime_error"), r
 
 
-def test_printing_PASSED_fails_stdin_tests(reward):
-    r = grade(reward, "print('PASSED')\nprint('All tests passed')", "42")
+def test_printing_PASSED_fails(reward, kind):
+    r = grade(reward, "print('PASSED')\nprint('All tests passed')", "42", kind=kind)
     assert r.score == 0.0 and r.failure == "wrong"
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        # the test's assert and comparison live in another process: patching them here changes nothing
+        "import builtins, operator\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+        "operator.eq = lambda a, b: True\nbuiltins.abs = lambda x: 0\ndef solve(x):\n    return 0",
+        # print a pass verdict with every marker it could guess, straight to fd 1, then leave
+        "import os, sys\ndef solve(x):\n    for fd in (1, 2):\n        os.write(fd, b'\\n0' * 32 + b'{\"ok\": true}\\n')\n"
+        "    sys.stdout.write('{\"ok\": true}\\n')\n    os._exit(0)",
+        # kill the test process before it can fail
+        "import os, signal\ndef solve(x):\n    os.kill(os.getppid(), signal.SIGKILL)\n    return x * x + 1",
+    ],
+    ids=["patched-assert-and-operators", "printed-verdicts-then-exit", "kill-the-tests"],
+)
+def test_program_tests_cannot_be_fooled(reward, src):
+    r = reward([PROGRAM], [block(src)])[0]
+    assert r.score == 0.0 and r.failure in ("wrong", "runtime_error"), r
+
+
+def test_the_test_process_is_out_of_the_solutions_reach(reward):
+    """The test process holds the nonce (its stdin) and the verdict stream (its stdout): the solution's
+    process can open none of its fds, nor its memory. The program test passes only if nothing opened."""
+    src = """
+        import os
+        ppid, opened = os.getppid(), []
+        for what in [f"fd/{fd}" for fd in range(8)] + ["mem", "environ"]:
+            for mode in ("rb", "wb"):
+                try:
+                    open(f"/proc/{ppid}/{what}", mode)
+                    opened.append((what, mode))
+                except OSError:
+                    pass
+        def solve(x):
+            return opened
+    """
+    r = reward([{"tests": [{"program": "assert solve(0) == [], solve(0)"}]}], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
+def test_a_reported_module_name_never_imports_the_solution_into_the_test_process(reward):
+    """The solution's process reports its imported modules by name; the test process imports only
+    standard-library names, so a module object named "solution" does not run solution code there."""
+    src = """
+        import types
+        solution = types.ModuleType("solution")
+        _harness = types.ModuleType("_harness")
+        print("PWNED-IF-IMPORTED")
+        def solve(x):
+            return x * x
+    """
+    test = "assert 'solution' not in dir() and '_harness' not in dir()\nassert solve(3) == 9\n"
+    r = reward([{"tests": [{"program": test}]}], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
+def test_program_test_kinds_of_failure(reward):
+    recs = [PROGRAM] * 4
+    srcs = ["def solve(x):\n    return x", "def solve(x):\n    raise ValueError('no')", "x = 1", "def solve(x):\n    return object()"]
+    res = reward(recs, [block(src) for src in srcs])
+    assert [r.failure for r in res] == ["wrong", "runtime_error", "runtime_error", "runtime_error"], res
+    assert "NameError" in res[2].details["reason"] and "plain values" in res[3].details["reason"]
 
 
 def test_problem_time_budget_stops_remaining_tests():

