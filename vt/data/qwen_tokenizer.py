@@ -300,10 +300,11 @@ def write_qwen25_tokenizer(ranks: dict[bytes, int], out_dir: Path | str) -> Path
     return out
 
 
-def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None) -> Path:
+def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None, force: bool = False) -> Path:
     """Build into ``out_dir`` from the dashscope wheel (default: the cached one). Written in a temporary sibling
-    and renamed, so a concurrent or interrupted build never leaves a half-written directory; an existing
-    directory is replaced."""
+    and renamed, so an interrupted build never leaves a half-written directory and concurrent builds (test
+    workers) keep whichever finished first. An existing directory that is not this build (or any, with
+    ``force``) is replaced."""
     wheel = Path(wheel) if wheel is not None else default_wheel_path()
     ranks = read_ranks(wheel)
     out = Path(out_dir).absolute()
@@ -314,11 +315,16 @@ def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None)
         (tmp / _STAMP).write_text(json.dumps({"build_version": BUILD_VERSION, "ranks_sha256": RANKS_SHA256,
                                               "source": f"dashscope=={DASHSCOPE_VERSION}:{RANKS_MEMBER}"}) + "\n")
         os.chmod(tmp, 0o755)
-        if out.exists():
+        if out.exists() and (force or not is_built(out)):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.rename(out, old / "x")
             shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, out)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if not is_built(out):  # not a concurrent build that finished first
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -5,14 +5,16 @@ One class, :class:`Tokenizer`, wraps either backend behind the same surface:
     encode(text) -> list[int]                      no BOS/EOS added: chat templates carry their own markers
     encode_with_offsets(text) -> (ids, [(start, end)])   character offsets into ``text`` (for loss masks)
     decode(ids, skip_special_tokens=False) -> str
-    apply_chat_template(messages, add_generation_prompt=False) -> str
-    encode_chat(messages, add_generation_prompt=False) -> list[int]
+    apply_chat_template(messages, add_generation_prompt=False, tools=None) -> str
+    encode_chat(messages, add_generation_prompt=False, tools=None) -> list[int]
+    stream_decoder() -> StreamDecoder              incremental text of a token stream, whole characters only
     vocab_size, eos_token_ids, pad_token_id, token_to_id(str)
 
 Chat format (Qwen2.5, ChatML): every message renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``;
 ``add_generation_prompt`` appends ``<|im_start|>assistant\\n``. vt's own template does not insert a default
 system prompt (the official Qwen2.5 template does: "You are Qwen, created by Alibaba Cloud..."); an HF
-directory's ``chat_template`` is used as written unless ``chat_template="qwen"`` is passed.
+directory's ``chat_template`` is used as written unless ``chat_template="qwen"`` is passed. Qwen2.5's real
+tokenizer directory (with its template) is built by :mod:`vt.data.qwen_tokenizer`.
 
 Stop tokens: Qwen chat models end a turn with ``<|im_end|>`` (151645) and a document with ``<|endoftext|>``
 (151643); generation must stop on both, so ``eos_token_ids`` holds the ids of both tokens *in this
