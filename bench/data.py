@@ -144,8 +144,9 @@ def run_hf(corpus: Path, tok_dir: Path, seq_len: int, threads: int, cache: Path)
         return {"input_ids": ids_out, "token_mask": masks}
 
     ds = datasets.load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(cache))
+    # No cache reuse: every run must do the work (each worker also has its own cache directory).
     ds = ds.map(tokenize, batched=True, batch_size=64, num_proc=threads if threads > 1 else None,
-                remove_columns=ds.column_names)
+                remove_columns=ds.column_names, load_from_cache_file=False)
     # Greedy packing into rows of seq_len (next-fit), the packer a datasets user would write.
     tokens = loss_tokens = rows = fill = 0
     for ex in ds.with_format("numpy").iter(batch_size=256):
@@ -164,7 +165,8 @@ def _worker(args) -> None:
     if args.worker == "vt":
         out = run_vt(args.corpus, args.tokenizer, args.seq_len, args.threads)
     else:
-        out = run_hf(args.corpus, args.tokenizer, args.seq_len, args.threads, args.corpus.parent / "hf_cache")
+        out = run_hf(args.corpus, args.tokenizer, args.seq_len, args.threads,
+                     args.corpus.parent / f"hf_cache_{args.threads}")
     out["peak_rss_kib"] = _rss_kib("VmHWM")
     print(json.dumps(out))
 

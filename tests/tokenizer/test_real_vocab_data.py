@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from qwen_helpers import (PIECES, hf_chat, hf_encode, hf_qwen, qwen_dir, qwen_tok,  # noqa: F401 (fixtures)
                           random_conversations, random_strings)
 
+from vt.data import chat
 from vt.data.chat import chat_token_mask
 from vt.data.curriculum import PassRate, select_hard_subset, token_trace_length
 from vt.data.packing import documents_in_row
@@ -87,7 +88,7 @@ def _write_chats(path, convs):
             f.write(json.dumps({"id": f"c{i}", "messages": msgs}, ensure_ascii=False) + "\n")
 
 
-def test_sft_pipeline_packs_real_vocabulary_chats(qwen_tok, hf_qwen, tmp_path):
+def test_sft_pipeline_packs_real_vocabulary_chats(qwen_tok, hf_qwen, tmp_path, monkeypatch):
     convs = THINK_CHATS + trainable(random_conversations(120, seed=11))
     _write_chats(tmp_path / "chats.jsonl", convs)
     seq_len = 384
@@ -95,6 +96,9 @@ def test_sft_pipeline_packs_real_vocabulary_chats(qwen_tok, hf_qwen, tmp_path):
     for msgs in convs:
         ids, mask = reference_mask(hf_qwen, msgs)
         expected.setdefault(tuple(ids[:seq_len]), []).append((ids, mask))
+    calls = []
+    real_tokenize = chat.tokenize_record
+    monkeypatch.setattr(chat, "tokenize_record", lambda *a, **k: calls.append(1) or real_tokenize(*a, **k))
     data = build_sft_dataset(open_source(str(tmp_path / "chats.jsonl")), qwen_tok,
                              PipelineConfig(seq_len=seq_len, global_batch_size=4, num_epochs=1, read_threads=2,
                                             vocab_size=151936, max_skip_rate=0.5))
@@ -115,6 +119,8 @@ def test_sft_pipeline_packs_real_vocabulary_chats(qwen_tok, hf_qwen, tmp_path):
     assert docs == report.used and report.seen == len(convs)
     assert set(report.skipped) <= {"prompt_too_long"}  # only prompts longer than seq_len may be skipped
     assert report.truncated > 0 and report.used >= len(convs) - report.num_skipped
+    # The construction-time probe covered every record; the stream reused its results: one tokenisation each.
+    assert data.probe.seen == len(convs) and len(calls) == len(convs)
 
 
 def test_curriculum_trace_lengths_use_the_real_vocabulary(qwen_tok, hf_qwen, tmp_path):

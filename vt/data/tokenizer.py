@@ -177,7 +177,7 @@ class Tokenizer:
         """
         if self.kind == "hf":
             enc = self._backend.encode(text, add_special_tokens=False)
-            return list(enc.ids), [tuple(o) for o in enc.offsets]
+            return enc.ids, enc.offsets  # already a list and a list of (start, end) tuples: no copies (hot path)
         proto = self._backend.encode(text, return_type="proto")
         # sentencepiece offsets count UTF-8 bytes; convert to character indices.
         byte_starts = []
