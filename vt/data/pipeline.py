@@ -39,6 +39,7 @@ construction fails at once, not hours into a run.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any
 
@@ -285,21 +286,27 @@ class _TokenizeOnce(grain.transforms.MapWithIndex):
 def _probe(shards: list[grain.MapDataset], n: int, config: PipelineConfig,
            results: list[dict[int, Any]] | None = None) -> SkipReport:
     """Tokenise up to `n` records, split evenly over `shards` (each already mapped to Tokenized | Skip); each
-    shard's results go to ``results[k][index]`` when given."""
+    shard's results go to ``results[k][index]`` when given. Runs on ``read_threads`` threads, as the stream
+    does (the tokenizer releases the GIL), and counts in record order."""
     report, probed = SkipReport(), 0
     per_shard = -(-n // len(shards))
-    for k, mapped in enumerate(shards):
-        for i in range(min(per_shard, len(mapped))):
-            item = mapped[i]
-            if results is not None:
-                results[k][i] = item
-            probed += 1
-            if isinstance(item, chat.Skip):
-                report.add_skip(item)
-            else:
-                report.seen += 1
-                report.used += 1
-                report.truncated += int(item.truncated)
+    todo = [(k, i) for k, mapped in enumerate(shards) for i in range(min(per_shard, len(mapped)))]
+    fetch = lambda ki: shards[ki[0]][ki[1]]  # noqa: E731
+    if config.read_threads > 1:
+        with concurrent.futures.ThreadPoolExecutor(config.read_threads) as pool:
+            items = list(pool.map(fetch, todo))
+    else:
+        items = [fetch(ki) for ki in todo]
+    for (k, i), item in zip(todo, items):
+        if results is not None:
+            results[k][i] = item
+        probed += 1
+        if isinstance(item, chat.Skip):
+            report.add_skip(item)
+        else:
+            report.seen += 1
+            report.used += 1
+            report.truncated += int(item.truncated)
     if report.used == 0:
         raise VtError(f"no usable example among the first {probed} records of this process's share with "
                       f"seq_len={config.seq_len}, overlong={config.overlong!r}; the run could never make a "

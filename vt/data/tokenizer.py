@@ -166,8 +166,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in the text map to their ids; no BOS/EOS added."""
         if self.kind == "hf":
-            return self._backend.encode(text, add_special_tokens=False).ids
+            return self._encode_hf(text).ids
         return self._backend.encode(text)
+
+    def _encode_hf(self, text: str):
+        # `tokenizers.Tokenizer.encode` holds the GIL for the whole encode, so grain's reader threads (and any
+        # other thread) would tokenise one at a time; `encode_batch` releases it (same result for one text).
+        return self._backend.encode_batch([text], add_special_tokens=False)[0]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids plus each token's ``(start, end)`` character span in ``text`` (used to build loss masks).
@@ -176,7 +181,7 @@ class Tokenizer:
         a sentencepiece byte-fallback piece may report an empty span at the character's start.
         """
         if self.kind == "hf":
-            enc = self._backend.encode(text, add_special_tokens=False)
+            enc = self._encode_hf(text)
             return enc.ids, enc.offsets  # already a list and a list of (start, end) tuples: no copies (hot path)
         proto = self._backend.encode(text, return_type="proto")
         # sentencepiece offsets count UTF-8 bytes; convert to character indices.
