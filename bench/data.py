@@ -15,7 +15,8 @@ pack the examples into rows of --seq-len tokens:
   the one compared against.
 
 Each side runs in its own fresh process, so "peak host memory" is that process's peak RSS (VmHWM), also shown
-above the RSS right after imports. Needs the `bench` extra (`pip install -e '.[bench]'`: datasets) and the
+above the RSS right after imports; CPU seconds (the process and its map processes) are printed too, since wall
+time on a loaded machine says little about parallel work. Needs the `bench` extra (`pip install -e '.[bench]'`: datasets) and the
 cached tokenizer (`make qwen-tokenizer`). Absolute numbers on a shared box mean little; the ratios are the result.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -161,13 +163,21 @@ def run_hf(corpus: Path, tok_dir: Path, seq_len: int, threads: int, cache: Path)
             "rss_after_imports_kib": base}
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and its finished children (datasets' map processes)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _worker(args) -> None:
+    cpu0 = _cpu_seconds()
     if args.worker == "vt":
         out = run_vt(args.corpus, args.tokenizer, args.seq_len, args.threads)
     else:
         out = run_hf(args.corpus, args.tokenizer, args.seq_len, args.threads,
                      args.corpus.parent / f"hf_cache_{args.threads}")
     out["peak_rss_kib"] = _rss_kib("VmHWM")
+    out["cpu_seconds"] = _cpu_seconds() - cpu0  # includes loading the tokenizer: a few seconds on either side
     print(json.dumps(out))
 
 
@@ -206,7 +216,7 @@ def main():
     rate = {w: r["tokens"] / r["seconds"] for w, r in res.items()}
     for w, r in res.items():
         print(f"{w:>14}: {r['tokens']:,} tokens ({r['loss_tokens']:,} trained) in {r['seconds']:.1f}s = "
-              f"{rate[w]:,.0f} tokens/s; peak RSS {r['peak_rss_kib'] / 1024:.0f} MiB "
+              f"{rate[w]:,.0f} tokens/s, {r['cpu_seconds']:.1f} CPU s; peak RSS {r['peak_rss_kib'] / 1024:.0f} MiB "
               f"(after imports {r['rss_after_imports_kib'] / 1024:.0f} MiB); {r['rows']} rows")
     vt = res["vt"]
     best = max((w for w in res if w != "vt"), key=rate.get)
@@ -215,6 +225,7 @@ def main():
             print(f"note: token counts differ (vt {vt['tokens']}, {w} {res[w]['tokens']}): vt truncates or skips "
                   f"per its overlong policy")
     print(f"vt / datasets.map (best baseline: {best}): tokens/s {rate['vt'] / rate[best]:.2f}x, "
+          f"CPU s {vt['cpu_seconds'] / res[best]['cpu_seconds']:.2f}x, "
           f"peak RSS {vt['peak_rss_kib'] / res[best]['peak_rss_kib']:.2f}x")
 
 
