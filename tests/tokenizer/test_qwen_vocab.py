@@ -15,9 +15,10 @@ from qwen_helpers import (PIECES, hf_chat, hf_encode, hf_qwen, qwen_dir, qwen_to
                           random_conversations, random_strings)
 from testutil import run_vt
 
+from vt import VtError
 from vt.data.qwen_tokenizer import (DEFAULT_SYSTEM_PROMPT, QWEN25_ADDED_TOKENS, QWEN25_CHAT_TEMPLATE,
                                     default_wheel_path, read_ranks)
-from vt.data.tokenizer import QWEN_PRETOKENIZE_REGEX
+from vt.data.tokenizer import QWEN_PRETOKENIZE_REGEX, load_tokenizer
 
 REAL_IDS = {  # ids as Qwen2.5's own tokenizer gives them
     "Hello": [9707], "<|im_start|>user\n": [151644, 872, 198], "你好": [108386], "<|endoftext|>": [151643],
@@ -125,6 +126,8 @@ def test_tool_calling_branch_matches_transformers(qwen_tok, hf_qwen, system):
     assert "# Tools" in text and "<tool_call>\n{\"name\": \"get_weather\"" in text
     assert ("You are Qwen" in text) == (system is None)
     assert qwen_tok.encode_chat(msgs, tools=TOOLS) == hf_encode(hf_qwen, text)
+    with pytest.raises(VtError, match="no tool-calling branch"):  # vt's plain ChatML cannot render tools
+        load_tokenizer(qwen_tok.path, chat_template="qwen").apply_chat_template(msgs, tools=TOOLS)
 
 
 _text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)

@@ -82,7 +82,7 @@ def test_vt_sample_stops_and_decodes_across_token_boundaries(chain_ckpt, qwen_di
         assert rec["completion"] == text == hf_qwen.decode(ids, skip_special_tokens=True)
         # Streamed token by token, the text never shows half a character.
         dec = qwen_tok.stream_decoder()
-        pieces = [dec.push([i]) for i in ids]
+        pieces = [dec.push(np.int64(i)) for i in ids]  # one id at a time, as a sampler hands them out
         assert "".join(pieces) + dec.flush() == text and not any("\ufffd" in p for p in pieces)
     assert any("\ufffd" in hf_qwen.decode([i]) for i in first)  # the completion does split characters
 

@@ -259,7 +259,7 @@ class StreamDecoder:
         return self._tok.decode(ids, skip_special_tokens=self._skip)
 
     def push(self, ids: Iterable[int] | int) -> str:
-        self._ids.extend([int(ids)] if isinstance(ids, (int,)) else (int(i) for i in ids))
+        self._ids.extend(int(i) for i in (ids if hasattr(ids, "__iter__") else [ids]))  # one id or many
         done = self._decode(self._ids[self._prefix:self._read])
         text = self._decode(self._ids[self._prefix:])
         if len(text) <= len(done) or text.endswith("\ufffd"):
