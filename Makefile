@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
 # lints the launchers.
 APT_PACKAGES := bubblewrap shellcheck
 
-.PHONY: test demo install system-deps bench clean
+.PHONY: test demo install system-deps qwen-tokenizer bench clean
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -28,7 +28,12 @@ $(STAMP): setup.py
 
 install: system-deps $(STAMP)
 
-test: install
+# Qwen2.5's real tokenizer, built once into the user's cache from the BPE ranks in the dashscope wheel, which the
+# venv's pip downloads from the package registry (no other network); the tests build from that wheel after.
+qwen-tokenizer: install
+	$(PY) -m vt tokenizer build-qwen2.5 --download
+
+test: install qwen-tokenizer
 	$(PY) -m pytest -q tests
 
 demo: install

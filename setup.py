@@ -46,6 +46,7 @@ setup(
         "tpu": [JAX.replace("jax==", "jax[tpu]==")],
         "tfds": ["tensorflow-datasets>=4.9"],  # `tfds:NAME/CONFIG:SPLIT` data sources
         "notebooks": ["jupyter", "nbconvert", "ipykernel"],  # notebooks/ walkthroughs
+        "bench": ["datasets>=2.19"],  # bench/data.py's baseline (datasets.map + batch encoding)
     },
     entry_points={"console_scripts": ["vt=vt.cli:main"]},
 )

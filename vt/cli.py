@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "vt.rl.commands",  # profile
     "vt.eval.commands",  # eval
     "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
+    "vt.data.commands",  # tokenizer build-qwen2.5
     "vt.distill.commands",  # self-distill
     "vt.pipeline_commands",  # pipeline, demo
 )

@@ -11,7 +11,8 @@ import importlib
 
 _EXPORTS = {
     "vt.data.tokenizer": ("Tokenizer", "load_tokenizer", "build_tiny_tokenizer", "build_tiny_sentencepiece",
-                          "QWEN_CHAT_TEMPLATE", "render_qwen_chat"),
+                          "QWEN_CHAT_TEMPLATE", "render_qwen_chat", "StreamDecoder"),
+    "vt.data.qwen_tokenizer": ("build_qwen25_tokenizer", "ensure_qwen25_tokenizer"),
     "vt.data.sources": ("Record", "Malformed", "open_source", "record_from_dict", "JsonlSource", "ParquetSource",
                         "ArrayRecordSource", "TfdsSource", "ListSource", "ConcatSource", "SubsetSource",
                         "write_array_record"),

@@ -39,6 +39,7 @@ construction fails at once, not hours into a run.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any
 
@@ -264,20 +265,48 @@ def _validate(config: PipelineConfig, process_index: int, process_count: int) ->
     return plan
 
 
-def _probe(shards: list[grain.MapDataset], n: int, config: PipelineConfig) -> SkipReport:
-    """Tokenise up to `n` records, split evenly over `shards` (each already mapped to Tokenized | Skip)."""
+class _TokenizeOnce(grain.transforms.MapWithIndex):
+    """The tokenise map of a shard's stream, handing out the probe's results for the records it already did.
+
+    Index i < len(shard) is epoch 0's i-th record, the same record the probe tokenised as ``mapped[i]``
+    (shuffling is per epoch and indexed), so the result is reused instead of tokenising it twice (the probe
+    covers up to ``probe_records`` records: a large share of a small data set). Each result is handed out once
+    and then dropped; tokenisation is deterministic, so a resumed or repeated index simply tokenises again.
+    """
+
+    def __init__(self, tokenize: _Tokenize, probed: dict[int, Any]):
+        self._tokenize = tokenize
+        self._probed = probed
+
+    def map_with_index(self, index: int, record):
+        done = self._probed.pop(index, None)  # dict.pop is atomic: safe on grain's reader threads
+        return done if done is not None else self._tokenize.map(record)
+
+
+def _probe(shards: list[grain.MapDataset], n: int, config: PipelineConfig,
+           results: list[dict[int, Any]] | None = None) -> SkipReport:
+    """Tokenise up to `n` records, split evenly over `shards` (each already mapped to Tokenized | Skip); each
+    shard's results go to ``results[k][index]`` when given. Runs on ``read_threads`` threads, as the stream
+    does (the tokenizer releases the GIL), and counts in record order."""
     report, probed = SkipReport(), 0
     per_shard = -(-n // len(shards))
-    for mapped in shards:
-        for i in range(min(per_shard, len(mapped))):
-            item = mapped[i]
-            probed += 1
-            if isinstance(item, chat.Skip):
-                report.add_skip(item)
-            else:
-                report.seen += 1
-                report.used += 1
-                report.truncated += int(item.truncated)
+    todo = [(k, i) for k, mapped in enumerate(shards) for i in range(min(per_shard, len(mapped)))]
+    fetch = lambda ki: shards[ki[0]][ki[1]]  # noqa: E731
+    if config.read_threads > 1:
+        with concurrent.futures.ThreadPoolExecutor(config.read_threads) as pool:
+            items = list(pool.map(fetch, todo))
+    else:
+        items = [fetch(ki) for ki in todo]
+    for (k, i), item in zip(todo, items):
+        if results is not None:
+            results[k][i] = item
+        probed += 1
+        if isinstance(item, chat.Skip):
+            report.add_skip(item)
+        else:
+            report.seen += 1
+            report.used += 1
+            report.truncated += int(item.truncated)
     if report.used == 0:
         raise VtError(f"no usable example among the first {probed} records of this process's share with "
                       f"seq_len={config.seq_len}, overlong={config.overlong!r}; the run could never make a "
@@ -323,15 +352,17 @@ def build_sft_dataset(source, tokenizer: Tokenizer, config: PipelineConfig, *, p
             ds = ds.shuffle(seed=shard_seed(config.seed, s))
         records[s] = ds
     num_records = sum(len(ds) for ds in records.values())
-    probe = _probe([ds.map(tokenize) for ds in records.values()], min(config.probe_records, num_records), config)
+    probed = [{} for _ in records]
+    probe = _probe([ds.map(tokenize) for ds in records.values()], min(config.probe_records, num_records), config,
+                   probed)
     # The threads are shared out over the shards; each shard may run as far ahead as the whole pipeline would
     # with one shard, so shards not being consumed keep tokenising while another one is packed.
     threads = -(-config.read_threads // len(plan.owned)) if config.read_threads > 0 else 0
     read = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=max(config.read_threads * 8, 1)) \
         if threads > 0 else grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
     shards = {}
-    for s, ds in records.items():
-        it = ds.repeat(config.num_epochs).map(tokenize).to_iter_dataset(read)
+    for (s, ds), done in zip(records.items(), probed):
+        it = ds.repeat(config.num_epochs).map_with_index(_TokenizeOnce(tokenize, done)).to_iter_dataset(read)
         it = _CountSkipsIterDataset(it, pad_id=tokenizer.pad_token_id, max_skip_rate=config.max_skip_rate,
                                     min_records=config.skip_check_min_records)
         it = pack_first_fit(it, seq_len=config.seq_len, num_packing_bins=config.num_packing_bins or r,

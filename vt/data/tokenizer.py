@@ -5,14 +5,16 @@ One class, :class:`Tokenizer`, wraps either backend behind the same surface:
     encode(text) -> list[int]                      no BOS/EOS added: chat templates carry their own markers
     encode_with_offsets(text) -> (ids, [(start, end)])   character offsets into ``text`` (for loss masks)
     decode(ids, skip_special_tokens=False) -> str
-    apply_chat_template(messages, add_generation_prompt=False) -> str
-    encode_chat(messages, add_generation_prompt=False) -> list[int]
+    apply_chat_template(messages, add_generation_prompt=False, tools=None) -> str
+    encode_chat(messages, add_generation_prompt=False, tools=None) -> list[int]
+    stream_decoder() -> StreamDecoder              incremental text of a token stream, whole characters only
     vocab_size, eos_token_ids, pad_token_id, token_to_id(str)
 
 Chat format (Qwen2.5, ChatML): every message renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``;
 ``add_generation_prompt`` appends ``<|im_start|>assistant\\n``. vt's own template does not insert a default
 system prompt (the official Qwen2.5 template does: "You are Qwen, created by Alibaba Cloud..."); an HF
-directory's ``chat_template`` is used as written unless ``chat_template="qwen"`` is passed.
+directory's ``chat_template`` is used as written unless ``chat_template="qwen"`` is passed. Qwen2.5's real
+tokenizer directory (with its template) is built by :mod:`vt.data.qwen_tokenizer`.
 
 Stop tokens: Qwen chat models end a turn with ``<|im_end|>`` (151645) and a document with ``<|endoftext|>``
 (151643); generation must stop on both, so ``eos_token_ids`` holds the ids of both tokens *in this
@@ -84,8 +86,8 @@ class _JinjaTemplate:
         # The same environment transformers renders chat templates in, so both give identical text.
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(
-            x, indent=indent, ensure_ascii=ensure_ascii)
+        env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+            json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
         env.globals["raise_exception"] = raise_exception
         try:
             self._template = env.from_string(source)
@@ -93,9 +95,9 @@ class _JinjaTemplate:
             raise VtError(f"{where}: chat_template does not parse: {e}") from e
         self._special = special
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool, tools: Sequence[dict] | None = None) -> str:
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     tools=None, **self._special)
+                                     tools=list(tools) if tools else None, **self._special)
 
 
 class Tokenizer:
@@ -164,8 +166,13 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in the text map to their ids; no BOS/EOS added."""
         if self.kind == "hf":
-            return self._backend.encode(text, add_special_tokens=False).ids
+            return self._encode_hf(text).ids
         return self._backend.encode(text)
+
+    def _encode_hf(self, text: str):
+        # `tokenizers.Tokenizer.encode` holds the GIL for the whole encode, so grain's reader threads (and any
+        # other thread) would tokenise one at a time; `encode_batch` releases it (same result for one text).
+        return self._backend.encode_batch([text], add_special_tokens=False)[0]
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids plus each token's ``(start, end)`` character span in ``text`` (used to build loss masks).
@@ -174,8 +181,8 @@ class Tokenizer:
         a sentencepiece byte-fallback piece may report an empty span at the character's start.
         """
         if self.kind == "hf":
-            enc = self._backend.encode(text, add_special_tokens=False)
-            return list(enc.ids), [tuple(o) for o in enc.offsets]
+            enc = self._encode_hf(text)
+            return enc.ids, enc.offsets  # already a list and a list of (start, end) tuples: no copies (hot path)
         proto = self._backend.encode(text, return_type="proto")
         # sentencepiece offsets count UTF-8 bytes; convert to character indices.
         byte_starts = []
@@ -203,18 +210,68 @@ class Tokenizer:
         return self._backend.decode(ids)
 
     # ---- chat -------------------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
-        """The chat rendered as text (Qwen ChatML unless the HF directory ships another template)."""
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = False,
+                            tools: Sequence[dict] | None = None) -> str:
+        """The chat rendered as text (Qwen ChatML unless the HF directory ships another template).
+
+        ``tools``: JSON function schemas, for templates with a tool-calling branch (Qwen2.5's lists them in
+        the system turn); vt's own ChatML template has none and rejects them.
+        """
         _check_messages(messages)
         if self._template is None:
+            if tools:
+                raise VtError(f"{self.path}: vt's ChatML template has no tool-calling branch; load a tokenizer "
+                              f"directory whose chat template renders tools (e.g. Qwen2.5's)")
             return render_qwen_chat(messages, add_generation_prompt)
-        return self._template.render(messages, add_generation_prompt)
+        return self._template.render(messages, add_generation_prompt, tools)
 
-    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False,
+                    tools: Sequence[dict] | None = None) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools))
+
+    def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
+        """An incremental decoder for tokens arriving one chunk at a time (see :class:`StreamDecoder`)."""
+        return StreamDecoder(self, skip_special_tokens)
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, path={self.path!r}, vocab_size={self.vocab_size})"
+
+
+class StreamDecoder:
+    """Text of a token stream, emitted as it arrives, never half a character.
+
+    A byte-level BPE token may hold part of a multi-byte UTF-8 character (an emoji or a rare CJK character is
+    often 2-4 tokens); decoding such a prefix on its own gives U+FFFD. ``push(ids)`` returns only the text
+    that is final: it decodes a short window (the tokens since the last emitted boundary plus the new ones,
+    so the cost per token stays constant) and holds back the tail while it ends in an incomplete character.
+    ``flush()`` returns what is still held (a truly invalid byte sequence then shows as U+FFFD, as the full
+    decode would). Concatenated, the pieces equal ``tokenizer.decode(all_ids)``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window: the token after which the emitted text ends cleanly
+        self._read = 0  # tokens whose text is already emitted
+
+    def _decode(self, ids) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def push(self, ids: Iterable[int] | int) -> str:
+        self._ids.extend(int(i) for i in (ids if hasattr(ids, "__iter__") else [ids]))  # one id or many
+        done = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        if len(text) <= len(done) or text.endswith("\ufffd"):
+            return ""  # nothing new, or the last character is not complete yet
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(done):]
+
+    def flush(self) -> str:
+        done = self._decode(self._ids[self._prefix:self._read])
+        text = self._decode(self._ids[self._prefix:])
+        self._prefix = self._read = len(self._ids)
+        return text[len(done):]
 
 
 # ---- loading ----------------------------------------------------------------------------------------------
