@@ -57,8 +57,12 @@ def test_checkpoint_without_params_metadata_is_named(ckpt, tmp_path, capsys):
                  ["merge", str(broken), str(ckpt), "--out", str(tmp_path / "m")],
                  ["sample", "--ckpt", str(broken), "--prompts", str(tmp_path / "p.jsonl"), "--out",
                   str(tmp_path / "o.jsonl"), "--no-progress"]):
-        assert main(argv) == 2, argv
+        # Unverified (--trust-checkpoint), the reader itself names the missing metadata ...
+        assert main([*argv, "--trust-checkpoint"]) == 2, argv
         assert f"{broken}/params: no parameter metadata" in one_error_line(capsys)
+        # ... and verified (the default), the checkpoint's seal refuses it first, naming the missing file.
+        assert main(argv) == 2, argv
+        assert "_METADATA" in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "p.jsonl"]
 
 
