@@ -95,6 +95,11 @@ def test_sharded_rl_matches_single_device(task, tmp_path):
     for k in pa:
         da, db = np.asarray(pa[k]) - np.asarray(p0[k]), np.asarray(pb[k]) - np.asarray(p0[k])
         assert np.linalg.norm(da) > 0, k
+        if k.endswith("attn.k_bias"):
+            # The key bias adds q.b_k to every score of a query, which softmax removes: its gradient is 0 up to
+            # rounding, and Adam scales that rounding noise up to ~lr per element, so its change is noise whose
+            # value depends on the reduction order (seen: 1.18e-3 of its norm). The other tensors carry the check.
+            continue
         assert np.linalg.norm(da - db) <= 1e-3 * np.linalg.norm(da), (k, np.linalg.norm(da - db) / np.linalg.norm(da))
     la = [r["loss"] for r in a if "loss" in r]
     lb = [r["loss"] for r in b if "loss" in r]
