@@ -143,7 +143,6 @@ def check_sampler(args, mesh) -> Row:
 
 
 def check_rl(args, mesh, sft) -> Row:
-    import jax.numpy as jnp
     import numpy as np
     from vt.rl.step import batch_shardings, make_rl_step, make_token_logps
     from vt.train.metrics import model_flops_per_token
@@ -155,18 +154,21 @@ def check_rl(args, mesh, sft) -> Row:
     r = random_rows(rng, md.cfg.vocab_size, (N, T))
     mask = np.zeros((N, T), np.float32)
     mask[:, T // 4:] = 1.0  # the first quarter is the prompt
+    adv = np.repeat(rng.standard_normal((N, 1)).astype(np.float32), T, axis=1)
+    # per-sequence mean: each completion token weighs 1 / (N * its sequence's completion length)
     batch = {"tokens": r["input_ids"], "targets": r["targets"], "positions": r["positions"],
-             "segment_ids": r["segment_ids"], "mask": mask, "adv": rng.standard_normal(N).astype(np.float32)}
+             "segment_ids": r["segment_ids"], "mask": mask, "adv": adv * mask,
+             "weight": (mask / (N * mask.sum(1, keepdims=True))).astype(np.float32)}
     import jax
     batch = jax.device_put(batch, batch_shardings(mesh, batch))
     logps = make_token_logps(md, mesh, temperature=1.0)
     rl_step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.2,
-                           aggregation="seq_mean", kl_coef=0.0, is_cap=2.0)
+                           kl_coef=0.0, is_cap=2.0)
 
     def one(state):
         old = logps(state.params, batch)
-        b = dict(batch, old_logp=old, sampler_logp=old, ref_logp=jnp.zeros_like(old))  # on-policy: IS weight 1
-        return _block(rl_step(state, b))
+        b = dict(batch, old_logp=old, sampler_logp=old)  # on-policy: IS weight 1
+        return _block(rl_step(state, [b]))
 
     t0 = time.perf_counter()
     state, m = one(state)

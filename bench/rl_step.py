@@ -2,6 +2,15 @@
 
     .venv/bin/python bench/rl_step.py [--steps 8] [--warmup 2] [--prompts 16] [--group 8] [--max-new 8]
                                       [--rounds 3] [--vt-reward python|verifier] [--skip-tunix]
+    .venv/bin/python bench/rl_step.py --long-tail [--lt-window 1024] [--lt-sigma 1.0] [--lt-at-window 2]
+                                      [--lt-tokens-per-micro-batch 4096] [--prompts 16] [--group 8] ...
+
+--long-tail times the learner's step alone (no sampling, no reward) on scripted rollouts whose completion
+lengths are long-tailed (log-normal, median 1/16 of the window, a few at the window; long_tail_workload):
+vt with packed rows (train.pack_rows, the default) vs vt with one padded row per sample vs Tunix's GRPO
+actor update (its learner pads prompts to a power of two and completions to max_tokens_to_generate), same
+tiny model sizes, fp32, one CPU device, GRPO without KL and one update. It prints each one's step time and
+tokens computed (row slots of one pass) against the real tokens, and their ratios to vt packed.
 
 Same tiny model, tokenizer, prompts and workload for both. The model is the tests' verifiable toy
 (tests/rl/rl_helpers.build_task: tiny BPE tokenizer, `a+b` -> `\\boxed{a+b}`, a tiny Qwen2 SFT'd for
@@ -286,6 +295,79 @@ def run_tunix_worker(spec: dict) -> dict:
     return out
 
 
+def run_tunix_long_tail_worker(spec: dict) -> dict:
+    """Tunix's GRPO actor update (RLCluster.update_actor with GRPOLearner's loss: GRPOConfig as in
+    run_tunix_worker) on the scripted rollouts, as its learner batches them: prompts left-padded to a power of
+    two, completions right-padded to max_tokens_to_generate. A random-init Qwen2 of vt's tiny preset sizes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from transformers import AutoTokenizer
+    from tunix.models.qwen2 import model as qwen2_model
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout
+
+    m = spec["model"]
+    cfg = qwen2_model.ModelConfig(
+        num_layers=m["num_layers"], vocab_size=m["vocab_size"], embed_dim=m["hidden_size"],
+        hidden_dim=m["intermediate_size"], num_heads=m["num_heads"], head_dim=m["hidden_size"] // m["num_heads"],
+        num_kv_heads=m["num_kv_heads"], rope_theta=int(m["rope_theta"]), norm_eps=1e-6, use_tied_embedding=True,
+        dtype=jnp.float32, param_dtype=jnp.float32)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), devices=jax.devices()[:1],
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
+    G, W = spec["group"], spec["window"]
+    prompt_len = 1 << (max(len(p) for p in spec["prompts"]) - 1).bit_length()  # power of two >= longest
+    max_new = W - 16
+    model = qwen2_model.Qwen2(cfg, rngs=nnx.Rngs(0))
+    rollout_cfg = base_rollout.RolloutConfig(
+        max_tokens_to_generate=max_new, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=prompt_len,
+        kv_cache_size=prompt_len + max_new, eos_tokens=[int(tokenizer.eos_token_id)])
+    steps = spec["warmup"] + spec["n_steps"]
+    training_cfg = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optax.chain(optax.clip_by_global_norm(CLIP),
+                                    optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)),
+        eval_every_n_steps=10 ** 9, max_steps=steps, pbar_description=None)
+    cluster = rl_cluster_lib.RLCluster(
+        actor=model, reference=None, tokenizer=tokenizer,
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                          rl_cluster_lib.Role.ROLLOUT: mesh},
+            rollout_engine="vanilla", offload_to_cpu=False, training_config=training_cfg, rollout_config=rollout_cfg))
+    algo = grpo_learner.GRPOConfig(num_generations=G, num_iterations=1, beta=0.0, epsilon=EPS_CLIP,
+                                   loss_agg_mode="sequence-mean-token-mean")
+    grpo_learner.GRPOLearner(cluster, algo, reward_fns=[lambda prompts, completions, **_: [0.0] * len(prompts)])
+    pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
+    free = [i for i in range(1, cfg.vocab_size) if i not in (pad, eos)]
+
+    def ids(seq):  # the scripted ids, moved off Tunix's pad and eos ids (its masks come from them)
+        return [free[t % len(free)] for t in seq]
+
+    prompts = np.full((len(spec["completions"]), prompt_len), pad, np.int32)
+    completions = np.full((len(spec["completions"]), max_new), pad, np.int32)
+    for i, c in enumerate(spec["completions"]):
+        p = ids(spec["prompts"][i // G])
+        prompts[i, prompt_len - len(p):] = p
+        completions[i, :len(c)] = ids(c)
+    r = np.asarray(spec["rewards"], np.float32).reshape(-1, G)
+    adv = ((r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-6)).reshape(-1)
+    example = grpo_learner.TrainExample(
+        prompt_ids=jnp.asarray(prompts), prompt_mask=jnp.asarray(prompts != pad),
+        completion_ids=jnp.asarray(completions), completion_mask=jnp.asarray(completions != pad),
+        advantages=jnp.asarray(adv), ref_per_token_logps=None, old_per_token_logps=None)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        cluster.update_actor([example], None)
+        jax.block_until_ready(jax.tree.leaves(nnx.state(cluster.actor_trainer.model)))
+        times.append(time.perf_counter() - t0)
+    return {"step": statistics.median(times[spec["warmup"]:]), "tokens_computed": float(prompts.size + completions.size),
+            "optimizer_steps": int(cluster.actor_trainer.train_steps)}
+
+
 def run_tunix(spec: dict, tmp: Path) -> dict:
     py = TUNIX_VENV / "bin" / "python"
     if not py.exists():
@@ -302,6 +384,132 @@ def run_tunix(spec: dict, tmp: Path) -> dict:
     tb = [line for line in err if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", line)]
     return {"error": f"Tunix worker exited {proc.returncode}: " + (tb[-1] if tb else err[-1] if err else "no output"),
             "stderr_tail": "\n".join(err[-25:])}
+
+
+# --- --long-tail: the learner's step on long-tailed completion lengths ---------------------------------------
+
+def long_tail_workload(args) -> dict:
+    """One RL step's rollouts, scripted: Q*G completions whose lengths are log-normal with median window/16
+    (sigma --lt-sigma), `--lt-at-window` of them at the window, prompts of 8-16 tokens, random token ids of the
+    tiny model's vocabulary, binary rewards (so GRPO advantages are not all zero)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    n, W = args.prompts * args.group, args.lt_window
+    prompts = [rng.integers(1, 500, int(rng.integers(8, 17))).tolist() for _ in range(args.prompts)]
+    room = W - 16  # prompt + completion fit a window of W slots
+    lengths = np.clip(np.round(np.exp(rng.normal(np.log(room / 16), args.lt_sigma, n))), 1, room).astype(int)
+    lengths[rng.choice(n, args.lt_at_window, replace=False)] = room
+    completions = [rng.integers(1, 500, k).tolist() for k in lengths]
+    return {"prompts": prompts, "completions": completions, "rewards": rng.integers(0, 2, n).tolist(),
+            "group": args.group, "window": W, "logprobs": [(-rng.random(k) * 3).tolist() for k in lengths]}
+
+
+def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
+    """vt's learner step (vt.rl.learner.learner_batches + the update, as _Learner.train_on runs them with one
+    update per batch and no KL: GRPO) on the scripted rollouts, tiny model, fp32, one CPU device."""
+    import jax
+    import numpy as np
+    from vt.checkpoint.params import flat_params
+    from vt.config import to_dataclass
+    from vt.model import create_model, preset
+    from vt.rl.learner import RLConfig, learner_batches, step_advantages
+    from vt.rl.rollouts import Scored, batch_length
+    from vt.rl.step import make_rl_step
+    from vt.sampling.engine import Sample
+    from vt.sharding import make_mesh
+    from vt.train.optim import make_optimizer
+    from vt.train.state import ModelDef, init_train_state, train_state_shardings
+
+    Q, G = len(work["prompts"]), work["group"]
+    cfg = to_dataclass(RLConfig, {
+        "model": {"preset": "tiny"}, "mgpo": {"gamma": 0.0, "kl_coef": 0.0, "mini_batches": 1,
+                                              "aggregation": "seq_mean", "eps_low": EPS_CLIP, "eps_high": EPS_CLIP},
+        "optim": {"lr": LR, "final_lr": LR, "weight_decay": WD, "clip_norm": CLIP, "warmup_frac": 0.0},
+        "train": {"pack_rows": pack, "tokens_per_micro_batch": args.lt_tokens_per_micro_batch}})
+    model_cfg = preset("tiny")
+    mesh = make_mesh(cfg.mesh)
+    md = ModelDef(model_cfg)
+    optimizer, schedule = make_optimizer(cfg.optim, 1000)
+    sh = train_state_shardings(md, optimizer, mesh)
+    state = init_train_state(flat_params(create_model(model_cfg, mesh, seed=0)), optimizer, sh, 0)
+    update = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=EPS_CLIP, eps_high=EPS_CLIP,
+                          kl_coef=0.0, is_cap=cfg.mgpo.is_cap)
+    samples = [[Sample(work["completions"][q * G + g], work["logprobs"][q * G + g], "stop") for g in range(G)]
+               for q in range(Q)]
+    rewards = np.asarray(work["rewards"], np.float32).reshape(Q, G)
+    lengths = np.array([[len(s.completion_ids) for s in grp] for grp in samples])
+    scored = Scored(work["prompts"], samples, correct=rewards == 1.0, rewards=rewards, valid=np.ones((Q, G), bool),
+                    lengths=lengths, truncated=lengths >= work["window"] - 16, domains=["math"] * Q)
+    times, tokens = [], {}
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        adv, _ = step_advantages(scored, cfg.mgpo)
+        T = batch_length(scored, model_cfg.max_position_embeddings)
+        batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh)
+        for micro in batches:
+            state, metrics = update(state, micro)
+        jax.block_until_ready(state.params)
+        times.append(time.perf_counter() - t0)
+        tokens["micro_batches"] = sum(len(m) for m in batches)
+        tokens["row_length"] = T
+    return {"step": statistics.median(times[args.warmup:]), **tokens}
+
+
+def long_tail(args) -> None:
+    work = long_tail_workload(args)
+    real = sum(len(p) + len(c) - 1 for p, grp in zip(work["prompts"], _groups(work)) for c in grp)
+    runs: dict[str, list[dict]] = {"vt packed": [], "vt padded": [], "tunix": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        import dataclasses
+        from vt.data.tokenizer import build_tiny_tokenizer
+        from vt.model import preset
+        tiny = dataclasses.asdict(preset("tiny"))
+        tok = Path(tmp) / "tok"  # Tunix's RLCluster wants a tokenizer (its pad and eos ids shape the masks)
+        build_tiny_tokenizer(tok, vocab_size=300)
+        for r in range(args.rounds):
+            for name in ("vt packed", "vt padded", "tunix")[:: 1 if r % 2 == 0 else -1]:
+                if name == "tunix" and (args.skip_tunix or any("error" in x for x in runs["tunix"])):
+                    continue
+                print(f"round {r + 1}/{args.rounds}: {name} ...", file=sys.stderr)
+                if name == "tunix":
+                    runs[name].append(run_tunix(dict(work, warmup=args.warmup, n_steps=args.steps, mode="long_tail",
+                                                     model=tiny, tokenizer=str(tok)), Path(tmp)))
+                else:
+                    runs[name].append(run_vt_long_tail(work, name == "vt packed", args))
+    lengths = [len(c) for grp in _groups(work) for c in grp]
+    print(f"RL learner step on long-tailed completions: Q={args.prompts} x G={args.group} = {len(lengths)} samples, "
+          f"window {work['window']} slots, completion tokens median {statistics.median(lengths):.0f} / mean "
+          f"{statistics.mean(lengths):.0f} / max {max(lengths)} (log-normal, sigma {args.lt_sigma}, "
+          f"{args.lt_at_window} at the window); real tokens (prompt + completion - 1) {real}; tiny Qwen2, fp32, "
+          f"GRPO (no KL), one update, CPU x{os.cpu_count()}; vt tokens_per_micro_batch "
+          f"{args.lt_tokens_per_micro_batch}")
+    print(f"median of {args.steps} steps after {args.warmup} warm-up; best of {args.rounds} interleaved round(s)")
+    best = {}
+    for name, rs in runs.items():
+        ok = [x for x in rs if "error" not in x]
+        if not ok:
+            print(f"  {name:10s} not run: {rs[0]['error'] if rs else 'skipped (--skip-tunix)'}")
+            continue
+        b = best[name] = min(ok, key=lambda x: x["step"])
+        computed = b["tokens_computed"]
+        print(f"  {name:10s} step {b['step']:8.3f} s   tokens computed {computed:9.0f}   computed / real "
+              f"{computed / real:5.2f}" + (f"   ({b['micro_batches']} micro-batches of rows of {b['row_length']})"
+                                          if "micro_batches" in b else "")
+              + "   round medians " + " ".join(f"{x['step']:.3f}" for x in ok))
+    base = best.get("vt packed")
+    if base:
+        for name in ("vt padded", "tunix"):
+            if name in best:
+                print(f"  {name} / vt packed: step time {best[name]['step'] / base['step']:.2f}x, tokens computed "
+                      f"{best[name]['tokens_computed'] / base['tokens_computed']:.2f}x")
+    for r in runs["tunix"]:
+        if r.get("stderr_tail"):
+            print("Tunix stderr (tail):\n" + r["stderr_tail"])
+
+
+def _groups(work: dict) -> list[list[list[int]]]:
+    G = work["group"]
+    return [work["completions"][q * G:(q + 1) * G] for q in range(len(work["prompts"]))]
 
 
 # --- report ----------------------------------------------------------------------------------------------------
@@ -352,13 +560,27 @@ def main():
                     help="interleaved runs of each framework; the round with the lowest median step time counts "
                          "(on a shared machine other processes only add time)")
     ap.add_argument("--skip-tunix", action="store_true")
+    ap.add_argument("--long-tail", action="store_true",
+                    help="time the learner step alone on scripted long-tailed completion lengths: vt packed vs vt "
+                         "padded vs Tunix GRPO (step time and tokens computed)")
+    ap.add_argument("--lt-window", type=int, default=1024, help="--long-tail: prompt + completion slots")
+    ap.add_argument("--lt-sigma", type=float, default=1.0, help="--long-tail: log-normal sigma of the lengths")
+    ap.add_argument("--lt-at-window", type=int, default=2, help="--long-tail: completions at the window")
+    ap.add_argument("--lt-tokens-per-micro-batch", type=int, default=4096,
+                    help="--long-tail: vt's train.tokens_per_micro_batch")
     ap.add_argument("--json", type=Path, help="also write the per-step results here")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.worker == "tunix":
-        print("RESULT", json.dumps(run_tunix_worker(json.loads(args.spec.read_text()))))
+        spec = json.loads(args.spec.read_text())
+        worker = run_tunix_long_tail_worker if spec.get("mode") == "long_tail" else run_tunix_worker
+        print("RESULT", json.dumps(worker(spec)))
+        return
+    if args.long_tail:
+        sys.path.insert(0, str(REPO))
+        long_tail(args)
         return
     load = [os.getloadavg()[0]]
     rounds: dict[str, list[dict]] = {"vt": [], "tunix": []}

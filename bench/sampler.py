@@ -3,6 +3,15 @@
     .venv/bin/python bench/sampler.py [--prompts 64] [--n 4] [--batch-size 64] [--short 32] [--long 256]
                                       [--long-every 8] [--size tiny|small] [--skip-tunix] [--skip-hf]
     .venv/bin/python bench/sampler.py --setup-tunix     # once: a separate venv with google-tunix (see below)
+    .venv/bin/python bench/sampler.py --roofline [--roofline-dtype bfloat16] [--json FILE]
+
+`--long N` makes the workload a long tail (every `--long-every`-th prompt wants N new tokens). `--roofline`
+measures, instead of tokens/s, the bytes XLA's cost analysis says one compiled decode step of qwen2.5-coder-3b
+accesses (abstract shapes, nothing allocated; batch 256, every slot at context 2048, pages of 16) against the
+ideal: the weights plus the live KV read once. The cost analysis counts a loop body once, so the measured step
+is the engine's own `vt.sampling.steps.decode_step` with its page-block loop unrolled (PagedKVCache.
+static_blocks); its layers are unrolled already. `--json FILE` writes the numbers:
+{"roofline": {"bytes_accessed", "ideal_bytes", "ratio", ...}} or {"throughput": {...}}.
 
 Workload (RL-shaped): `--prompts` random prompts of 16..64 tokens, `--n` samples each at temperature 1.0 (no
 top-k/top-p), target lengths skewed: every `--long-every`-th prompt wants `--long` new tokens, the rest
@@ -61,7 +70,8 @@ def make_weights(args, out: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
-    cfg = Qwen2Config(**SIZES[args.size], max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-6,
+    cfg = Qwen2Config(**SIZES[args.size], max_position_embeddings=max(1024, 2 * (args.long + 64)), rope_theta=10000.0,
+                      rms_norm_eps=1e-6,
                       tie_word_embeddings=True)
     model = Qwen2ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -84,7 +94,50 @@ def run_vt(args, hf_dir: Path, work) -> dict:
     dt = time.perf_counter() - t0
     assert engine.compile_count == compiles, "timed run recompiled"
     tokens = sum(len(s.completion_ids) for samples in out for s in samples)
-    return dict(seconds=dt, tokens=tokens, steps=engine.last_stats.decode_steps, compiles=compiles)
+    st = engine.last_stats
+    return dict(seconds=dt, tokens=tokens, steps=st.decode_steps, compiles=compiles, pool_pages=st.pool_pages,
+                peak_pages=st.peak_pages, peak_pages_needed=st.peak_pages_needed, page_bytes=st.page_bytes,
+                preemptions=st.preemptions, prefill_seconds=st.prefill_seconds, decode_seconds=st.decode_seconds,
+                host_seconds=st.host_seconds)
+
+
+def roofline(args) -> dict:
+    """Bytes accessed by one compiled decode step (XLA cost analysis) vs the weights plus the live KV."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from vt.model import abstract_model, param_count, preset
+    from vt.model.paged import PAGES_PER_BLOCK, PagedKVCache
+    from vt.sampling import steps
+    from vt.sampling.rules import SamplingParams
+    B, ctx, Z = 256, 2048, 16
+    mc = preset("qwen2.5-coder-3b", dtype=args.roofline_dtype, param_dtype=args.roofline_dtype)
+    graphdef, state = nnx.split(abstract_model(mc))
+    M = ctx // Z
+    n_pages = B * M + 1
+    SDS = jax.ShapeDtypeStruct
+    pool = SDS((mc.num_layers, mc.num_kv_heads, n_pages, Z, mc.head_dim), jnp.dtype(mc.dtype))
+    cache = PagedKVCache(k=pool, v=pool, page_table=SDS((B, M), jnp.int32), static_blocks=M // PAGES_PER_BLOCK)
+    i32, b1 = SDS((B,), jnp.int32), SDS((B,), jnp.bool_)
+    slots = steps.Slots(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
+                        key=SDS((B, 2), jnp.uint32))
+
+    def step(state, cache, slots):
+        return steps.decode_step(nnx.merge(graphdef, state), cache, slots, SamplingParams(1.0), ())
+
+    compiled = jax.jit(step, donate_argnums=(1, 2)).lower(state, cache, slots).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    itemsize = jnp.dtype(mc.dtype).itemsize
+    weights = param_count(mc, padded=True) * itemsize
+    kv = 2 * mc.num_layers * B * ctx * mc.num_kv_heads * mc.head_dim * itemsize
+    accessed = float(cost["bytes accessed"])
+    return dict(model="qwen2.5-coder-3b", dtype=args.roofline_dtype, batch=B, context=ctx, page_size=Z,
+                bytes_accessed=accessed, weight_bytes=weights, kv_bytes=kv, ideal_bytes=weights + kv,
+                ratio=accessed / (weights + kv), backend=jax.default_backend())
 
 
 def run_hf(args, hf_dir: Path, work) -> dict:
@@ -194,11 +247,25 @@ def main():
     ap.add_argument("--skip-tunix", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--setup-tunix", action="store_true")
+    ap.add_argument("--roofline", action="store_true", help="decode-step bytes accessed vs weights + live KV")
+    ap.add_argument("--roofline-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="weights and KV dtype of the measured step (XLA:CPU upcasts bfloat16 matmuls to float32 "
+                         "through extra copies, which a GPU or TPU does not)")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results as JSON")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--hf-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.setup_tunix:
         return setup_tunix()
+    if args.roofline:
+        sys.path.insert(0, str(REPO))
+        r = roofline(args)
+        print(f"decode step of {r['model']} ({r['dtype']}, batch {r['batch']}, context {r['context']}, pages of "
+              f"{r['page_size']}, {r['backend']}): {r['bytes_accessed'] / 1e9:.2f} GB accessed; ideal "
+              f"{r['ideal_bytes'] / 1e9:.2f} GB (weights {r['weight_bytes'] / 1e9:.2f} + live KV {r['kv_bytes'] / 1e9:.2f}); ratio {r['ratio']:.3f}")
+        if args.json:
+            args.json.write_text(json.dumps({"roofline": r}, indent=1) + "\n")
+        return None
     work = workload(args)
     if args.worker == "tunix":
         print(json.dumps(run_tunix_worker(args, args.hf_dir, work)))
@@ -222,10 +289,17 @@ def main():
             continue
         r["tok_s"] = r["tokens"] / r["seconds"]
         print(f"  {name:13s} {r['tok_s']:9.1f} tokens/s  ({r['seconds']:.2f} s, {r['steps']} decode steps)")
-    vt = results["vt"]["tok_s"]
+    v = results["vt"]
+    print(f"  vt KV pages: pool {v['pool_pages']}, peak in use {v['peak_pages']}, peak needed by live tokens "
+          f"{v['peak_pages_needed']}, {v['page_bytes']} bytes each, {v['preemptions']} preemptions; seconds "
+          f"prefill {v['prefill_seconds']:.2f} decode {v['decode_seconds']:.2f} host {v['host_seconds']:.2f}")
+    vt = v["tok_s"]
     for name in ("transformers", "tunix"):
         if "tok_s" in results[name]:
+            results[name]["vt_ratio"] = vt / results[name]["tok_s"]
             print(f"  vt / {name}: {vt / results[name]['tok_s']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"throughput": results}, indent=1) + "\n")
     return None
 
 

@@ -28,6 +28,7 @@ def get_config(arg=None):
     c.model.dtype = "bfloat16"  # compute dtype of the learner and the sampler
     c.model.remat_policy = "full"  # long responses: recompute layers in the backward pass
     c.model.attention_impl = "jax"  # jax.nn.dot_product_attention (cuDNN flash on NVIDIA GPUs with "cudnn")
+    c.model.loss_chunk = 512  # positions per log-prob chunk: live fp32 logits are rows x 512 x vocab, not x seq_len
     c.model.seed = 0  # random init only when init_checkpoint is empty
 
     c.data = ml_collections.ConfigDict()
@@ -85,6 +86,8 @@ def get_config(arg=None):
     c.train.eval_prompts = 64  # held-out prompts per evaluation
     c.train.progress = True  # tqdm progress bar
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
+    c.train.tokens_per_micro_batch = 65536  # row slots per learner forward/backward (all devices); gradients accumulated
+    c.train.pack_rows = True  # first-fit pack samples into rows; False: one padded row per sample
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 50  # save every N RL steps

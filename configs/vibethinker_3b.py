@@ -102,6 +102,8 @@ def rl_section(train, domain, steps, *, long2short=0.0, max_new_tokens=65536, ev
     c.train.eval_samples = 4
     c.train.eval_prompts = 64
     c.train.progress = True
+    c.train.tokens_per_micro_batch = 65536  # row slots per learner forward/backward (all devices); gradients accumulated
+    c.train.pack_rows = True  # first-fit pack samples into rows; False: one padded row per sample
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 20
     c.checkpoint.keep = 3

@@ -44,6 +44,9 @@ LOGICAL_RULES: Mapping[str, Any] = {
     "mlp": "tensor",
     "norm": None,
     "cache_sequence": None,
+    # the leading axis of the scanned decoder stack (weights [L, ...], KV cache [L, B, S, K, H]): every device
+    # holds all layers of its shard, since the scan visits each layer on every device
+    "layers": None,
 }
 
 

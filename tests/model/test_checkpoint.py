@@ -142,3 +142,42 @@ def test_existing_output_is_not_overwritten(vt_ckpt, tmp_path):
     (out / "precious.txt").write_text("keep me")
     _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out)), "not empty")
     assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_layers_are_stacked_in_hf_order(hf_dir):
+    """Each HF per-layer tensor lands at its layer's index of the stacked vt array ([num_layers, ...])."""
+    from vt.checkpoint.params import flat_params, model_from_hf
+    flat = flat_params(model_from_hf(hf_dir))
+    hf = _tensors(hf_dir)
+    n = sum(1 for k in hf if k.endswith("mlp.up_proj.weight"))
+    assert n > 1 and flat["layers.mlp.up_kernel"].shape[0] == n
+    for i in range(n):
+        np.testing.assert_array_equal(np.asarray(flat["layers.mlp.up_kernel"][i]),
+                                      hf[f"model.layers.{i}.mlp.up_proj.weight"].T)
+        np.testing.assert_array_equal(np.asarray(flat["layers.input_norm.weight"][i]),
+                                      hf[f"model.layers.{i}.input_layernorm.weight"])
+
+
+def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt, tmp_path):
+    """A params item written before the layers were stacked ("layers.0.attn.q_kernel" ...) is refused with a
+    message saying what to do, not an Orbax stack trace."""
+    import shutil
+
+    import orbax.checkpoint as ocp
+    import pytest
+
+    from vt import VtError
+    from vt.checkpoint.params import CONFIG_FILE, PARAMS_ITEM, flat_params, load_model
+    flat = flat_params(load_model(vt_ckpt))
+    old = {}
+    for key, w in flat.items():
+        if key.startswith("layers."):
+            old.update({f"layers.{i}.{key[len('layers.'):]}": np.asarray(w[i]) for i in range(w.shape[0])})
+        else:
+            old[key] = np.asarray(w)
+    ckpt = tmp_path / "old"
+    ckpt.mkdir()
+    shutil.copyfile(vt_ckpt / CONFIG_FILE, ckpt / CONFIG_FILE)
+    ocp.PyTreeCheckpointer().save(ckpt / PARAMS_ITEM, old)
+    with pytest.raises(VtError, match="older vt with one entry per layer.*hf-to-orbax"):
+        load_model(ckpt)

@@ -45,9 +45,9 @@ def test_sharded_logits_and_param_shardings(hf_dir, vt_ckpt):
 
         # created directly sharded (never whole on one device) and converted straight into the mesh
         fresh = create_model(sharded.cfg, mesh=mesh)
-        assert len(fresh.layers[0].mlp.up_kernel.get_value().sharding.device_set) == 8
+        assert len(fresh.layers.mlp.up_kernel.get_value().sharding.device_set) == 8
         from_hf = model_from_hf("{hf_dir}", mesh=mesh)
-        assert from_hf.layers[1].attn.q_kernel.get_value().sharding == sharded.layers[1].attn.q_kernel.get_value().sharding
+        assert from_hf.layers.attn.q_kernel.get_value().sharding == sharded.layers.attn.q_kernel.get_value().sharding
         with use_mesh(mesh):
             np.testing.assert_allclose(np.asarray(fwd(*nnx.split(from_hf), tokens)), expected, atol=1e-5, rtol=0)
         print("OK", n_sharded)
@@ -79,10 +79,11 @@ def test_fewer_kv_heads_than_tensor_shards():
         cfg = preset("tiny", num_heads=8, num_kv_heads=2, dtype="float32")
         mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=4))
         ref, sharded = create_model(cfg, seed=3), create_model(cfg, mesh=mesh, seed=3)
-        k = sharded.layers[0].attn.k_kernel.get_value()
-        assert tuple(k.sharding.spec)[1:2] in ((), (None,)), k.sharding.spec  # kv_heads whole on each shard
-        q = sharded.layers[0].attn.q_kernel.get_value()
-        assert q.sharding.spec[1] == "tensor", q.sharding.spec  # query heads still split
+        k = sharded.layers.attn.k_kernel.get_value()
+        # [layers, embed, kv_heads, head_dim]: every layer on every device, kv_heads whole on each shard
+        assert tuple(k.sharding.spec)[0] is None and tuple(k.sharding.spec)[2:3] in ((), (None,)), k.sharding.spec
+        q = sharded.layers.attn.q_kernel.get_value()
+        assert q.sharding.spec[2] == "tensor", q.sharding.spec  # query heads still split
 
         md = ModelDef(cfg)
         tokens = jnp.asarray(np.random.RandomState(0).randint(0, 500, (4, 24)), jnp.int32)

@@ -34,7 +34,7 @@ def test_remat_policies_give_identical_gradients(policy):
 def test_param_and_compute_dtypes_are_separate():
     cfg = preset("tiny", param_dtype="float32", dtype="bfloat16")
     model = create_model(cfg)
-    assert model.layers[0].mlp.up_kernel.get_value().dtype == jnp.float32
+    assert model.layers.mlp.up_kernel.get_value().dtype == jnp.float32
     logits, _ = model(jnp.zeros((1, 4), jnp.int32))
     assert logits.dtype == jnp.float32  # logits always come back in fp32 for a stable loss
     loss16, _ = _loss_and_grads(cfg)

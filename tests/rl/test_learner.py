@@ -139,6 +139,7 @@ def test_options_kl_long2short_minibatches_token_mean(task, tmp_path):
     # Metrics come from each step's last mini-batch, taken after an update moved the policy off the reference.
     # No order between the steps: k3 is estimated on the step's own rollouts, and step 1's were sampled from the
     # reference itself (off-policy for the moved learner, which inflates k3), step 2's from the moved policy.
+    # Since mini-batches keep whole groups this measured 0.277 then 0.0092 (packed and padded rows alike).
     assert all(r["kl_ref"] > 0 for r in rows)
 
 

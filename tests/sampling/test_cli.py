@@ -23,16 +23,23 @@ def test_greedy_matches_transformers_generate(sampling_hf_dir, sampling_ckpt, tm
     rng = np.random.RandomState(0)
     prompts = [rng.randint(0, 300, n).tolist() for n in (5, 17, 1, 33, 9)]
     _write(tmp_path / "in.jsonl", [{"prompt_ids": p} for p in prompts])
-    # 3 slots for 5 prompts: slot refill is on the path
+    # 3 slots for 10 samples: slot refill is on the path. Pages of 4 tokens: every sample crosses page
+    # boundaries and its 2 samples share a prompt's full pages (and copy its partly filled last one). A pool of
+    # 40 pages (a 97-token sample needs 25) makes samples wait for pages or be preempted.
     proc = run_vt("sample", "--ckpt", str(sampling_ckpt), "--prompts", str(tmp_path / "in.jsonl"), "--out",
-                  str(tmp_path / "out.jsonl"), "--temperature", "0", "--max-new-tokens", "64", "--batch-size", "3")
+                  str(tmp_path / "out.jsonl"), "--temperature", "0", "--max-new-tokens", "64", "--batch-size", "3",
+                  "--n", "2", "--page-size", "4", "--kv-pages", "40", "--stats-json", str(tmp_path / "stats.json"))
     assert proc.returncode == 0, proc.stderr
     assert "tokens/s" in proc.stderr
     out = _read(tmp_path / "out.jsonl")
-    assert [(r["index"], r["sample"]) for r in out] == [(i, 0) for i in range(5)]
+    assert [(r["index"], r["sample"]) for r in out] == [(i, j) for i in range(5) for j in range(2)]
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["tokens"] == 640 and stats["prefill_tokens"] >= sum(map(len, prompts)), stats
+    assert stats["pool_pages"] == 40 and 0 < stats["peak_pages"] <= 40 and stats["decode_steps"] >= 64, stats
+    assert {"preemptions", "prefill_seconds", "decode_seconds", "host_seconds"} <= set(stats), stats
 
     hf = AutoModelForCausalLM.from_pretrained(sampling_hf_dir, dtype=torch.float32).eval()
-    for p, rec in zip(prompts, out):
+    for p, rec in zip([p for p in prompts for _ in range(2)], out):
         with torch.no_grad():
             ids = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
                               do_sample=False, max_new_tokens=64, eos_token_id=None, pad_token_id=0)

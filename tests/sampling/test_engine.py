@@ -49,40 +49,60 @@ def _cached_step(graphdef, state, tok_B, pos_B, cache):
 
 @pytest.mark.parametrize("which", ["tied", "untied"])
 def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model):
-    """Prefill (right-padded, different lengths) and each decode step give the logits of a full forward pass
-    over the whole prefix, through the engine's own prefill/insert path."""
+    """Prefill (right-padded, different lengths, written into shuffled pages of 4 tokens) and each decode step
+    give the logits of a full forward pass over the whole prefix, through the engine's own prefill/insert
+    path; prompt 0 is shared by two slots (its full pages shared, its partly filled last page copied)."""
+    from vt.model.paged import PagedKVCache
     model = tiny if which == "tied" else sampling_model
     cfg = model.cfg
     graphdef, state = nnx.split(model)
     prompts = _prompts(3, cfg.vocab_size, 3, 20, seed=1)
-    T, S, B, steps_n = 32, 64, 4, 8
+    prompts[0] = prompts[0][:9] + [1] * max(0, 9 - len(prompts[0]))  # 9 tokens: two full pages and one partial
+    T, Z, M, B, steps_n, n_pages = 32, 4, 16, 5, 8, 60
     toks = np.zeros((4, T), np.int32)
     for p, ids in enumerate(prompts):
         toks[p, :len(ids)] = ids
     lens = np.array([len(p) for p in prompts] + [1], np.int32)
-    logits, small = jax.jit(steps.prefill, static_argnums=0)(graphdef, state, jnp.asarray(toks), jnp.asarray(lens))
-
-    from vt.model.qwen2 import KVCache
-    cache, slots = KVCache.zeros(cfg, B, S), steps.Slots.zeros(B, S)
-    dst = np.array([3, 2, 1, 4], np.int32)  # prompt p goes to slot 3 - p; slot 0 stays empty; row 3 is padding
+    perm = np.random.RandomState(0).permutation(n_pages)
+    table = np.full((4, T // Z), n_pages, np.int32)
+    used = 0
+    for p, L in enumerate(lens[:3]):
+        k = -(-L // Z)
+        table[p, :k] = perm[used:used + k]
+        used += k
+    cache = PagedKVCache.zeros(cfg, n_pages, Z, jnp.asarray(table))
+    logits, cache = jax.jit(steps.prefill, static_argnums=0)(graphdef, state, cache, jnp.asarray(toks),
+                                                              jnp.asarray(lens))
+    dst = np.array([3, 2, 1, 4, B], np.int32)  # prompt p to slot 3 - p, prompt 0 also to slot 4; slot 0 empty
+    src = np.array([0, 1, 2, 0, 3], np.int32)
+    copy_dst = perm[used]  # slot 4 writes into its own copy of prompt 0's partial last page
+    slot_pages = np.full((B, M), n_pages, np.int32)
+    for q, (p, b) in enumerate(zip(src[:4], dst[:4])):
+        k = -(-lens[p] // Z)
+        slot_pages[b, :k] = table[p, :k]
+        extra = perm[used + 1 + 4 * q: used + 1 + 4 * q + 4]  # pages for the decode steps
+        slot_pages[b, k:k + 4] = extra
+    slot_pages[4, 2] = copy_dst
     insert = jax.jit(functools.partial(steps.insert, params=SamplingParams(temperature=0.0), stop_ids=()))
-    cache, slots = insert(cache, slots, small, logits, jnp.arange(4), jnp.asarray(dst), jnp.asarray(lens),
-                          jnp.full(4, 100), jnp.zeros((4, 2), jnp.int32), jax.random.PRNGKey(0))
-    seqs = [list(p) + [int(np.argmax(logits[i]))] for i, p in enumerate(prompts)]
+    cache, slots, _, _ = insert(cache, steps.Slots.zeros(B), logits, jnp.asarray(src), jnp.asarray(dst),
+                                jnp.asarray(lens[src]), jnp.full(5, 100), jnp.zeros((5, 2), jnp.int32),
+                                jax.random.PRNGKey(0), jnp.asarray([table[0, 2]]), jnp.asarray([copy_dst]))
+    cache = PagedKVCache(k=cache.k, v=cache.v, page_table=jnp.asarray(slot_pages))
+    seqs = [list(prompts[p]) + [int(np.argmax(logits[p]))] for p in src[:4]]
     step_logits = []
     tok, pos = slots.last_tok, slots.pos
     for _ in range(steps_n):
         lg, cache = _cached_step(graphdef, state, tok, pos, cache)
         step_logits.append(np.asarray(lg[:, 0]))
         tok, pos = jnp.argmax(lg[:, 0], -1).astype(jnp.int32), pos + 1
-        for p, seq in enumerate(seqs):
-            seq.append(int(tok[dst[p]]))
+        for q, seq in enumerate(seqs):
+            seq.append(int(tok[dst[q]]))
     full = _full_logits(model, seqs)
-    for p, seq in enumerate(seqs):
-        L = len(prompts[p])
-        np.testing.assert_allclose(logits[p], full[p, L - 1], atol=1e-5)
+    for q, seq in enumerate(seqs):
+        L = lens[src[q]]
+        np.testing.assert_allclose(logits[src[q]], full[q, L - 1], atol=1e-5)
         for t in range(steps_n):
-            np.testing.assert_allclose(step_logits[t][dst[p]], full[p, L + t], atol=1e-5)
+            np.testing.assert_allclose(step_logits[t][dst[q]], full[q, L + t], atol=1e-5)
 
 
 def test_greedy_matches_full_forward_argmax(tiny):
@@ -139,9 +159,14 @@ def test_samples_share_prefill_differ_and_are_deterministic(tiny, refill_runs, s
     assert eng.compile_count == before, "same shape buckets must not recompile"
     other = eng.generate(skewed, seed=8)
     assert _ids(other) != _ids(refilled)
-    # results do not depend on the batch size either (keys follow request/sample, not slots)
-    eng4 = Engine(tiny, SamplerConfig(**{**eng.cfg.__dict__, "batch_size": 3}))
-    assert _ids(eng4.generate(skewed)) == _ids(refilled)
+    # results do not depend on the batch size, page size or KV pool size (keys follow request/sample, not slots
+    # or pages); a pool of 12 pages of 8 tokens (the longest sample needs 9) forces waiting and preemption
+    for change in ({"batch_size": 3}, {"page_size": 4}, {"page_size": 8, "kv_pages": 12}):
+        other_eng = Engine(tiny, SamplerConfig(**{**eng.cfg.__dict__, **change}))
+        assert _ids(other_eng.generate(skewed)) == _ids(refilled), change
+        if "kv_pages" in change:
+            st = other_eng.last_stats
+            assert st.preemptions > 0 and st.peak_pages <= 12 and st.pool_pages == 12, st
 
 
 def test_logprobs_are_those_of_the_sampling_distribution(tiny, refill_runs, skewed):
@@ -245,15 +270,15 @@ def test_blocked_cache_attention_equals_full(B, T, N, K, H, S, block):
 
 
 def test_long_cache_greedy_matches_full_forward(tiny):
-    """max_new_tokens 1100 gives a 1536-slot cache, which decode attends to block by block (vt.model.qwen2.
-    DECODE_BLOCK): every greedy token must be the full forward pass's argmax at its position, up to 1e-4 in
+    """max_new_tokens 1100 fills 70 pages of 16 tokens, which decode attends to block by block (vt.model.paged.
+    PAGES_PER_BLOCK pages per block, an online softmax across blocks): every greedy token must be the full forward pass's argmax at its position, up to 1e-4 in
     logit (near-ties over 3 x 1100 positions may resolve either way under fp32 reassociation)."""
+    from vt.model.paged import PAGES_PER_BLOCK
     from vt.sampling.engine import _length_bucket
-    from vt.model.qwen2 import DECODE_BLOCK
     prompts = _prompts(3, tiny.cfg.vocab_size, seed=6)
     new = 1100
     S = _length_bucket(max(len(p) for p in prompts) + new)
-    assert S >= 2 * DECODE_BLOCK and S % DECODE_BLOCK == 0  # the blocked path is the one under test
+    assert new > 4 * PAGES_PER_BLOCK * 16  # many page blocks
     out = Engine(tiny, SamplerConfig(batch_size=3, max_new_tokens=new, temperature=0.0, stop_token_ids=(),
                                      steps_per_call=128)).generate([Request(p) for p in prompts])
     seqs = [ids + s.completion_ids for ids, [s] in zip(prompts, out)]

@@ -6,7 +6,7 @@ import pytest
 
 from train_helpers import random_batch, tiny_setup  # noqa: F401 (fixture)
 from vt import VtError
-from vt.train.losses import masked_nll_sum, token_nll
+from vt.train.losses import masked_nll_sum, token_logps
 from vt.train.optim import OptimConfig, lr_schedule, make_optimizer, warmup_steps
 
 
@@ -37,16 +37,18 @@ def test_weight_decay_skips_norms_and_biases():
     assert float(jnp.abs(updates["w"]).max()) > 0 and float(jnp.abs(updates["norm"]).max()) == 0
 
 
-def test_token_nll_matches_log_softmax():
+def test_token_logps_match_log_softmax():
     rng = np.random.default_rng(0)
-    logits = rng.normal(size=(2, 5, 11)).astype(np.float32)
+    x, head = rng.normal(size=(2, 5, 7)).astype(np.float32), rng.normal(size=(7, 11)).astype(np.float32)
     targets = rng.integers(0, 11, (2, 5))
-    ref = -np.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-    np.testing.assert_allclose(token_nll(jnp.asarray(logits), jnp.asarray(targets)), ref, rtol=1e-6, atol=1e-6)
+    logits = np.einsum("btd,dv->btv", x, head)
+    ref = np.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    got = token_logps(jnp.asarray(x), jnp.asarray(head), jnp.asarray(targets), vocab_size=11, dtype="float32", chunk=2)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     mask = np.zeros((2, 5), np.float32)
-    bad = logits.copy()
+    bad = np.asarray(got).copy()
     bad[0, 0] = np.nan  # garbage at a masked position must not leak
-    total, count = masked_nll_sum(jnp.asarray(bad), jnp.asarray(targets), jnp.asarray(mask))
+    total, count = masked_nll_sum(jnp.asarray(bad), jnp.asarray(mask))
     assert float(total) == 0.0 and float(count) == 0.0
 
 
@@ -73,8 +75,8 @@ def test_packed_loss_equals_token_weighted_unpacked_loss(tiny_setup):
         t += L
 
     def loss_terms(b):
-        logits = md.apply(params, b["input_ids"], b["positions"], b["segment_ids"])
-        return masked_nll_sum(logits, b["targets"], b["loss_mask"])
+        logp = md.token_logps(params, b["input_ids"], b["positions"], b["segment_ids"], b["targets"], chunk=8)
+        return masked_nll_sum(logp, b["loss_mask"])
 
     p_total, p_count = loss_terms(packed)
     per_doc = [loss_terms({k: v[i:i + 1] for k, v in unpacked.items()}) for i in range(len(docs))]

@@ -84,7 +84,7 @@ def test_distillation_picks_per_domain_over_real_samples(three_ckpts, tmp_path):
     assert sum(report["weights"].values()) == pytest.approx(1.0)
     merged = flat_params(load_model(tmp_path / "merged"))
     parts = {c: flat_params(load_model(c)) for c in report["weights"]}
-    key = "layers.0.mlp.up_kernel"
+    key = "layers.mlp.up_kernel"
     want = sum(w * np.asarray(parts[c][key]) for c, w in report["weights"].items())
     np.testing.assert_allclose(np.asarray(merged[key]), want, rtol=1e-6, atol=1e-7)
     print("pass@2 per checkpoint:", {c.split("/")[-1]: s for c, s in scores.items()}, "chosen:", report["chosen"])

@@ -2,8 +2,10 @@
 
 HF stores PyTorch Linear weights as [out, in] with heads flattened; vt keeps einsum-friendly layouts
 ([in, heads, head_dim] etc., see vt/model/qwen2.py). Each `Rule` names the HF key pattern, the vt path, the
-expected HF shape, and the two layout transforms. Reading is lazy (safetensors memory-maps each file and yields
-one tensor at a time) and writing is shard by shard, so converting a 3B model never holds it twice on the host.
+expected HF shape, and the two layout transforms. HF has one tensor per layer (`model.layers.{i}....`); vt
+stacks the layers of one weight into a single array with a leading layer axis, HF layer i at index i. Reading
+is lazy (safetensors memory-maps each file) and stacks one weight kind at a time; writing unstacks and goes
+shard by shard, so converting a 3B model never holds it twice on the host.
 """
 from __future__ import annotations
 
@@ -28,11 +30,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    hf: str  # HF key with {i} for the layer index
-    vt: tuple  # vt state path with "{i}" where the layer index goes
-    hf_shape: Callable[[ModelConfig], tuple]
-    to_vt: Callable[[np.ndarray, ModelConfig], np.ndarray]
+    hf: str  # HF key, with {i} for the layer index in per-layer weights
+    vt: tuple  # vt state path; for per-layer weights, of the stacked [num_layers, ...] array
+    hf_shape: Callable[[ModelConfig], tuple]  # one HF tensor (one layer's)
+    to_vt: Callable[[np.ndarray, ModelConfig], np.ndarray]  # one HF tensor -> vt layout (one layer's)
     to_hf: Callable[[np.ndarray, ModelConfig], np.ndarray]
+
+    @property
+    def per_layer(self) -> bool:
+        return "{i}" in self.hf
 
 
 def _pad_rows(w, cfg):  # vocab padding rows are zeros: they never score since logits are cut to vocab_size
@@ -41,11 +47,11 @@ def _pad_rows(w, cfg):  # vocab padding rows are zeros: they never score since l
 
 def _qkv_rule(name, heads_of):
     return [
-        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.weight", ("layers", "{i}", "attn", f"{name}_kernel"),
+        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.weight", ("layers", "attn", f"{name}_kernel"),
              lambda c: (heads_of(c) * c.head_dim, c.hidden_size),
              lambda w, c: w.T.reshape(c.hidden_size, heads_of(c), c.head_dim),
              lambda w, c: w.reshape(c.hidden_size, -1).T),
-        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.bias", ("layers", "{i}", "attn", f"{name}_bias"),
+        Rule(f"model.layers.{{i}}.self_attn.{name}_proj.bias", ("layers", "attn", f"{name}_bias"),
              lambda c: (heads_of(c) * c.head_dim,),
              lambda w, c: w.reshape(heads_of(c), c.head_dim),
              lambda w, c: w.reshape(-1)),
@@ -70,33 +76,28 @@ RULES: list[Rule] = [
     Rule("lm_head.weight", ("lm_head",), lambda c: (c.vocab_size, c.hidden_size),
          lambda w, c: np.ascontiguousarray(_pad_rows(w, c).T), lambda w, c: np.ascontiguousarray(w.T[: c.vocab_size])),
     _norm_rule("model.norm.weight", ("final_norm", "weight")),
-    _norm_rule("model.layers.{i}.input_layernorm.weight", ("layers", "{i}", "input_norm", "weight")),
-    _norm_rule("model.layers.{i}.post_attention_layernorm.weight", ("layers", "{i}", "post_attn_norm", "weight")),
+    _norm_rule("model.layers.{i}.input_layernorm.weight", ("layers", "input_norm", "weight")),
+    _norm_rule("model.layers.{i}.post_attention_layernorm.weight", ("layers", "post_attn_norm", "weight")),
     *_qkv_rule("q", lambda c: c.num_heads),
     *_qkv_rule("k", lambda c: c.num_kv_heads),
     *_qkv_rule("v", lambda c: c.num_kv_heads),
-    Rule("model.layers.{i}.self_attn.o_proj.weight", ("layers", "{i}", "attn", "o_kernel"),
+    Rule("model.layers.{i}.self_attn.o_proj.weight", ("layers", "attn", "o_kernel"),
          lambda c: (c.hidden_size, c.num_heads * c.head_dim),
          lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
          lambda w, c: w.reshape(-1, c.hidden_size).T),
-    _linear_rule("model.layers.{i}.mlp.gate_proj.weight", ("layers", "{i}", "mlp", "gate_kernel"), _F, _D),
-    _linear_rule("model.layers.{i}.mlp.up_proj.weight", ("layers", "{i}", "mlp", "up_kernel"), _F, _D),
-    _linear_rule("model.layers.{i}.mlp.down_proj.weight", ("layers", "{i}", "mlp", "down_kernel"), _D, _F),
+    _linear_rule("model.layers.{i}.mlp.gate_proj.weight", ("layers", "mlp", "gate_kernel"), _F, _D),
+    _linear_rule("model.layers.{i}.mlp.up_proj.weight", ("layers", "mlp", "up_kernel"), _F, _D),
+    _linear_rule("model.layers.{i}.mlp.down_proj.weight", ("layers", "mlp", "down_kernel"), _D, _F),
 ]
 
 
-def _expand(cfg: ModelConfig) -> list[tuple[str, tuple, Rule]]:
-    """Every (hf key, vt path, rule) the config implies, layers expanded, in HF order."""
-    out = []
-    for rule in RULES:
-        if rule.hf == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        layers = range(cfg.num_layers) if "{i}" in rule.hf else [None]
-        for i in layers:
-            hf = rule.hf.format(i=i) if i is not None else rule.hf
-            vt = tuple(i if p == "{i}" else p for p in rule.vt)
-            out.append((hf, vt, rule))
-    return out
+def _rules(cfg: ModelConfig) -> list[Rule]:
+    return [r for r in RULES if not (r.hf == "lm_head.weight" and cfg.tie_word_embeddings)]
+
+
+def _hf_keys(rule: Rule, cfg: ModelConfig) -> list[str]:
+    """The HF tensors of one rule: one per layer (index i = HF layer i), or the single one."""
+    return [rule.hf.format(i=i) for i in range(cfg.num_layers)] if rule.per_layer else [rule.hf]
 
 
 def _sort_key(hf_key: str):
@@ -168,9 +169,8 @@ class SafetensorsReader:
 def iter_hf_to_vt(hf_dir: Path, cfg: ModelConfig) -> Iterator[tuple[tuple, np.ndarray]]:
     """Yield (vt path, array in vt layout) one tensor at a time. Unknown, missing or misshapen keys are errors."""
     reader = SafetensorsReader(hf_dir)
-    expected = _expand(cfg)
     present = set(reader.keys())
-    wanted = {hf for hf, _, _ in expected}
+    wanted = {hf for rule in _rules(cfg) for hf in _hf_keys(rule, cfg)}
     extra = sorted(present - wanted)
     if cfg.tie_word_embeddings and "lm_head.weight" in extra:
         # Some exporters write the tied head anyway; accept it only if it really is the embedding.
@@ -185,22 +185,40 @@ def iter_hf_to_vt(hf_dir: Path, cfg: ModelConfig) -> Iterator[tuple[tuple, np.nd
     if missing:
         raise VtError(f"{hf_dir}: tensor '{sorted(missing, key=_sort_key)[0]}' is missing"
                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    for hf, vt, rule in expected:
-        w = reader.get(hf)
-        if tuple(w.shape) != rule.hf_shape(cfg):
-            raise VtError(f"{reader.hf_dir / reader.key_file[hf]}: tensor '{hf}' has shape {tuple(w.shape)}, "
-                          f"config.json implies {rule.hf_shape(cfg)}")
-        yield vt, rule.to_vt(w, cfg)
+    for rule in _rules(cfg):
+        stacked = None
+        for i, hf in enumerate(_hf_keys(rule, cfg)):
+            w = reader.get(hf)
+            if tuple(w.shape) != rule.hf_shape(cfg):
+                raise VtError(f"{reader.hf_dir / reader.key_file[hf]}: tensor '{hf}' has shape {tuple(w.shape)}, "
+                              f"config.json implies {rule.hf_shape(cfg)}")
+            w = rule.to_vt(w, cfg)
+            if not rule.per_layer:
+                yield rule.vt, w
+                break
+            if stacked is None:  # filled layer by layer: one stacked copy on the host, not two
+                stacked = np.empty((cfg.num_layers, *w.shape), w.dtype)
+            stacked[i] = w
+        if stacked is not None:
+            yield rule.vt, stacked
 
 
 # --- writing -----------------------------------------------------------------------------------------------------
 
 def iter_vt_to_hf(get_param: Callable[[tuple], np.ndarray], cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
-    for hf, vt, rule in _expand(cfg):
-        w = rule.to_hf(np.asarray(get_param(vt)), cfg)
-        if tuple(w.shape) != rule.hf_shape(cfg):  # a vt-side layout bug must not produce a loadable lie
-            raise VtError(f"vt parameter {'/'.join(map(str, vt))}: exported shape {w.shape} != {rule.hf_shape(cfg)}")
-        yield hf, w
+    """Yield (HF key, tensor) one at a time; `get_param(vt path)` is called once per vt array, and a stacked
+    array is unstacked into its layers."""
+    for rule in _rules(cfg):
+        where = "/".join(map(str, rule.vt))
+        w_all = np.asarray(get_param(rule.vt))
+        if rule.per_layer and (w_all.ndim == 0 or w_all.shape[0] != cfg.num_layers):
+            raise VtError(f"vt parameter {where}: shape {w_all.shape} has no leading layer axis of "
+                          f"num_layers={cfg.num_layers}")
+        for i, hf in enumerate(_hf_keys(rule, cfg)):
+            w = rule.to_hf(w_all[i] if rule.per_layer else w_all, cfg)
+            if tuple(w.shape) != rule.hf_shape(cfg):  # a vt-side layout bug must not produce a loadable lie
+                raise VtError(f"vt parameter {where}: exported shape {w.shape} != {rule.hf_shape(cfg)}")
+            yield hf, w
 
 
 def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]], *,

@@ -2,13 +2,15 @@
 
 A vt model checkpoint is a directory holding
     model_config.json   the ModelConfig (architecture + dtypes)
-    params/             an Orbax PyTree checkpoint: a flat dict "layers.0.attn.q_kernel" -> array
+    params/             an Orbax PyTree checkpoint: a flat dict "layers.attn.q_kernel" -> array, the decoder
+                        layers' weights stacked along a leading layer axis ([num_layers, ...])
 The learners' checkpoint manager writes the same two entries inside each step directory, so every tool that
 takes a checkpoint (`vt sample --ckpt`, `vt convert orbax-to-hf`, `vt info`) accepts either.
 """
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -137,6 +139,10 @@ def _flat_shardings(abstract_state, mesh: Mesh | None) -> dict:
 def _check_keys(stored_keys, wanted_keys, where, cfg, stored_meta):
     missing = sorted(wanted_keys - stored_keys)
     extra = sorted(stored_keys - wanted_keys)
+    if any(re.match(r"layers\.\d+\.", k) for k in extra):
+        raise VtError(f"{where}: written by an older vt with one entry per layer ('{extra[0]}'); this vt stores "
+                      "the layers stacked ('layers.attn.q_kernel' [num_layers, ...]) and cannot read it: convert "
+                      "the model again from Hugging Face (`vt convert hf-to-orbax`)")
     if missing or extra:
         raise VtError(f"{where}: parameters do not match {CONFIG_FILE} "
                       f"(missing {missing[:3]}, unexpected {extra[:3]})")
@@ -162,7 +168,10 @@ def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrid
     verification = BackgroundVerify(Path(hf_dir), f"Hugging Face directory {hf_dir}", required=False)
     for path, w in iter_hf_to_vt(Path(hf_dir), cfg):
         key = path_key(path)
-        w = np.asarray(w).astype(specs[key].get_value().dtype)
+        want = specs[key].get_value()
+        if tuple(w.shape) != tuple(want.shape):  # a layout bug in the rule table, not bad input
+            raise VtError(f"vt parameter {key}: converted shape {tuple(w.shape)} != model shape {tuple(want.shape)}")
+        w = np.asarray(w).astype(want.dtype, copy=False)
         flat[key] = jax.make_array_from_callback(w.shape, shardings[key], lambda idx, w=w: w[idx])
     verification.result()
     return _merge(graphdef, abstract_state, flat)

@@ -116,8 +116,6 @@ def _compare(directory: Path, record: dict, label: str, hint: str) -> None:
     want = record.get("files")
     if want is None:
         return  # sealed without checksums (checkpoint.checksum=False)
-    # Seals written before Orbax's step bookkeeping was left out list it too; it is not compared.
-    want = {rel: digest for rel, digest in want.items() if _covered(rel)}
     got = hash_tree(directory)
     for rel in sorted(set(want) | set(got)):
         if want.get(rel) != got.get(rel):

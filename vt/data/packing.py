@@ -16,6 +16,9 @@ ever trained to predict the next document's first token.
 First fit (grain): ``num_packing_bins`` rows are open at once; each example goes to the first row with room;
 when an example fits in no row, all open rows are emitted (in a seeded random order if ``shuffle_bins``)
 and a fresh set is opened with that example. More bins, less padding (and more cross-epoch mixing).
+
+:func:`pack_lengths` runs the same packer on a finite list of sequence lengths (the RL learner's samples of one
+step): it places sample indices, and the caller gathers each sample's tokens into the slots it was given.
 """
 from __future__ import annotations
 
@@ -53,6 +56,27 @@ def pack_first_fit(ds: grain.IterDataset, *, seq_len: int, num_packing_bins: int
         padding_struct={"input_ids": pad_id, "targets": pad_id, "loss_mask": 0.0},
     )
     return packed.map(_rekey)
+
+
+def pack_lengths(lengths, seq_len: int) -> dict[str, np.ndarray]:
+    """First-fit-decreasing placement of sequences of `lengths` (each <= seq_len) into rows of seq_len:
+    ``sample`` (int32 [R, seq_len], the index of the sequence in each slot, -1 on padding), ``segment_ids``
+    (1..k per row, 0 = padding) and ``positions`` (restarting at every sequence). Longest first, with enough
+    bins open that no sequence ever flushes them (first fit decreasing needs at most 11/9 OPT + 1 rows), so
+    the rows are as full as first fit makes them; deterministic (no shuffling)."""
+    lengths = np.asarray(lengths, np.int64)
+    if lengths.size and (lengths.min() < 1 or lengths.max() > seq_len):
+        raise ValueError(f"pack_lengths: lengths must be in [1, {seq_len}], got {lengths.min()}..{lengths.max()}")
+    order = np.argsort(-lengths, kind="stable")
+    bins = max(1, -(-int(lengths.sum()) * 11 // (9 * seq_len)) + 1)
+    ds = grain.MapDataset.source([{"sample": np.full(lengths[i], i, np.int32)} for i in order]).to_iter_dataset()
+    rows = list(FirstFitPackIterDataset(ds, length_struct={"sample": seq_len}, num_packing_bins=bins,
+                                        shuffle_bins=False, padding_struct={"sample": -1}))
+    if not rows:
+        return {k: np.zeros((0, seq_len), np.int32) for k in ("sample", "segment_ids", "positions")}
+    return {"sample": np.stack([r["sample"] for r in rows]).astype(np.int32),
+            "segment_ids": np.stack([r["sample_segment_ids"] for r in rows]).astype(np.int32),
+            "positions": np.stack([r["sample_positions"] for r in rows]).astype(np.int32)}
 
 
 def padding_fraction(batch: dict[str, np.ndarray]) -> float:

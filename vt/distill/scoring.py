@@ -4,9 +4,10 @@
 
 One jitted forward per batch of (prompt ids, completion ids) pairs, rows sorted by length and padded to a
 power-of-two bucket so a whole data set compiles a handful of programs. With ``chunk_tokens`` > 0 the
-sequence goes through the model in chunks of that many tokens with a KV cache, so the fp32 logits held at
-once are [B, chunk, V] instead of [B, T, V] (at T = 32K and V = 152K a single row's full logits would be
-20 GB). With a mesh, rows are split over the mesh's data x fsdp axes (the model's own sharding does the
+sequence goes through the model in chunks of that many tokens with a KV cache, so the activations held at
+once are those of a chunk. Either way the log-probs come from the hidden states in sequence chunks
+(vt.train.losses.token_logps), never as float32 [B, T, V] logits (at T = 32K and V = 152K a single row's
+would be 20 GB). With a mesh, rows are split over the mesh's data x fsdp axes (the model's own sharding does the
 rest); the batch size must divide by that product.
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 from flax import nnx
 
 from vt import VtError
-from vt.model.qwen2 import KVCache
+from vt.model.qwen2 import KV_CACHE_AXES, KVCache
+from vt.train.losses import masked_nll_sum, token_logps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,28 +41,26 @@ def _bucket(x: int, lo: int) -> int:
     return max(lo, 1 << max(0, x - 1).bit_length())
 
 
-def _row_nll(logits_BTV, targets_BT, mask_BT):
-    logits = logits_BTV.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    tgt = jnp.take_along_axis(logits, targets_BT[..., None], axis=-1)[..., 0]
-    nll = jnp.where(mask_BT > 0, lse - tgt, 0.0)  # where, not multiply: padded garbage cannot leak in
-    return nll.sum(-1), mask_BT.sum(-1)
+def _row_nll(model, x_BTD, targets_BT, mask_BT):
+    """(masked NLL sum, loss tokens) per row, log-probs in sequence chunks (no float32 [B, T, V] logits)."""
+    logp = token_logps(x_BTD, model.head_DV(), targets_BT, vocab_size=model.cfg.vocab_size, dtype=model.cfg.dtype)
+    return masked_nll_sum(logp, mask_BT, axis=-1)
 
 
 def _full(graphdef, state, tokens, targets, mask, segments):
     model = nnx.merge(graphdef, state)
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    logits, _ = model(tokens, positions, segments)
-    return _row_nll(logits, targets, mask)
+    x_BTD, _ = model.hidden_states(tokens, positions, segments)
+    return _row_nll(model, x_BTD, targets, mask)
 
 
 def _chunk(graphdef, state, cache, tokens, targets, mask, start):
     model = nnx.merge(graphdef, state)
     B, C = tokens.shape
     positions = start + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
-    logits, cache = model(tokens, positions, jnp.ones_like(tokens), cache=cache)
-    s, n = _row_nll(logits, targets, mask)
+    x_BTD, cache = model.hidden_states(tokens, positions, jnp.ones_like(tokens), cache=cache)
+    s, n = _row_nll(model, x_BTD, targets, mask)
     return cache, s, n
 
 
@@ -75,9 +75,9 @@ class Scorer:
             from vt.sharding import param_sharding
             mc = self.model_cfg
             self._row_sh = param_sharding(("batch", None), (cfg.batch_size, 1), mesh, "scoring.batch_size")
-            kv = param_sharding(("batch", "cache_sequence", "kv_heads", "head_dim"),
-                                (cfg.batch_size, 1, mc.num_kv_heads, mc.head_dim), mesh, "scoring KV cache")
-            self._kv_sh = KVCache(k=[kv] * mc.num_layers, v=[kv] * mc.num_layers)
+            kv = param_sharding(KV_CACHE_AXES, (mc.num_layers, cfg.batch_size, 1, mc.num_kv_heads, mc.head_dim),
+                                mesh, "scoring KV cache")
+            self._kv_sh = KVCache(k=kv, v=kv)
         self._full = jax.jit(functools.partial(_full, self.graphdef))
         self._chunk = jax.jit(functools.partial(_chunk, self.graphdef), donate_argnums=(1,))
         mc = self.model_cfg

@@ -20,16 +20,20 @@ def model_shardings(cfg: ModelConfig, mesh: Mesh):
     return state_shardings(nnx.state(abstract_model(cfg)), mesh)
 
 
-def create_model(cfg: ModelConfig, mesh: Mesh | None = None, seed: int = 0) -> Qwen2:
-    """Random-init model. With a mesh, each parameter is initialised already sharded (jit with out_shardings),
-    so no device or host ever holds the whole model."""
-    graphdef, abstract_state = nnx.split(abstract_model(cfg))
-
+def init_fn(cfg: ModelConfig, mesh: Mesh | None = None, seed: int = 0):
+    """The jitted random init of the parameter state, each parameter created in its sharding on `mesh`
+    (out_shardings). The stacked decoder weights are drawn by one op per weight kind, so this compiles in the
+    same time at any depth."""
     def init_state():
         return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed)))
 
     if mesh is None:
-        state = jax.jit(init_state)()
-    else:
-        state = jax.jit(init_state, out_shardings=state_shardings(abstract_state, mesh))()
-    return nnx.merge(graphdef, state)
+        return jax.jit(init_state)
+    return jax.jit(init_state, out_shardings=state_shardings(nnx.state(abstract_model(cfg)), mesh))
+
+
+def create_model(cfg: ModelConfig, mesh: Mesh | None = None, seed: int = 0) -> Qwen2:
+    """Random-init model. With a mesh, each parameter is initialised already sharded (jit with out_shardings),
+    so no device or host ever holds the whole model."""
+    graphdef, _ = nnx.split(abstract_model(cfg))
+    return nnx.merge(graphdef, init_fn(cfg, mesh, seed)())

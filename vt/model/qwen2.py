@@ -3,6 +3,11 @@
 Shape letters used in names: B batch, T query length, S key length (cache length when decoding), D hidden,
 N query heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP hidden, V vocab, L layers.
 
+The decoder layers are one `DecoderLayer` whose parameters carry a leading layer axis (logical name `layers`),
+run by `jax.lax.scan`: every path (training, scoring, prefill, decode) traces and compiles one layer body, so
+compile time does not grow with depth. The KV cache is stacked the same way ([L, B, S, K, H]) and carried
+through the scan; each layer writes and reads its own index of it in place.
+
 Inputs follow one convention everywhere in vt:
   tokens_BT     int32 token ids
   positions_BT  int32 rotary positions; restart at 0 for every packed document
@@ -22,39 +27,48 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vt.model.config import ModelConfig
+from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
 from vt.sharding import constrain
 
 Initializer = Callable[..., jax.Array]
 
 
-def _param(rngs: nnx.Rngs, init: Initializer, shape, axes, dtype) -> nnx.Param:
-    # `axes` names the logical axis of each dimension; vt.sharding maps them to the mesh.
+def _param(rngs: nnx.Rngs, init: Initializer, shape, axes, dtype, stack: int | None = None) -> nnx.Param:
+    """`axes` names the logical axis of each dimension; vt.sharding maps them to the mesh. `stack` = L prepends
+    the layer axis: the L layers' weights are drawn by one random op (one per weight kind, whatever the depth),
+    which keeps the jitted random init's compile time independent of depth."""
+    if stack is not None:
+        shape, axes = (stack, *shape), ("layers", *axes)
     return nnx.Param(init(rngs.params(), shape, dtype), axes=tuple(axes))
+
+
+# Logical axes of a KV cache buffer; vt.sharding maps them to the mesh (the sampler and scorer shard by them).
+KV_CACHE_AXES = ("layers", "batch", "cache_sequence", "kv_heads", "head_dim")
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class KVCache:
-    """Per-layer key/value buffers, each [B, S, K, H]. A pytree, so it can be donated to jit."""
-    k: list[jax.Array]
-    v: list[jax.Array]
+    """Keys and values of every layer, each [L, B, S, K, H] (axes `KV_CACHE_AXES`). A pytree, so it can be
+    donated to jit and carried through the layer scan."""
+    k: jax.Array
+    v: jax.Array
 
     @classmethod
     def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype=None) -> "KVCache":
         dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
-        return cls(k=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)],
-                   v=[jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)])
+        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
 
     @property
     def length(self) -> int:
-        return self.k[0].shape[1]
+        return self.k.shape[2]
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, dim: int, eps: float, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
         self.eps = eps
-        self.weight = _param(rngs, nnx.initializers.ones, (dim,), ("norm",), jnp.dtype(cfg.param_dtype))
+        self.weight = _param(rngs, nnx.initializers.ones, (dim,), ("norm",), jnp.dtype(cfg.param_dtype), stack)
 
     def __call__(self, x):
         # Statistics in fp32 whatever the compute dtype; the weight multiplies after the cast back, as in HF.
@@ -129,14 +143,26 @@ def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str, segment_ids_BT=None):
 DECODE_BLOCK = 512
 
 
-def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = DECODE_BLOCK):
+def _cache_block(buf, layer, start, block: int, dtype):
+    """Slots [start, start + block) of a cache buffer: [B, S, K, H], or layer `layer` of a stacked [L, B, S, K, H]
+    one, sliced straight out of the stack (no copy of the layer's whole cache)."""
+    if layer is None:
+        return jax.lax.dynamic_slice_in_dim(buf, start, block, axis=1).astype(dtype)
+    _, B, _, K, H = buf.shape
+    zero = jnp.zeros((), jnp.int32)
+    blk = jax.lax.dynamic_slice(buf, (layer, zero, start, zero, zero), (1, B, block, K, H))
+    return blk[0].astype(dtype)
+
+
+def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = DECODE_BLOCK, layer=None):
     """Queries at `positions_BT` against a KV cache, reading only the cache blocks up to the largest position in
     the batch, with an online softmax across blocks (as flash-decoding does). The cache is sized for the longest
     possible sample, so attending to all of it would make every decode step cost the full cache length; this
     costs the current length. The trip count is data-dependent (a while loop), so it is for the cache path only,
-    which is never differentiated. fp32 scores and accumulators; equal to `_xla_attention` up to rounding."""
+    which is never differentiated. fp32 scores and accumulators; equal to `_xla_attention` up to rounding.
+    With `layer` (a traced index), k and v are the stacked [L, B, S, K, H] cache and that layer is read."""
     B, T, N, H = q_BTNH.shape
-    S, K = k_BSKH.shape[1], k_BSKH.shape[2]
+    S, K = k_BSKH.shape[-3], k_BSKH.shape[-2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
     neg = jnp.finfo(jnp.float32).min
     n_blocks = jnp.minimum(jnp.max(positions_BT) // block + 1, S // block)
@@ -144,8 +170,8 @@ def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = 
     def one_block(i, carry):
         m_BKGT, l_BKGT, acc_BKGTH = carry
         start = i * block
-        k_blk = jax.lax.dynamic_slice_in_dim(k_BSKH, start, block, axis=1)
-        v_blk = jax.lax.dynamic_slice_in_dim(v_BSKH, start, block, axis=1)
+        k_blk = _cache_block(k_BSKH, layer, start, block, q_BTNH.dtype)
+        v_blk = _cache_block(v_BSKH, layer, start, block, q_BTNH.dtype)
         s = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_blk, preferred_element_type=jnp.float32) * scale
         visible_BTS = (start + jnp.arange(block))[None, None, :] <= positions_BT[:, :, None]
         s = jnp.where(visible_BTS[:, None, None], s, neg)
@@ -162,33 +188,38 @@ def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = 
     _, l_BKGT, acc_BKGTH = jax.lax.fori_loop(0, n_blocks, one_block, init)
     # Block 0 always holds a visible slot (positions >= 0), so l > 0.
     out_BKGTH = acc_BKGTH / l_BKGT[..., None]
-    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v_BSKH.dtype)
+    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)
 
 
-def _write_cache(buf_BSKH, new_BTKH, start_B):
-    """Write each row's new keys at its own offset (rows decode at different positions under slot refill)."""
+def _write_cache(buf_LBSKH, new_BTKH, start_B, layer):
+    """Write each row's new keys at its own offset (rows decode at different positions under slot refill) into
+    layer `layer` of the stacked cache. The buffer is the scan's carry, so the scatter updates it in place."""
     # One scatter of B*T rows rather than vmap(dynamic_update_slice): on CPU the vmapped form compiles to a
     # scatter that rewrites the whole cache every decode step (2.3x slower decode at S=384).
     B, T = new_BTKH.shape[:2]
     slots_BT = start_B[:, None] + jnp.arange(T, dtype=start_B.dtype)
-    return buf_BSKH.at[jnp.arange(B)[:, None], slots_BT].set(new_BTKH.astype(buf_BSKH.dtype), unique_indices=True)
+    return buf_LBSKH.at[layer, jnp.arange(B)[:, None], slots_BT].set(new_BTKH.astype(buf_LBSKH.dtype),
+                                                                     unique_indices=True)
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
         self.cfg = cfg
         D, N, K, H = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pd = jnp.dtype(cfg.param_dtype)
         w = nnx.initializers.normal(cfg.initializer_range)
-        self.q_kernel = _param(rngs, w, (D, N, H), ("embed", "heads", "head_dim"), pd)
-        self.q_bias = _param(rngs, nnx.initializers.zeros, (N, H), ("heads", "head_dim"), pd)
-        self.k_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd)
-        self.k_bias = _param(rngs, nnx.initializers.zeros, (K, H), ("kv_heads", "head_dim"), pd)
-        self.v_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd)
-        self.v_bias = _param(rngs, nnx.initializers.zeros, (K, H), ("kv_heads", "head_dim"), pd)
-        self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd)
+        zeros = nnx.initializers.zeros
+        self.q_kernel = _param(rngs, w, (D, N, H), ("embed", "heads", "head_dim"), pd, stack)
+        self.q_bias = _param(rngs, zeros, (N, H), ("heads", "head_dim"), pd, stack)
+        self.k_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd, stack)
+        self.k_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
+        self.v_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd, stack)
+        self.v_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
+        self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd, stack)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache_kv):
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None = None, layer=None):
+        """One layer's attention (its own, unstacked weights). With a cache, `layer` is this layer's index into
+        the stacked cache, which comes back with this step's keys and values written."""
         cfg, dt = self.cfg, x_BTD.dtype
         q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)
         k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)
@@ -196,40 +227,48 @@ class Attention(nnx.Module):
         q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
 
-        if cache_kv is None:
+        paged = isinstance(cache, PagedKVCache)
+        impl = resolve_attention_impl(cfg.attention_impl, dt, cached=cache is not None and not paged)
+        if paged:
+            # A paged cache: decode steps (T = 1) attend to the slot's pages; a longer T is a prompt prefilled
+            # from position 0 into fresh pages, which attends to itself like the no-cache path.
+            new_cache = PagedLayer(cache, layer).write(k, v, positions_BT)
+            T = x_BTD.shape[1]
+            if T == 1:
+                out_BTNH = paged_decode_attention(q, new_cache, layer, positions_BT, q.shape[-1] ** -0.5)
+            else:
+                causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
+                same_doc_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
+                out_BTNH = attention(q, k, v, causal_TT[None] & same_doc_BTT, impl, segment_ids_BT)
+        elif cache is None:
             T = x_BTD.shape[1]
             causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
             same_doc_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
-            mask_BTS = causal_TT[None] & same_doc_BTT
+            out_BTNH = attention(q, k, v, causal_TT[None] & same_doc_BTT, impl, segment_ids_BT)
             new_cache = None
         else:
-            k_cache, v_cache = cache_kv
             start_B = positions_BT[:, 0]
-            k_cache = _write_cache(k_cache, k, start_B)
-            v_cache = _write_cache(v_cache, v, start_B)
-            k, v = k_cache, v_cache
-            slots_S = jnp.arange(k_cache.shape[1])
-            mask_BTS = slots_S[None, None, :] <= positions_BT[:, :, None]
-            new_cache = (k_cache, v_cache)
-
-        impl = resolve_attention_impl(cfg.attention_impl, dt, cached=cache_kv is not None)
-        S = k.shape[1]
-        if cache_kv is not None and impl == "xla" and S >= 2 * DECODE_BLOCK and S % DECODE_BLOCK == 0:
-            out_BTNH = _cached_attention(q, k.astype(dt), v.astype(dt), positions_BT, q.shape[-1] ** -0.5)
-        else:
-            out_BTNH = attention(q, k.astype(dt), v.astype(dt), mask_BTS, impl, segment_ids_BT)
+            new_cache = KVCache(k=_write_cache(cache.k, k, start_B, layer), v=_write_cache(cache.v, v, start_B, layer))
+            S = new_cache.length
+            if impl == "xla" and S >= 2 * DECODE_BLOCK and S % DECODE_BLOCK == 0:
+                out_BTNH = _cached_attention(q, new_cache.k, new_cache.v, positions_BT, q.shape[-1] ** -0.5,
+                                             layer=layer)
+            else:
+                mask_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
+                out_BTNH = attention(q, new_cache.k[layer].astype(dt), new_cache.v[layer].astype(dt), mask_BTS, impl,
+                                     segment_ids_BT)
         out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel[...].astype(dt))
         return out_BTD, new_cache
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
         D, F = cfg.hidden_size, cfg.intermediate_size
         pd = jnp.dtype(cfg.param_dtype)
         w = nnx.initializers.normal(cfg.initializer_range)
-        self.gate_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd)
-        self.up_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd)
-        self.down_kernel = _param(rngs, w, (F, D), ("mlp", "embed"), pd)
+        self.gate_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd, stack)
+        self.up_kernel = _param(rngs, w, (D, F), ("embed", "mlp"), pd, stack)
+        self.down_kernel = _param(rngs, w, (F, D), ("mlp", "embed"), pd, stack)
 
     def __call__(self, x_BTD):
         dt = x_BTD.dtype
@@ -240,14 +279,16 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs)
-        self.mlp = MLP(cfg, rngs)
+    """One decoder layer; built with `stack` = L it holds all L layers' weights stacked (see `scan_layers`)."""
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache_kv):
-        h, new_cache = self.attn(self.input_norm(x_BTD), positions_BT, segment_ids_BT, cache_kv)
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs, stack)
+        self.attn = Attention(cfg, rngs, stack)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs, stack)
+        self.mlp = MLP(cfg, rngs, stack)
+
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None = None, layer=None):
+        h, new_cache = self.attn(self.input_norm(x_BTD), positions_BT, segment_ids_BT, cache, layer)
         x_BTD = x_BTD + h
         x_BTD = x_BTD + self.mlp(self.post_attn_norm(x_BTD))
         return constrain(x_BTD, ("batch", "sequence", "act_embed")), new_cache
@@ -268,7 +309,7 @@ class Qwen2(nnx.Module):
         Vp, D = cfg.padded_vocab_size, cfg.hidden_size
         pd = jnp.dtype(cfg.param_dtype)
         self.embed = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (Vp, D), ("vocab", "embed"), pd)
-        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = DecoderLayer(cfg, rngs, stack=cfg.num_layers)
         self.final_norm = RMSNorm(D, cfg.rms_norm_eps, cfg, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (D, Vp),
@@ -313,19 +354,34 @@ class Qwen2(nnx.Module):
         table_VD = constrain(self.embed[...], ("vocab", None))
         x_BTD = constrain(table_VD[tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
 
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-            if cfg.remat_policy != "none" and cache is None:
-                x_BTD, kv = nnx.remat(lambda lyr, *a: lyr(*a), policy=_REMAT_POLICIES[cfg.remat_policy])(
-                    layer, x_BTD, positions_BT, segment_ids_BT, None)
-            else:
-                x_BTD, kv = layer(x_BTD, positions_BT, segment_ids_BT, cache_kv)
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-
+        x_BTD, cache = scan_layers(self.layers, x_BTD, positions_BT, segment_ids_BT, cache, cfg.remat_policy)
         if logits_at_B is not None:
             x_BTD = jnp.take_along_axis(x_BTD, logits_at_B[:, None, None], axis=1)  # [B, 1, D]
         x_BTD = self.final_norm(x_BTD)
-        return x_BTD, (None if cache is None else KVCache(k=new_k, v=new_v))
+        return x_BTD, cache
+
+
+def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None,
+                remat_policy: str):
+    """Run the stacked layers in order with `jax.lax.scan`: one traced layer body whatever the depth. Without a
+    cache (training, scoring) the body is rematerialised under `remat_policy`, so the backward pass keeps only
+    each layer's input; with a cache (prefill, decode: never differentiated) the cache rides in the carry and
+    each layer updates its own index in place."""
+    graphdef, stacked = nnx.split(layers)
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+
+    def body(carry, xs):
+        x_BTD, cache = carry
+        weights, i = xs
+        x_BTD, cache = nnx.merge(graphdef, weights)(x_BTD, positions_BT, segment_ids_BT, cache, i)
+        return (x_BTD, cache), None
+
+    if cache is None and remat_policy != "none":
+        # prevent_cse=False: inside a scan the loop already keeps XLA from merging the recomputation away.
+        body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat_policy], prevent_cse=False)
+    # The roofline form of a paged decode step (PagedKVCache.static_blocks) unrolls the layers: XLA's cost
+    # analysis counts a loop body once.
+    unroll = num_layers if getattr(cache, "static_blocks", None) is not None else 1
+    (x_BTD, cache), _ = jax.lax.scan(body, (x_BTD, cache), (stacked, jnp.arange(num_layers, dtype=jnp.int32)),
+                                     unroll=unroll)
+    return x_BTD, cache

@@ -7,6 +7,13 @@ rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt
 truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
 surrogate -> the new weights pushed into the sampler in place.
 
+The learner computes on the samples' real lengths: prompt + completion rows first-fit packed into rows of the
+step's bucketed longest sample (segment ids, positions restarting per sample), and every pass (pi_old, the
+KL reference, each update) runs over micro-batches of about `train.tokens_per_micro_batch` slots with the
+gradients summed, so one long sample among hundreds of short ones neither pads them all nor grows the
+memory a pass needs. Per-token objective weights make the sums the same per-sequence (or per-token) mean
+as one padded row per sample; metrics tokens_real / tokens_computed / padding_fraction count the waste.
+
 Determinism: prompts of step s are a fixed function of (data.seed, s) and the sampler's randomness a fixed
 function of (rollout seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
@@ -23,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +43,7 @@ from vt import VtError
 from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
 from vt.rl import objectives as obj
 from vt.rl.hosts import LocalReplicas, allgather, global_rows, local_mesh, process_slice
-from vt.rl.rollouts import Scored, batch_length, build_batch, rollout_and_score
+from vt.rl.rollouts import Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
 from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
 from vt.sharding import MeshConfig, make_mesh, state_shardings
 from vt.train.metrics import MetricsWriter, model_flops_per_token, peak_flops_per_device
@@ -93,6 +101,11 @@ class RLTrain:
     eval_prompts: int = 64  # held-out prompts used per evaluation
     progress: bool = True
     peak_flops: float = 0.0  # per device, for MFU; 0 = known accelerators only
+    # The learner's forward/backward passes run on micro-batches of about this many row slots (rows x row
+    # length, over all devices; at least one row per batch shard), gradients accumulated: a fixed memory
+    # footprint whatever the step's lengths (a mini-batch's last micro-batch: the rows left; micro_batch_sizes).
+    tokens_per_micro_batch: int = 65536
+    pack_rows: bool = True  # first-fit pack samples into rows (segment ids); False: one sample per padded row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +172,8 @@ class _Learner:
             raise VtError(f"config mgpo.aggregation={cfg.mgpo.aggregation!r}: expected one of {obj.AGGREGATIONS}")
         if not cfg.data.tokenizer:
             raise VtError("config data.tokenizer must be set")
+        if cfg.train.tokens_per_micro_batch < 1:
+            raise VtError(f"config train.tokens_per_micro_batch={cfg.train.tokens_per_micro_batch}: must be >= 1")
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.records = load_records(cfg.data.train, "data.train")
         self.dropped = 0
@@ -182,10 +197,10 @@ class _Learner:
         self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
         self.ckpt = CheckpointManager(workdir / "checkpoints", cfg.checkpoint, self.model_cfg)
         r, m = cfg.rollout, cfg.mgpo
-        self.logps = make_token_logps(self.md, self.mesh, r.temperature)
+        self.logps = make_token_logps(self.md, self.mesh, r.temperature, loss_chunk=cfg.model.loss_chunk)
         self.update = make_rl_step(self.md, self.optimizer, self.schedule, self.sh, self.mesh,
                                    temperature=r.temperature, eps_low=m.eps_low, eps_high=m.eps_high,
-                                   aggregation=m.aggregation, kl_coef=m.kl_coef, is_cap=m.is_cap)
+                                   kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
         self.sampler_cfg = SamplerConfig(batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
                                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                          steps_per_call=r.steps_per_call, seed=r.seed)
@@ -259,48 +274,30 @@ class _Learner:
         total, count = allgather([scored.rewards[scored.valid].sum(), scored.valid.sum()]).sum(0)
         return float(total / count) if count else float("nan")
 
-    def advantages(self, s: Scored) -> tuple[np.ndarray, np.ndarray]:
-        m = self.cfg.mgpo
-        rewards = s.rewards
-        if m.long2short_lambda > 0:
-            from vt.rewards.shaping import long2short
-            rewards = np.asarray(long2short(np.where(s.correct, 1.0, s.rewards), s.lengths, m.long2short_lambda))
-        adv, w = obj.mgpo_advantages(rewards, s.correct, m.gamma, m.adv_eps, m.std_ddof, s.valid)
-        return np.asarray(adv), np.asarray(w)
-
     def train_on(self, state: TrainState, s: Scored) -> tuple[TrainState, dict]:
-        """`mini_batches` updates on the rows of every process's groups. Each mini-batch takes the same share of
-        every process's rows (a permutation keyed by the step); pi_old and the KL reference are scored for all
-        of them before the first update."""
+        """`mini_batches` updates on the rows of every process's groups, each on its micro-batches' summed
+        gradients; pi_old and the KL reference are scored for all of them before the first update."""
         m = self.cfg.mgpo
-        adv, w = self.advantages(s)
+        adv, w = step_advantages(s, m)
         T = int(allgather(batch_length(s, self.model_cfg.max_position_embeddings)).max())
-        host = build_batch(s, adv, self.model_cfg.max_position_embeddings, length=T)
-        sh = batch_shardings(self.mesh, list(host) + ["old_logp", "ref_logp"])
-        N = len(host["adv"])
-        if N % m.mini_batches:
-            raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide the rows of a process's groups "
-                          f"(Q*G / processes = {N})")
-        size = N // m.mini_batches
-        order = np.random.default_rng([self.cfg.rollout.seed, int(jax.device_get(state.step))]).permutation(N)
-        parts = [host if m.mini_batches == 1 else {k: v[order[i * size:(i + 1) * size]] for k, v in host.items()}
-                 for i in range(m.mini_batches)]
-        batches = [global_rows(part, sh) for part in parts]
-        for mb in batches:
-            if m.mini_batches > 1:  # later mini-batches need pi_old from before the first update
-                mb["old_logp"] = self.logps(state.params, mb)
-            if m.kl_coef:
-                mb["ref_logp"] = self.logps(self.ref_params, mb)
+        batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh)
+        model_keys = ("tokens", "targets", "positions", "segment_ids")
+        for micro in batches:
+            for mb in micro:
+                inputs = {k: mb[k] for k in model_keys}
+                if m.mini_batches > 1:  # later mini-batches need pi_old from before the first update
+                    mb["old_logp"] = self.logps(state.params, inputs)
+                if m.kl_coef:
+                    mb["ref_logp"] = self.logps(self.ref_params, inputs)
         finite = []
-        for mb in batches:
-            state, metrics = self.update(state, {k: mb[k] for k in list(ROW_KEYS) + ["adv"] if k in mb})
+        for micro in batches:
+            state, metrics = self.update(state, micro)
             finite.append(metrics["finite"])
         # Metrics describe the last mini-batch, except `finite`: any skipped (non-finite) update halts the run.
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
         metrics["w_mean"] = float(allgather(w.mean()).mean())  # every process holds as many groups
-        # Real (unpadded) tokens of the batch, all processes: what tokens/s and MFU count.
-        metrics["train_tokens"] = float(allgather(np.count_nonzero(host["segment_ids"])).sum())
+        metrics.update(tokens)  # the learner's tokens per pass: real (what tokens/s and MFU count) vs computed
         metrics["row_length"] = float(T)
         return state, metrics
 
@@ -309,7 +306,7 @@ class _Learner:
         tokens/s and MFU of the updates (6N + attention FLOPs per token, per mini-batch pass)."""
         tokens, slowest = allgather([sampled_tokens, sample_s]).T
         out = {"sample_tokens_per_s": float(tokens.sum() / max(slowest.max(), 1e-9))}
-        train_tokens = metrics.pop("train_tokens")
+        train_tokens = metrics["tokens_real"]
         T = int(metrics.pop("row_length"))
         out["train_tokens_per_s"] = train_tokens / max(train_s, 1e-9)
         if self.peak_total:
@@ -374,6 +371,79 @@ class _Learner:
         """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
         return initial_params(self.cfg.model, self.model_cfg, self.mesh) if self.cfg.model.init_checkpoint \
             else state.params
+
+
+def step_advantages(s: Scored, m: MgpoSection) -> tuple[np.ndarray, np.ndarray]:
+    """(w(q) * A_i [Q, G], w(q) [Q]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
+    rewards = s.rewards
+    if m.long2short_lambda > 0:
+        from vt.rewards.shaping import long2short
+        rewards = np.asarray(long2short(np.where(s.correct, 1.0, s.rewards), s.lengths, m.long2short_lambda))
+    adv, w = obj.mgpo_advantages(rewards, s.correct, m.gamma, m.adv_eps, m.std_ddof, s.valid)
+    return np.asarray(adv), np.asarray(w)
+
+
+def micro_batch_sizes(T: int, rows: int, tokens_per_micro_batch: int, mesh) -> list[int]:
+    """Rows each micro-batch of a mini-batch takes from this process, for `rows` rows (the most any process
+    has): full micro-batches of tokens_per_micro_batch / T rows over all processes (one shape per row length
+    T), and a last one cut to the rows left, rounded up to 1, 2, 3, 4, 6, 8, 12, ... (at most a third of it
+    padding, a few more shapes, each compiled once; none where a full micro-batch is one row per shard, as at
+    long row lengths). Multiples of `unit`, so that a global micro-batch splits evenly over the batch shards
+    (data x fsdp) and the processes."""
+    count = jax.process_count()
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    unit = math.lcm(shards, count) // count
+    full = max(1, tokens_per_micro_batch // T // count // unit) * unit
+    n = max(1, -(-rows // full))
+    units = -(-max(rows - (n - 1) * full, 1) // unit)
+    return [full] * (n - 1) + [min(full, unit * (1 if units <= 1 else bucket_length(units, lo=2)))]
+
+
+def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig, mesh
+                    ) -> tuple[list[list[dict]], list[np.ndarray], dict[str, float]]:
+    """This process's groups as `mgpo.mini_batches` mini-batches (whole groups each; with several, a
+    permutation of the groups keyed by (rollout.seed, step)), each a list of micro-batches: global arrays of
+    rows [b, T] (vt.rl.rollouts.build_rows, packed or padded as train.pack_rows says; b: micro_batch_sizes)
+    with per-token advantages and objective weights (objectives.objective_weights over the whole mini-batch,
+    all processes). Every process makes the same micro-batches of the same shapes (empty rows fill them up).
+    Returns them, each mini-batch's group indices, and the step's token counts: real (sample slots) and
+    computed (row slots), all processes, one pass."""
+    m, t = cfg.mgpo, cfg.train
+    Q, G = adv.shape
+    if Q % m.mini_batches:
+        raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide the prompt groups of a process "
+                      f"(rollout.prompts_per_step / processes = {Q}): a mini-batch keeps whole groups")
+    k = Q // m.mini_batches
+    order = np.random.default_rng([cfg.rollout.seed, step]).permutation(Q) if m.mini_batches > 1 else np.arange(Q)
+    groups = [order[i * k:(i + 1) * k] for i in range(m.mini_batches)]
+    minis = []
+    for g in groups:
+        rows = build_rows(s.select(g), T, pack=t.pack_rows)
+        rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
+        used = rows["sample"] >= 0
+        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * G)
+        minis.append((rows, completion))
+    # One collective for the whole step: each mini-batch's completion tokens, rows and real slots, per process.
+    counts = allgather(np.array([[c.sum(), len(r["tokens"]), np.count_nonzero(r["sample"] >= 0)]
+                                 for r, c in minis], np.int64))
+    completion_tokens, real = counts[..., 0].sum(0), counts[..., 2].sum()
+    sh = batch_shardings(mesh, ROW_KEYS)
+    out, computed = [], 0
+    for i, (rows, completion) in enumerate(minis):
+        weights = obj.objective_weights(completion, m.aggregation, k * G * jax.process_count(),
+                                        int(completion_tokens[i]))
+        rows["weight"] = per_token(weights, rows["sample"]) * rows["mask"]
+        micro, start = [], 0
+        for b in micro_batch_sizes(T, int(counts[:, i, 1].max()), t.tokens_per_micro_batch, mesh):
+            part = {key: rows[key][start:start + b] for key in ROW_KEYS}
+            part = {key: np.concatenate([v, np.zeros((b - len(v), T), v.dtype)]) if len(v) < b else v
+                    for key, v in part.items()}
+            micro.append(global_rows(part, sh))
+            start += b
+            computed += b * jax.process_count() * T
+        out.append(micro)
+    return out, groups, {"tokens_real": float(real), "tokens_computed": float(computed),
+                         "padding_fraction": 1.0 - float(real) / max(computed, 1)}
 
 
 def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import xlogy
 
 AGGREGATIONS = ("seq_mean", "token_mean")
@@ -61,9 +62,23 @@ def truncated_importance_weight(learner_logp, sampler_logp, cap: float) -> jax.A
     return jax.lax.stop_gradient(jnp.minimum(ratio, cap))
 
 
+def surrogate_per_token(logp, old_logp, adv, *, eps_low: float, eps_high: float, is_weight=None):
+    """Per token: min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) * is_weight_t with rho_t =
+    pi_theta(y_t) / pi_old(y_t); `adv` broadcasts against the token arrays (per row [N, 1] or per token).
+    Returns (values, ratio, clipped) where `clipped` marks the tokens the clip bound (no gradient there)."""
+    ratio = jnp.exp(logp - old_logp)
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = jnp.minimum(unclipped, clipped)
+    if is_weight is not None:
+        per_token = per_token * is_weight
+    return per_token, ratio, clipped < unclipped
+
+
 def clipped_surrogate(logp_NT, old_logp_NT, adv_N, mask_NT, *, eps_low: float, eps_high: float,
                       aggregation: str = "seq_mean", is_weight_NT=None):
-    """The clipped policy-gradient objective J (to be maximised), for N = Q*G responses of T tokens:
+    """The clipped policy-gradient objective J (to be maximised), for N = Q*G responses of T tokens, one per
+    row (the padded layout; the learner's packed rows use objective_weights for the same J):
 
         rho_t = pi_theta(y_t) / pi_old(y_t)
         J = agg( min(rho_t A, clip(rho_t, 1 - eps_low, 1 + eps_high) A) * is_weight_t )
@@ -73,20 +88,33 @@ def clipped_surrogate(logp_NT, old_logp_NT, adv_N, mask_NT, *, eps_low: float, e
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     mask = mask_NT.astype(jnp.float32)
-    ratio = jnp.exp(logp_NT - old_logp_NT)
-    adv = adv_N[:, None]
-    unclipped = ratio * adv
-    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
-    per_token = jnp.minimum(unclipped, clipped)
-    if is_weight_NT is not None:
-        per_token = per_token * is_weight_NT
+    per_token, ratio, clipped = surrogate_per_token(logp_NT, old_logp_NT, adv_N[:, None], eps_low=eps_low,
+                                                    eps_high=eps_high, is_weight=is_weight_NT)
     J = aggregate(per_token, mask, aggregation)
     n_tok = jnp.maximum(mask.sum(), 1.0)
     metrics = {
-        "clip_fraction": jnp.sum((clipped < unclipped) * mask) / n_tok,
+        "clip_fraction": jnp.sum(clipped * mask) / n_tok,
         "ratio_mean": jnp.sum(ratio * mask) / n_tok,
     }
     return J, metrics
+
+
+def objective_weights(completion_tokens_N: np.ndarray, aggregation: str, n_sequences: int, n_tokens: int
+                      ) -> np.ndarray:
+    """Each completion token's weight in J, per sequence ([N] float64), so that J = sum over the completion
+    tokens of every sequence of weight * per-token value equals `aggregate` over the padded rows, wherever
+    (packed row, micro-batch, process) the tokens are computed:
+
+        seq_mean:    1 / (n_sequences * max(|y_i|, 1))    (RECIPE's J: the mean over sequences of their mean)
+        token_mean:  1 / max(n_tokens, 1)
+
+    n_sequences and n_tokens count the whole mini-batch (every process's share), |y_i| = completion_tokens_N."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    lengths = np.asarray(completion_tokens_N, np.float64)
+    if aggregation == "seq_mean":
+        return 1.0 / (max(n_sequences, 1) * np.maximum(lengths, 1.0))
+    return np.full(lengths.shape, 1.0 / max(n_tokens, 1))
 
 
 def aggregate(per_token_NT, mask_NT, aggregation: str):

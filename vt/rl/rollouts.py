@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vt import VtError
+from vt.data.packing import pack_lengths
 from vt.data.sources import Record
 from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.sampling.engine import Engine, Request, Sample
@@ -111,33 +112,68 @@ def bucket_length(n: int, lo: int = 16) -> int:
     return b
 
 
+def sample_lengths(scored: Scored, max_len: int) -> np.ndarray:
+    """[N = Q*G] slots each sample takes in a row: prompt + completion less one (the last token is only a
+    target), cut at max_len. Samples in order q*G + g."""
+    return np.array([min(len(p) + len(s.completion_ids) - 1, max_len)
+                     for p, group in zip(scored.prompts, scored.samples) for s in group], np.int64)
+
+
 def batch_length(scored: Scored, max_len: int) -> int:
-    """The row length build_batch pads to: the longest prompt + completion (less one), bucketed, cut at max_len."""
-    longest = max(len(p) + len(s.completion_ids) - 1 for p, group in zip(scored.prompts, scored.samples) for s in group)
-    return min(bucket_length(longest), max_len)
+    """The row length: the longest sample (prompt + completion less one), bucketed, cut at max_len."""
+    return min(bucket_length(int(sample_lengths(scored, max_len).max())), max_len)
 
 
-def build_batch(scored: Scored, advantages_QG: np.ndarray, max_len: int, length: int | None = None
-                ) -> dict[str, np.ndarray]:
-    """Token rows [N = Q*G, T]: prompt + completion, right-padded. Position t predicts targets[t]; `mask` is 1
-    where that target is a completion token, and `sampler_logp` holds the sampler's log-prob of it.
-    T = `length` when given (several processes agree on one: the largest batch_length), else batch_length."""
-    rows = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
-    T = batch_length(scored, max_len) if length is None else length
-    N = len(rows)
-    out = {k: np.zeros((N, T), np.int32) for k in ("tokens", "targets", "positions", "segment_ids")}
-    out["mask"] = np.zeros((N, T), np.float32)
-    out["sampler_logp"] = np.zeros((N, T), np.float32)
-    for i, (p, s) in enumerate(rows):
+ROW_FIELDS = ("tokens", "targets", "positions", "segment_ids", "mask", "sampler_logp", "sample")
+
+
+def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, np.ndarray]:
+    """Token rows [R, T = length] holding every sample (prompt + completion) of `scored`:
+
+    pack=True   first-fit packed (vt.data.packing.pack_lengths): several samples per row, told apart by
+                segment ids 1..k, positions restarting at 0 for each; R is about the real tokens / T.
+    pack=False  padded: sample i alone in row i, right-padded (R = N).
+
+    Slot t predicts targets[t]; `mask` is 1 where that target is a completion token, `sampler_logp` holds the
+    sampler's log-prob of it, and `sample` the index (q*G + g) of the sample in the slot (-1 on padding), by
+    which per-sample values become per-token ones (`per_token`). Samples longer than T are cut (T >= the
+    batch_length of every process's samples, so none is)."""
+    pairs = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
+    T = length
+    lengths = sample_lengths(scored, T)
+    # Every sample's slots, concatenated: sample i's are flat[offsets[i]: offsets[i] + lengths[i]].
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    total = int(lengths.sum())
+    flat = {"tokens": np.zeros(total, np.int32), "targets": np.zeros(total, np.int32),
+            "mask": np.zeros(total, np.float32), "sampler_logp": np.zeros(total, np.float32)}
+    for i, (p, s) in enumerate(pairs):
         ids = np.asarray(list(p) + list(s.completion_ids), np.int32)[: T + 1]
-        n = len(ids) - 1
-        out["tokens"][i, :n] = ids[:-1]
-        out["targets"][i, :n] = ids[1:]
-        out["positions"][i, :n] = np.arange(n)
-        out["segment_ids"][i, :n] = 1
-        first = len(p) - 1  # position whose target is the first completion token
+        o, n = offsets[i], lengths[i]
+        flat["tokens"][o:o + n] = ids[:-1]
+        flat["targets"][o:o + n] = ids[1:]
+        first = len(p) - 1  # the slot whose target is the first completion token
         k = max(0, n - first)
-        out["mask"][i, first:first + k] = 1.0
-        out["sampler_logp"][i, first:first + k] = np.asarray(s.logprobs[:k], np.float32)
-    out["adv"] = np.asarray(advantages_QG, np.float32).reshape(N)
-    return out
+        flat["mask"][o + first:o + first + k] = 1.0
+        flat["sampler_logp"][o + first:o + first + k] = np.asarray(s.logprobs[:k], np.float32)
+    if pack:
+        placed = np.flatnonzero(lengths > 0)  # a sample with no slots (empty completion of a 1-token prompt)
+        layout = pack_lengths(lengths[placed], T)
+        layout["sample"] = np.where(layout["sample"] >= 0, placed[np.maximum(layout["sample"], 0)], -1)
+    else:
+        slot = np.arange(T)[None]
+        inside = slot < lengths[:, None]
+        layout = {"sample": np.where(inside, np.arange(len(pairs))[:, None], -1),
+                  "segment_ids": inside.astype(np.int32), "positions": np.where(inside, slot, 0)}
+    sample = layout["sample"].astype(np.int32)
+    used = sample >= 0
+    at = np.where(used, offsets[np.maximum(sample, 0)] + layout["positions"], 0)
+    out = {k: np.where(used, v[at] if total else 0, 0).astype(v.dtype) for k, v in flat.items()}
+    out |= {"positions": layout["positions"].astype(np.int32), "segment_ids": layout["segment_ids"].astype(np.int32),
+            "sample": sample}
+    return {k: out[k] for k in ROW_FIELDS}
+
+
+def per_token(values_N: np.ndarray, sample: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Per-sample values [N] spread over each sample's slots of `sample` (build_rows' field); 0 on padding."""
+    values = np.asarray(values_N)
+    return np.where(sample >= 0, values[np.maximum(sample, 0)] if values.size else 0, 0).astype(dtype)

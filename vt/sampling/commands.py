@@ -14,6 +14,7 @@ an error leaves an existing OUT untouched.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -44,6 +45,12 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots (concurrent samples)")
     p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
+    p.add_argument("--page-size", type=positive_int, default=16, help="tokens per KV cache page")
+    p.add_argument("--kv-pages", type=non_negative_int, default=0,
+                   help="KV pool size in pages (0: half the free device memory, at most what every slot needs)")
+    p.add_argument("--stats-json", type=Path, default=None, metavar="FILE",
+                   help="write the run's statistics (decode steps, tokens, prefill tokens, pages, preemptions, "
+                        "seconds split prefill/decode/host) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_trust_flag(p)
     p.set_defaults(func=run)
@@ -109,7 +116,7 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
     """The engine's up-front memory check, before the model loads, naming flags and input lines."""
     import numpy as np
 
-    from vt.sampling.engine import check_memory, device_memory_bytes, host_memory_bytes
+    from vt.sampling.engine import check_memory, device_memory_bytes, free_device_bytes, host_memory_bytes
     reqs = [(np.asarray(r.prompt_ids), min(r.max_new_tokens or cfg.max_new_tokens, context - len(r.prompt_ids)),
              r.n or cfg.n) for r in requests]
 
@@ -119,8 +126,8 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
             return f"--n {cfg.n} and --max-new-tokens {cfg.max_new_tokens} ({where})"
         return where
 
-    check_memory(model_cfg, cfg.batch_size, reqs, context, device_bytes=device_memory_bytes(),
-                 host_bytes=host_memory_bytes(), batch_name="--batch-size", request_name=name)
+    check_memory(model_cfg, cfg, reqs, context, device_bytes=device_memory_bytes(), host_bytes=host_memory_bytes(),
+                 free_bytes=free_device_bytes(), batch_name="--batch-size", request_name=name)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from vt.sampling.engine import Engine, SamplerConfig
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop))
+                        top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop),
+                        page_size=args.page_size, kv_pages=args.kv_pages)
     refuse_same_file(args.prompts, args.out, "--prompts", "--out")
     check_output_path(args.out, "--out")
     tokenizer = None
@@ -143,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out.absolute().parent
     if not out_dir.is_dir():
         raise VtError(f"{args.out}: directory {out_dir} does not exist")
+    if args.stats_json is not None:
+        check_output_path(args.stats_json, "--stats-json")
     _check_memory(args, cfg, model_cfg, requests, lines, context)
 
     engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
@@ -175,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         os.unlink(tmp)
         raise
     st = engine.last_stats
+    if args.stats_json is not None:
+        args.stats_json.write_text(json.dumps(dataclasses.asdict(st), indent=1) + "\n")
     print(f"wrote {total} samples to {args.out}: {st.tokens} tokens in {st.seconds:.1f}s "
           f"({st.tokens / max(st.seconds, 1e-9):.1f} tokens/s, {st.decode_steps} decode steps)", file=sys.stderr)
     return 0

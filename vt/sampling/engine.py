@@ -1,16 +1,24 @@
-"""The rollout engine: continuous-batching generation over a Qwen2 model with a KV cache.
+"""The rollout engine: continuous-batching generation over a Qwen2 model with a paged KV cache.
 
     engine = Engine(model, SamplerConfig(batch_size=64, max_new_tokens=512, temperature=1.0), mesh=mesh)
     samples = engine.generate([Request(prompt_ids=[...], n=16), ...])   # samples[i][j]: Sample
     engine.update_weights(new_state)                                    # from the learner; no retrace
 
 The host runs a scheduler; the device runs three jitted pure functions (vt.sampling.steps): `prefill`
-(prompts padded to a power-of-two length bucket and count), `insert` (copy each prefilled row into the slots
-of that prompt's n samples and draw their first tokens) and `decode` (a `lax.while_loop` over up to
-`steps_per_call` steps that returns early once enough slots are free to refill). Cache and slot state are
-donated. Shapes are bucketed (prompt length and prefill count to powers of two, the cache length to powers
-of two and their 1.5x, the insert count fixed at the batch size), so a workload compiles a handful of programs
-once and no request recompiles; `engine.compile_count` counts traces.
+(prompts padded to a power-of-two length bucket and count, written straight into their pages), `insert`
+(start the slots of that prompt's n samples, which share its full pages, and draw their first tokens) and
+`decode` (a `lax.while_loop` over up to `steps_per_call` steps that returns early once enough slots are free
+to refill). Cache and slot state are donated. Shapes are bucketed (prompt length and prefill count to powers
+of two, the page table length to the pages of a power of two or its 1.5x, the insert count fixed at the batch
+size), so a workload compiles a handful of programs once and no request recompiles; `engine.compile_count`
+counts traces.
+
+KV memory: one pool of `page_size`-token pages (vt.sampling.pages); a sample holds pages for the tokens it
+has plus the next decode call's, and returns them when it ends. Before each decode call the running samples
+get their pages first; when the pool is short the call runs fewer steps, and when not even one step fits the
+youngest sample is preempted (its pages freed, it restarts from its prompt later). Waiting samples are
+admitted only into pages left over. Since a sample's tokens depend only on its keys, none of this changes
+any result: samples are the same for every page size, pool size and batch size.
 
 Randomness: sample j of request i draws its t-th token with fold_in(fold_in(fold_in(key(seed), i), j), t),
 so results depend only on (seed, request, sample), not on batch size, slot assignment, refill or sharding.
@@ -29,11 +37,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vt import VtError
-from vt.model.qwen2 import KVCache
+from vt.model.paged import PagedKVCache
 from vt.sampling import steps
+from vt.sampling.pages import PagePool, PageTables, pages_for, pool_pages, prompt_need, prompt_pages
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
 from vt.sharding import param_sharding, state_shardings, use_mesh
@@ -57,10 +66,18 @@ class SamplerConfig:
     prefill_tokens: int = 8192  # most (padded prompts x bucket length) per prefill call
     min_prompt_bucket: int = 16
     min_prefill_rows: int = 8  # prefill batches are padded to a power of two >= this: fewer programs to compile
+    page_size: int = 16  # tokens per KV page
+    kv_pages: int = 0  # KV pool size in pages; 0: kv_memory_fraction of the free device memory
+    kv_memory_fraction: float = 0.5  # never more pages than every slot at its longest (without memory stats: that)
 
     def __post_init__(self):
+        if not 0.0 < self.kv_memory_fraction <= 1.0:
+            raise VtError("sampler config: field 'kv_memory_fraction' must be in (0, 1], got "
+                          f"{self.kv_memory_fraction}")
+        if self.kv_pages < 0:
+            raise VtError(f"sampler config: field 'kv_pages' must be >= 0, got {self.kv_pages}")
         for name in ("batch_size", "max_new_tokens", "n", "steps_per_call", "prefill_tokens", "min_prompt_bucket",
-                     "min_prefill_rows"):
+                     "min_prefill_rows", "page_size"):
             if getattr(self, name) < 1:
                 raise VtError(f"sampler config: field '{name}' must be >= 1, got {getattr(self, name)}")
         if self.stop_strings and any(not s for s in self.stop_strings):
@@ -88,8 +105,24 @@ class Stats:
     decode_steps: int = 0  # batched decode steps (each advances all B slots by one token)
     decode_calls: int = 0  # host round trips into the decode loop
     prefill_calls: int = 0
+    prefill_tokens: int = 0  # prompt tokens prefilled (a preempted sample's prompt counts again)
     tokens: int = 0  # completion tokens returned
+    pool_pages: int = 0  # KV pool size (pages of page_size tokens)
+    peak_pages: int = 0  # most pool pages in use at once
+    peak_pages_needed: int = 0  # most pages the live tokens needed at once (shared pages once, no lookahead)
+    page_bytes: int = 0  # bytes of one page over all layers, K and V
+    preemptions: int = 0  # samples evicted to free pages (restarted later from their prompt)
     seconds: float = 0.0
+    prefill_seconds: float = 0.0  # prefill and insert, to their first tokens on the host
+    decode_seconds: float = 0.0  # decode calls, to their outputs on the host
+    host_seconds: float = 0.0  # the rest: scheduling, page tables, stop strings, results
+
+    def add(self, other: "Stats") -> None:
+        """Accumulate another call's statistics (sizes and peaks as maxima, the rest as sums)."""
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, max(a, b) if f.name in ("pool_pages", "peak_pages", "peak_pages_needed",
+                                                          "page_bytes") else a + b)
 
 
 def _bucket(x: int, lo: int = 1) -> int:
@@ -132,22 +165,46 @@ def device_memory_bytes(mesh: Mesh | None = None) -> int:
     return sum(limits) if all(limits) else host_memory_bytes()  # a backend that does not report it
 
 
-def check_memory(mc, batch_size: int, reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int, *,
-                 device_bytes: int, host_bytes: int, batch_name: str = "sampler batch_size",
-                 request_name: Callable[[int], str] = lambda i: f"request {i}") -> None:
-    """VtError, before anything is allocated, for work that cannot fit: the KV cache and slot state of
-    ``batch_size`` decode slots over the cache length these requests need (device memory), or the samples and
-    tokens generate() holds until it returns (host memory). ``reqs``: (prompt, max_new_tokens, n) per request,
-    as Engine.check returns them. The errors name ``batch_name`` or the request at fault."""
+def free_device_bytes(mesh: Mesh | None = None) -> int | None:
+    """Free memory of the devices the KV pool is split over (its tensor axis), or None where the backend does not
+    report it (CPU): the pool is then sized for the worst case."""
+    stats = jax.local_devices()[0].memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    return free * (mesh.shape.get("tensor", 1) if mesh is not None else 1)  # the pool is split over tensor only
+
+
+def kv_pool_plan(mc, cfg: "SamplerConfig", reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int,
+                 free_bytes: int | None) -> tuple[int, int, int]:
+    """(page table width M, bytes of one page over all layers with K and V, pages in the pool) for these requests:
+    one home for the sizes the scheduler allocates and the up-front memory check refuses."""
+    M = pages_for(_cache_length(reqs, max_context), cfg.page_size)
+    page_bytes = 2 * mc.num_layers * mc.num_kv_heads * cfg.page_size * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    pool = pool_pages(cfg.kv_pages, cfg.kv_memory_fraction, page_bytes, cfg.batch_size * M, free_bytes)
+    return M, page_bytes, pool
+
+
+def check_memory(mc, cfg: "SamplerConfig", reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int, *,
+                 device_bytes: int, host_bytes: int, free_bytes: int | None = None,
+                 batch_name: str = "sampler batch_size", request_name: Callable[[int], str] = lambda i: f"request {i}"
+                 ) -> None:
+    """VtError, before anything is allocated, for work that cannot fit: the KV page pool these requests get
+    (kv_pool_plan: the worst case where free memory is not reported) plus the slots' page tables and per-call
+    outputs (device memory), or the samples and tokens generate() holds until it returns (host memory).
+    ``reqs``: (prompt, max_new_tokens, n) per request, as Engine.check returns them. The errors name
+    ``batch_name`` (or kv_pages when that sized the pool) or the request at fault."""
     if not reqs:
         return
-    S = _cache_length(reqs, max_context)
-    itemsize = jnp.dtype(mc.dtype).itemsize
-    cache = 2 * mc.num_layers * batch_size * S * mc.num_kv_heads * mc.head_dim * itemsize
-    slots = batch_size * S * 8  # tokens (int32) and log-probs (float32) per slot and position
-    if cache + slots > device_bytes:
-        raise VtError(f"{batch_name} {batch_size}: the KV cache for {batch_size} slots x {S} positions needs "
-                      f"{_human(cache + slots)}, more than the {_human(device_bytes)} of device memory; lower it")
+    B = cfg.batch_size
+    M, page_bytes, pool = kv_pool_plan(mc, cfg, reqs, max_context, free_bytes)
+    need = pool * page_bytes + B * M * 4 + B * cfg.steps_per_call * 8
+    if need > device_bytes:
+        what = (f"sampler config kv_pages {cfg.kv_pages}" if cfg.kv_pages else
+                f"{batch_name} {B}")
+        raise VtError(f"{what}: the KV cache ({pool} pages: {B} slots x {M} pages of {cfg.page_size} tokens at most) "
+                      f"and slot state need {_human(need)}, more than the {_human(device_bytes)} of device memory; "
+                      "lower it")
     per_request = [n * (HOST_BYTES_PER_SAMPLE + HOST_BYTES_PER_TOKEN * mn) for _, mn, n in reqs]
     if sum(per_request) > host_bytes:
         i = int(np.argmax(per_request))
@@ -183,29 +240,37 @@ def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarr
 
 
 class _Programs:
-    """The jitted device functions of one (model structure, batch size, mesh, sampling rule)."""
+    """The jitted device functions of one (model structure, batch size, mesh, sampling rule, steps per call)."""
 
-    def __init__(self, graphdef, mc, B: int, mesh: Mesh | None, params: SamplingParams, stop_ids: tuple[int, ...]):
+    def __init__(self, graphdef, mc, B: int, mesh: Mesh | None, params: SamplingParams, stop_ids: tuple[int, ...],
+                 steps_per_call: int):
         self.traces = 0
-        sh = None
+        out = lambda s: {}  # noqa: E731
         if mesh is not None:
+            # The pool is split over KV heads (tensor) and replicated over the batch axes: any slot may own any
+            # page. Page tables and slot state are split over slots, as the decode batch is.
             vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
             row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
-            kv = param_sharding(("batch", "cache_sequence", "kv_heads", "head_dim"),
-                                (B, 1, mc.num_kv_heads, mc.head_dim), mesh, "KV cache (batch_size, kv_heads)")
-            slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec,
-                                   key=row, tokens=row, logprobs=row)
-            sh = (KVCache(k=[kv] * mc.num_layers, v=[kv] * mc.num_layers), slots_sh)
-        out = lambda s: {} if mesh is None else dict(out_shardings=s)  # noqa: E731
+            pool = param_sharding((None, "kv_heads", None, None, None), (mc.num_layers, mc.num_kv_heads, 1, 1,
+                                                                         mc.head_dim), mesh, "KV page pool")
+            rep = NamedSharding(mesh, PartitionSpec())
+            slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec, key=row)
+            cache_sh = lambda table: PagedKVCache(k=pool, v=pool, page_table=table)  # noqa: E731
+            out = lambda s: dict(out_shardings=s)  # noqa: E731
         rule = dict(params=params, stop_ids=stop_ids)
-        self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)))
+        self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)), donate_argnums=1,
+                               **out(mesh and (rep, cache_sh(rep))))
         self.insert = jax.jit(self._counted(functools.partial(steps.insert, **rule)), donate_argnums=(0, 1),
-                              **out(sh))
-        self.decode = jax.jit(self._counted(functools.partial(steps.decode, graphdef, **rule)), donate_argnums=(1, 2),
-                              **out(sh and (*sh, None)))
-        self.deactivate = jax.jit(self._counted(steps.deactivate), donate_argnums=0, **out(sh and sh[1]))
-        self.zeros = jax.jit(self._counted(lambda S: (KVCache.zeros(mc, B, S), steps.Slots.zeros(B, S))),
-                             static_argnums=0, **out(sh))
+                              **out(mesh and (cache_sh(rep), slots_sh, rep, rep)))
+        self.decode = jax.jit(self._counted(functools.partial(steps.decode, graphdef, steps_per_call=steps_per_call,
+                                                              **rule)), donate_argnums=(1, 2),
+                              **out(mesh and (cache_sh(row), slots_sh, rep, rep, rep)))
+        self.deactivate = jax.jit(self._counted(steps.deactivate), donate_argnums=0, **out(mesh and slots_sh))
+        self.take = jax.jit(self._counted(lambda s, rows: jax.tree.map(lambda x: x[rows], s)),
+                            **out(mesh and slots_sh))
+        self.zeros = jax.jit(self._counted(lambda n_pages, page_size: (
+            PagedKVCache.zeros(mc, n_pages, page_size, jnp.zeros((1, 1), jnp.int32)), steps.Slots.zeros(B))),
+            static_argnums=(0, 1), **out(mesh and (cache_sh(rep), slots_sh)))
 
     def _counted(self, fn):
         def traced(*args, **kwargs):
@@ -232,7 +297,7 @@ class Engine:
         self._calls = 0
         self._param_sh = None if mesh is None else state_shardings(state, mesh)
         self.graphdef, self.state = graphdef, self._place(state)
-        self._p = _programs(graphdef, mc, cfg.batch_size, mesh, self.params, self.stop_ids)
+        self._p = _programs(graphdef, mc, cfg.batch_size, mesh, self.params, self.stop_ids, cfg.steps_per_call)
 
     @property
     def compile_count(self) -> int:
@@ -275,117 +340,251 @@ class Engine:
         first_request: the index of requests[0] in a larger batch split over processes; sample j of request i
         draws as request first_request + i would, so a split batch samples what the whole one would."""
         reqs = self.check(requests)
-        check_memory(self.model_cfg, self.cfg.batch_size, reqs, self.max_context,
-                     device_bytes=device_memory_bytes(self.mesh), host_bytes=host_memory_bytes())
+        check_memory(self.model_cfg, self.cfg, reqs, self.max_context, device_bytes=device_memory_bytes(self.mesh),
+                     host_bytes=host_memory_bytes(), free_bytes=free_device_bytes(self.mesh))
         if seed is None:
             seed, self._calls = self.cfg.seed + self._calls, self._calls + 1
         t0, self.last_stats = time.perf_counter(), Stats()
         results: list[list[Sample | None]] = [[None] * n for _, _, n in reqs]
         if not reqs:
             return []
-        B = self.cfg.batch_size
-        S = _cache_length(reqs, self.max_context)
-        queue = collections.deque((i, j) for i, (_, _, n) in enumerate(reqs) for j in range(n))
-        owner: list[tuple[int, int] | None] = [None] * B
-        seen = np.zeros(B, np.int64)  # generated count at the last stop-string check
-        min_free = self.cfg.refill_min_free or max(1, B // 8)
+        run = _Run(self, reqs, jax.random.PRNGKey(seed), first_request)
         with self._ctx():
-            cache, slots = self._p.zeros(S)
-            base_key = jax.random.PRNGKey(seed)
-            while queue or any(o is not None for o in owner):
-                free = [b for b in range(B) if owner[b] is None]
-                if queue and free and (self.cfg.refill or len(free) == B):
-                    units = [queue.popleft() for _ in range(min(len(free), len(queue)))]
-                    cache, slots = self._admit(cache, slots, units, free, reqs, base_key, first_request)
-                    for u, b in zip(units, free):
-                        owner[b] = u
-                want = min(len(queue), min_free) if (queue and self.cfg.refill) else B
-                cache, slots, n_steps = self._p.decode(self.state, cache, slots, jnp.int32(self.cfg.steps_per_call),
-                                                     jnp.int32(want))
-                active, count, stopped, n_steps = jax.device_get((slots.active, slots.count, slots.stopped, n_steps))
-                self.last_stats.decode_steps += int(n_steps)
-                self.last_stats.decode_calls += 1
-                owned = [b for b in range(B) if owner[b] is not None]
-                done = [b for b in owned if not active[b]]
-                cut = self._stop_strings(slots, owned, owner, count, seen, reqs) if self.cfg.stop_strings else {}
-                newly = [b for b in cut if active[b]]
-                if newly:
-                    slots = self._p.deactivate(slots, jnp.asarray(np.isin(np.arange(B), newly)))
-                    done += newly
-                if done:
-                    tokens, logprobs = jax.device_get((slots.tokens, slots.logprobs))
-                    for b in done:
-                        i, j = owner[b]
-                        L, n = len(reqs[i][0]), count[b]
-                        results[i][j] = self._sample(tokens[b, L:L + n], logprobs[b, L:L + n], stopped[b], cut.get(b))
-                        self.last_stats.tokens += len(results[i][j].completion_ids)
-                        owner[b], seen[b] = None, 0
-                    if progress is not None:
-                        progress(len(done))
-        self.last_stats.seconds = time.perf_counter() - t0
-        for f in dataclasses.fields(Stats):
-            setattr(self.stats, f.name, getattr(self.stats, f.name) + getattr(self.last_stats, f.name))
+            run.loop(results, progress)
+        st = self.last_stats
+        st.seconds = time.perf_counter() - t0
+        st.host_seconds = st.seconds - st.prefill_seconds - st.decode_seconds
+        self.stats.add(st)
         return results
 
     def _text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _stop_strings(self, slots, owned, owner, count, seen, reqs) -> dict[int, tuple[int, str]]:
+    def _stop_strings(self, owned, owner, toks, seen) -> dict[int, tuple[int, str]]:
         """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string."""
-        fresh = [b for b in owned if count[b] > seen[b]]
-        tokens = np.asarray(slots.tokens) if fresh else None
         cut = {}
-        for b in fresh:
-            seen[b] = count[b]
-            L = len(reqs[owner[b][0]][0])
-            hit = find_stop_string(tokens[b, L:L + count[b]].tolist(), self._text, self.cfg.stop_strings)
-            if hit:
-                cut[b] = hit
+        for b in owned:
+            if len(toks[b]) > seen[b]:
+                seen[b] = len(toks[b])
+                hit = find_stop_string(toks[b], self._text, self.cfg.stop_strings)
+                if hit:
+                    cut[b] = hit
         return cut
 
-    def _sample(self, ids, logprobs, stopped: bool, cut: tuple[int, str] | None) -> Sample:
-        ids, logprobs = ids.tolist(), logprobs.tolist()
+    def _sample(self, ids: list[int], logprobs: list[float], stopped: bool, cut: tuple[int, str] | None) -> Sample:
         if cut is not None:
             m, text = cut
             return Sample(ids[:m], logprobs[:m], "stop", text)
         return Sample(ids, logprobs, "stop" if stopped else "length",
                       self._text(ids) if self.tokenizer is not None else None)
 
-    def _admit(self, cache, slots, units, free, reqs, base_key, first_request: int = 0):
-        """Prefill the distinct prompts of `units` (in groups of at most `prefill_tokens` padded tokens) and
-        insert each unit into its slot."""
-        B = self.cfg.batch_size
+
+class _Run:
+    """The scheduler of one `generate` call: the queue, the slots, their pages, the device state."""
+
+    def __init__(self, eng: Engine, reqs, base_key, first_request: int):
+        self.eng, self.reqs, self.base_key, self.first_request = eng, reqs, base_key, first_request
+        cfg, mc = eng.cfg, eng.model_cfg
+        self.B, self.Z, self.U = cfg.batch_size, cfg.page_size, cfg.steps_per_call
+        # Page table width M: pages of the longest sample's length bucket.
+        self.M, page_bytes, n_pages = kv_pool_plan(mc, cfg, reqs, eng.max_context, free_device_bytes(eng.mesh))
+        for i, (p, mn, _) in enumerate(reqs):
+            if pages_for(len(p) + mn, self.Z) > n_pages:
+                raise VtError(f"request {i}: {len(p)} + {mn} tokens need {pages_for(len(p) + mn, self.Z)} KV pages of "
+                              f"{self.Z} tokens; the pool holds {n_pages} (sampler config kv_pages / "
+                              "kv_memory_fraction)")
+        self.pool = PagePool(n_pages)
+        self.tables = PageTables(self.pool, self.B, self.M, self.Z)
+        st = eng.last_stats
+        st.pool_pages, st.page_bytes = n_pages, page_bytes
+        self.queue = collections.deque((i, j) for i, (_, _, n) in enumerate(reqs) for j in range(n))
+        self.owner: list[tuple[int, int] | None] = [None] * self.B
+        self.toks: list[list[int]] = [[] for _ in range(self.B)]
+        self.lps: list[list[float]] = [[] for _ in range(self.B)]
+        self.born = [0] * self.B  # admission serial: the youngest sample is preempted first
+        self.serial = 0
+        self.seen = [0] * self.B  # generated count at the last stop-string check
+        # the decode batch never shrinks below a multiple of the mesh's batch axes (its slots are split there)
+        self.min_batch = 1 if eng.mesh is None else int(np.prod([eng.mesh.shape[a] for a in ("data", "fsdp")
+                                                                 if a in eng.mesh.shape]))
+        self.cache, self.slots = eng._p.zeros(n_pages, self.Z)
+
+    def _limit(self, b: int, steps: int) -> int:
+        """Tokens slot b's pages must hold to run `steps` more steps (its K/V positions end at L + max_new - 2)."""
+        L, mn = len(self.reqs[self.owner[b][0]][0]), self.reqs[self.owner[b][0]][1]
+        return min(L + len(self.toks[b]) - 1 + steps, L + mn - 1)
+
+    def _preempt(self, b: int) -> None:
+        self.queue.appendleft(self.owner[b])  # older preempted samples end up in front: request order kept
+        self.tables.free(b)
+        self.owner[b], self.toks[b], self.lps[b] = None, [], []
+        self.eng.last_stats.preemptions += 1
+
+    def _pages_for_next_call(self) -> int:
+        """Give every running slot pages for the next call and return its step count: the full steps_per_call
+        when the pool allows, else fewer; when not even one step fits, preempt the youngest sample."""
+        while True:
+            running = [b for b in range(self.B) if self.owner[b] is not None]
+            if not running:
+                return self.U
+            for steps in (self.U, *[s for s in (self.Z, 1) if s < self.U]):
+                if sum(self.tables.missing(b, self._limit(b, steps)) for b in running) <= self.pool.free:
+                    for b in running:
+                        self.tables.grow(b, self._limit(b, steps))
+                    return steps
+            self._preempt(max(running, key=lambda b: self.born[b]))
+
+    def _take_units(self, free: list[int], steps: int) -> list[tuple[int, int]]:
+        """Queued samples to admit now, in queue order, as many as free slots and pages allow (the rest wait).
+        Each needs its prompt's pages (shared with the other samples of its prompt admitted with it, plus a
+        copy of a partly filled last page) and pages for the next call's steps."""
+        units, budget, seen = [], self.pool.free, set()
+        while self.queue and len(units) < len(free):
+            i, j = self.queue[0]
+            p, mn, _ = self.reqs[i]
+            L = len(p)
+            extra = pages_for(min(L + steps, L + mn - 1), self.Z) - pages_for(L, self.Z)
+            cost = max(0, extra) + (prompt_need(L, 2, self.Z) - pages_for(L, self.Z) if i in seen
+                                    else pages_for(L, self.Z))
+            if cost > budget:
+                break
+            budget -= cost
+            seen.add(i)
+            units.append(self.queue.popleft())
+        return units
+
+    def loop(self, results, progress) -> None:
+        eng, st = self.eng, self.eng.last_stats
+        while self.queue or any(o is not None for o in self.owner):
+            self._shrink()
+            B, seen = self.B, self.seen
+            min_free = eng.cfg.refill_min_free or max(1, B // 8)
+            steps = self._pages_for_next_call()
+            free = [b for b in range(B) if self.owner[b] is None]
+            if self.queue and free and (eng.cfg.refill or len(free) == B):
+                units = self._take_units(free, steps)
+                if not units and len(free) == B:
+                    raise VtError("sampler: internal error: the KV pool cannot hold a single waiting sample")
+                if units:
+                    self._admit(units, free[:len(units)], steps)
+            idle = sum(o is None for o in self.owner)  # > 0 with a queue: admission waits for pages
+            # Run until enough slots are free to be worth a refill; when samples wait for pages, until one more
+            # sample ends (its pages come back), so each call makes progress.
+            want = (idle + max(1, min(len(self.queue), min_free)) if (self.queue and eng.cfg.refill) else B)
+            t = time.perf_counter()
+            cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.tables.table))
+            self.cache, self.slots, n_steps, tok_UB, lp_UB = eng._p.decode(
+                eng.state, cache, self.slots, jnp.int32(steps), jnp.int32(want))
+            active, stopped, n_steps, tok_UB, lp_UB = jax.device_get(
+                (self.slots.active, self.slots.stopped, n_steps, tok_UB, lp_UB))
+            st.decode_seconds += time.perf_counter() - t
+            st.decode_steps += int(n_steps)
+            st.decode_calls += 1
+            owned = [b for b in range(B) if self.owner[b] is not None]
+            for b in owned:
+                got = tok_UB[:n_steps, b] >= 0
+                self.toks[b] += tok_UB[:n_steps, b][got].tolist()
+                self.lps[b] += lp_UB[:n_steps, b][got].tolist()
+            self._note_live(owned)
+            done = [b for b in owned if not active[b]]
+            cut = eng._stop_strings(owned, self.owner, self.toks, seen) if eng.cfg.stop_strings else {}
+            newly = [b for b in cut if active[b]]
+            if newly:
+                self.slots = eng._p.deactivate(self.slots, jnp.asarray(np.isin(np.arange(B), newly)))
+                done += newly
+            for b in done:
+                i, j = self.owner[b]
+                results[i][j] = eng._sample(self.toks[b], self.lps[b], bool(stopped[b]), cut.get(b))
+                st.tokens += len(results[i][j].completion_ids)
+                self.tables.free(b)
+                self.owner[b], self.toks[b], self.lps[b], seen[b] = None, [], [], 0
+            if done and progress is not None:
+                progress(len(done))
+        st.peak_pages = self.pool.peak_in_use
+        st.peak_pages_needed = self.tables.peak_needed
+
+    def _note_live(self, owned) -> None:
+        """Track the pages the live tokens need (each shared page once), to compare with the pages in use."""
+        if not owned:
+            return
+        held = [self.tables.table[b, :pages_for(len(self.reqs[self.owner[b][0]][0]) + len(self.toks[b]) - 1,
+                                                self.Z)] for b in owned]
+        self.tables.note_live(len(np.unique(np.concatenate(held))))
+
+    def _shrink(self) -> None:
+        """Once nothing waits and at most half the slots are busy, move the busy ones into a batch of the next
+        power of two: a long tail then decodes at the batch it has, not at the batch it started with. The
+        pages stay where they are (only page-table rows move), and since keys follow samples, not slots,
+        nothing else changes."""
+        if self.queue:
+            return
+        busy = [b for b in range(self.B) if self.owner[b] is not None]
+        target = max(_bucket(len(busy)), self.min_batch)
+        if target >= self.B or self.B % target:
+            return
+        rows = busy + [b for b in range(self.B) if self.owner[b] is None][:target - len(busy)]
+        self.slots = self.eng._p.take(self.slots, jnp.asarray(rows, jnp.int32))
+        self.tables.take(rows)
+        self.owner, self.toks, self.lps, self.born, self.seen = (
+            [x[b] for b in rows] for x in (self.owner, self.toks, self.lps, self.born, self.seen))
+        self.B = target
+
+    def _admit(self, units, slots_for, steps: int) -> None:
+        """Prefill the distinct prompts of `units` (in groups of at most `prefill_tokens` padded tokens) into
+        fresh pages, start each unit in its slot (sharing its prompt's full pages) and give it pages for the
+        next call."""
+        eng, B, reqs, st = self.eng, self.B, self.reqs, self.eng.last_stats
+        t = time.perf_counter()
         by_req = collections.defaultdict(list)
-        for u, b in zip(units, free):
+        for u, b in zip(units, slots_for):
             by_req[u[0]].append((u[1], b))
-        rows = lambda n: min(_bucket(n, self.cfg.min_prefill_rows), _bucket(B))  # noqa: E731
+        rows = lambda n: min(_bucket(n, eng.cfg.min_prefill_rows), _bucket(B))  # noqa: E731
         groups, group, longest = [], [], 0
         for i in by_req:
             longest = max(longest, len(reqs[i][0]))
-            if group and rows(len(group) + 1) * _bucket(longest, self.cfg.min_prompt_bucket) > self.cfg.prefill_tokens:
+            if group and rows(len(group) + 1) * _bucket(longest, eng.cfg.min_prompt_bucket) > eng.cfg.prefill_tokens:
                 groups.append(group)
                 group, longest = [], len(reqs[i][0])
             group.append(i)
         groups.append(group)
-        S = slots.tokens.shape[1]
+        S = self.M * self.Z
+        unowned = self.pool.num_pages
         for group in groups:
             P = rows(len(group))
-            T = min(_bucket(max(len(reqs[i][0]) for i in group), self.cfg.min_prompt_bucket), S)
+            T = min(_bucket(max(len(reqs[i][0]) for i in group), eng.cfg.min_prompt_bucket), S)
             toks = np.zeros((P, T), np.int32)
             lens = np.ones(P, np.int32)
+            table = np.full((P, pages_for(T, self.Z)), unowned, np.int32)
+            starts, copies = {}, []
             for p, i in enumerate(group):
-                toks[p, :len(reqs[i][0])] = reqs[i][0]
-                lens[p] = len(reqs[i][0])
-            logits, small = self._p.prefill(self.state, jnp.asarray(toks), jnp.asarray(lens))
-            units = [(p, i, j, b) for p, i in enumerate(group) for j, b in by_req[i]]
+                L = len(reqs[i][0])
+                toks[p, :L], lens[p] = reqs[i][0], L
+                own, per_sample, cp = prompt_pages(self.pool, L, len(by_req[i]), self.Z)
+                table[p, :len(own)] = own
+                starts[i] = per_sample
+                copies += cp
+                st.prefill_tokens += L
+            cache = dataclasses.replace(self.cache, page_table=jnp.asarray(table))
+            logits, self.cache = eng._p.prefill(eng.state, cache, jnp.asarray(toks), jnp.asarray(lens))
+            placed = [(p, i, j, b, k) for p, i in enumerate(group) for k, (j, b) in enumerate(by_req[i])]
             Q = B  # one insert program per prefill shape; padding rows are dropped
             src, dst, qlen, qmax = (np.zeros(Q, np.int32), np.full(Q, B, np.int32), np.zeros(Q, np.int32),
                                     np.ones(Q, np.int32))
             ids = np.zeros((Q, 2), np.int32)
-            for q, (p, i, j, b) in enumerate(units):
-                src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (first_request + i, j)
-            cache, slots = self._p.insert(cache, slots, small, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)),
-                                        base_key)
-            self.last_stats.prefill_calls += 1
-        return cache, slots
-
+            csrc, cdst = np.zeros(Q, np.int32), np.full(Q, unowned, np.int32)  # at most one copy per sample
+            for c, (a, z) in enumerate(copies):
+                csrc[c], cdst[c] = a, z
+            for q, (p, i, j, b, _) in enumerate(placed):
+                src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (self.first_request + i, j)
+            self.cache, self.slots, tok_Q, lp_Q = eng._p.insert(
+                self.cache, self.slots, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)), self.base_key,
+                jnp.asarray(csrc), jnp.asarray(cdst))
+            tok_Q, lp_Q = jax.device_get((tok_Q, lp_Q))
+            for q, (p, i, j, b, k) in enumerate(placed):
+                self.owner[b], self.born[b] = (i, j), self.serial
+                self.serial += 1
+                self.tables.assign(b, starts[i][k])
+                self.toks[b], self.lps[b] = [int(tok_Q[q])], [float(lp_Q[q])]
+                self.tables.grow(b, self._limit(b, steps))
+            st.prefill_calls += 1
+        st.prefill_seconds += time.perf_counter() - t

@@ -1,34 +1,83 @@
-"""Token-level losses: pure functions of logits, targets and masks.
+"""Token-level losses: pure functions of final hidden states, the LM head, targets and masks.
 
 Normalisation is per token over the global batch: for the micro-batches m of one optimiser step,
     loss = sum_m sum_{b,t} mask[m,b,t] * nll[m,b,t]  /  max(1, sum_m sum_{b,t} mask[m,b,t])
 so every supervised token weighs the same whatever row, document or micro-batch it sits in (a packed row
 with many short answers counts as much as their unpacked rows would).
+
+Log-probs are computed in chunks of the sequence, never as float32 logits [B, T, V]: at coder-3b (V = 152K)
+one 4096-token row's logits alone are 2.5 GB, and autodiff would keep them (and their softmax) for the backward
+pass. `token_logps` scans over chunks of `chunk` positions with the chunk body under `jax.checkpoint`, so the
+forward holds one chunk's logits [B, chunk, V] at a time and the backward recomputes them chunk by chunk.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from vt.sharding import constrain
 
-def token_nll(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
-    """-log softmax(logits)[target] per position, in fp32: logsumexp(logits) - logits[target]."""
-    logits = logits_BTV.astype(jnp.float32)
-    lse_BT = jax.nn.logsumexp(logits, axis=-1)
-    target_logit_BT = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return lse_BT - target_logit_BT
+# Sequence positions per chunk. The live float32 logits of one chunk are B x chunk x V x 4 bytes: 1.2 GB for 4
+# rows at coder-3b's vocabulary, while B x chunk rows still keep the head matmul large enough to run at speed.
+DEFAULT_LOSS_CHUNK = 512
 
 
-def masked_nll_sum(logits_BTV: jax.Array, targets_BT: jax.Array, mask_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(sum of mask * nll, sum of mask). Masked positions contribute exactly 0, even if their logits are
-    garbage (jnp.where, not a multiply, so an inf/NaN at a padded position cannot leak into the sum)."""
+def token_logps(x_BTD: jax.Array, head_DV: jax.Array, targets_BT: jax.Array, *, vocab_size: int, dtype,
+                temperature: float = 1.0, chunk: int = DEFAULT_LOSS_CHUNK,
+                with_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """log softmax(x @ head / temperature)[target] per position, float32 [B, T]; with `with_entropy`, also the
+    entropy of that distribution per position (float32 [B, T], no gradient: a metric).
+
+    The logits are those of `Qwen2.logits` (matmul in `dtype` with float32 accumulation), divided by
+    `temperature` unless it is 0 or 1 (RL scores the distribution it sampled from; 0 means greedy sampling).
+    Padded vocabulary rows of the head (index >= vocab_size) never score: they are masked to -inf rather than
+    cut off, so the vocabulary axis keeps its even split over the tensor axis.
+    """
+    if chunk < 1:
+        raise ValueError(f"token_logps: chunk must be >= 1, got {chunk}")
+    B, T, D = x_BTD.shape
+    Vp = head_DV.shape[1]
+    dt = jnp.dtype(dtype)
+    C = min(chunk, T)
+    n = -(-T // C)
+    if n * C != T:  # pad to whole chunks; the padded positions' log-probs are cut off below
+        x_BTD = jnp.pad(x_BTD, ((0, 0), (0, n * C - T), (0, 0)))
+        targets_BT = jnp.pad(targets_BT, ((0, 0), (0, n * C - T)))
+    x_NBCD = x_BTD.reshape(B, n, C, D).swapaxes(0, 1)
+    t_NBC = targets_BT.astype(jnp.int32).reshape(B, n, C).swapaxes(0, 1)
+    # Gathered over fsdp once, outside the loop (split over vocab only), not once per chunk.
+    head = constrain(head_DV.astype(dt), (None, "vocab"))
+    vocab_V = jnp.arange(Vp, dtype=jnp.int32)
+
+    def one_chunk(x_BCD, t_BC):
+        x_BCD = constrain(x_BCD, ("batch", "sequence", "act_embed"))
+        logits = jnp.einsum("bcd,dv->bcv", x_BCD.astype(dt), head, preferred_element_type=jnp.float32)
+        logits = constrain(logits, ("batch", "sequence", "act_vocab"))
+        if temperature not in (0.0, 1.0):
+            logits = logits / temperature
+        logits = jnp.where(vocab_V < vocab_size, logits, -jnp.inf)
+        lse_BC = jax.nn.logsumexp(logits, axis=-1)
+        # A masked sum instead of a gather: elementwise over the vocabulary, so it stays split over tensor.
+        target_BC = jnp.sum(jnp.where(vocab_V == t_BC[..., None], logits, 0.0), axis=-1)
+        logp_BC = target_BC - lse_BC
+        if not with_entropy:
+            return logp_BC, None
+        logp_all = jax.lax.stop_gradient(logits - lse_BC[..., None])
+        ent_BC = -jnp.sum(jnp.where(vocab_V < vocab_size, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
+        return logp_BC, ent_BC
+
+    # Remat per chunk: the backward pass keeps only each chunk's inputs and recomputes its logits. A row that fits
+    # in one chunk skips it: keeping that one chunk's logits costs what the chunk size already allows, and
+    # recomputing the head matmul would only slow short rows down.
+    body = jax.checkpoint(one_chunk, prevent_cse=False) if n > 1 else one_chunk
+    _, (logp_NBC, ent_NBC) = jax.lax.scan(lambda _, xs: (None, body(*xs)), None, (x_NBCD, t_NBC))
+    unchunk = lambda a_NBC: a_NBC.swapaxes(0, 1).reshape(B, n * C)[:, :T]  # noqa: E731
+    return (unchunk(logp_NBC), unchunk(ent_NBC)) if with_entropy else unchunk(logp_NBC)
+
+
+def masked_nll_sum(logp_BT: jax.Array, mask_BT: jax.Array, axis=None) -> tuple[jax.Array, jax.Array]:
+    """(sum of mask * -logp, sum of mask) over `axis` (all by default). Masked positions contribute exactly 0,
+    even if their log-probs are garbage (jnp.where, not a multiply, so an inf/NaN at a padded position cannot
+    leak into the sum)."""
     mask = mask_BT.astype(jnp.float32)
-    nll = token_nll(logits_BTV, targets_BT)
-    return jnp.sum(jnp.where(mask > 0, nll * mask, 0.0)), jnp.sum(mask)
-
-
-def token_mean_loss(logits_BTV, targets_BT, mask_BT, num_tokens=None) -> jax.Array:
-    """Masked mean NLL; `num_tokens` is the global normaliser when this is one micro-batch of several."""
-    total, count = masked_nll_sum(logits_BTV, targets_BT, mask_BT)
-    denom = count if num_tokens is None else num_tokens
-    return total / jnp.maximum(denom, 1.0)
+    return jnp.sum(jnp.where(mask > 0, -logp_BT * mask, 0.0), axis=axis), jnp.sum(mask, axis=axis)

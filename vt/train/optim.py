@@ -59,12 +59,13 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def _decay_mask(params):
-    # Weight decay pulls matrices toward 0; on RMSNorm weights (init 1) and biases it only does harm.
-    return {k: v.ndim >= 2 for k, v in params.items()}
+    # Weight decay pulls matrices toward 0; on RMSNorm weights (init 1) and biases it only does harm. The
+    # leading layer axis of the stacked decoder weights ("layers.*", [num_layers, ...]) does not count.
+    return {k: v.ndim - k.startswith("layers.") >= 2 for k, v in params.items()}
 
 
 def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """The optimiser over a flat dict of parameters ("layers.0.attn.q_kernel" -> array) and its schedule."""
+    """The optimiser over a flat dict of parameters ("layers.attn.q_kernel" -> array) and its schedule."""
     schedule = lr_schedule(cfg, total_steps)
     parts = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
     parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,

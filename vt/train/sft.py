@@ -39,6 +39,7 @@ from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
 from vt.model.config import ModelConfig
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.metrics import MetricsWriter, model_flops_per_token, peak_flops_per_device
+from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
@@ -55,7 +56,14 @@ class ModelSection:
     dtype: str = "float32"  # compute dtype (bfloat16 for mixed precision)
     remat_policy: str = "none"  # none | full | dots | dots_no_batch
     attention_impl: str = "xla"  # xla | jax | cudnn | splash | auto (vt.model.config.ATTENTION_IMPLS)
+    # Sequence positions per chunk of the loss / log-probs (vt.train.losses.token_logps): bounds the live float32
+    # logits to rows x loss_chunk x vocab instead of rows x seq_len x vocab.
+    loss_chunk: int = DEFAULT_LOSS_CHUNK
     seed: int = 0  # random init and the state's RNG
+
+    def __post_init__(self):
+        if self.loss_chunk < 1:
+            raise VtError(f"config model.loss_chunk must be >= 1, got {self.loss_chunk}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,8 +263,9 @@ class _Learner:
         d = cfg.data
         rows = d.global_batch_size // d.grad_accum_steps
         self.step_fn = make_train_step(self.md, self.optimizer, self.schedule, self.sh, self.abstract, self.mesh,
-                                       d.grad_accum_steps, rows, d.seq_len)
-        self.eval_fn = make_eval_step(self.md, self.sh.params, self.mesh) if self.eval_data is not None else None
+                                       d.grad_accum_steps, rows, d.seq_len, loss_chunk=cfg.model.loss_chunk)
+        self.eval_fn = (make_eval_step(self.md, self.sh.params, self.mesh, loss_chunk=cfg.model.loss_chunk)
+                        if self.eval_data is not None else None)
         peak = peak_flops_per_device(cfg.train.peak_flops)
         self.peak_total = peak * jax.device_count() if peak else None
         self.flops_per_step = model_flops_per_token(self.model_cfg, d.seq_len) * d.global_batch_size * d.seq_len

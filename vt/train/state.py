@@ -1,8 +1,8 @@
 """The learner's state as one pytree, and its shardings.
 
-Parameters are a flat dict "layers.0.attn.q_kernel" -> array: the same keys and layout as the `params` item
-of a model checkpoint (vt.checkpoint.params), so a train-state checkpoint is a model checkpoint too. The
-model's graph (nnx GraphDef) is static and lives in :class:`ModelDef`, outside the state.
+Parameters are a flat dict "layers.attn.q_kernel" -> array (decoder weights stacked [num_layers, ...]): the
+same keys and layout as the `params` item of a model checkpoint (vt.checkpoint.params), so a train-state
+checkpoint is a model checkpoint too. The model's graph (nnx GraphDef) is static and lives in :class:`ModelDef`, outside the state.
 Optimiser moments are sharded exactly like the parameter they belong to; scalars (counts) are replicated.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from vt.checkpoint.params import path_key
 from vt.model import abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
+from vt.train.losses import DEFAULT_LOSS_CHUNK, token_logps
 
 
 @jax.tree_util.register_dataclass
@@ -51,6 +52,14 @@ class ModelDef:
         model = self.bind(params)
         x_BTD, _ = model.hidden_states(tokens_BT, positions_BT, segment_ids_BT)
         return x_BTD, model.head_DV()
+
+    def token_logps(self, params, tokens_BT, positions_BT, segment_ids_BT, targets_BT, *, temperature: float = 1.0,
+                    chunk: int = DEFAULT_LOSS_CHUNK, with_entropy: bool = False):
+        """log pi(target) per position [B, T] (and the entropy with `with_entropy`), computed from the hidden
+        states in sequence chunks: no float32 [B, T, V] logits (vt.train.losses.token_logps)."""
+        x_BTD, head_DV = self.apply_hidden(params, tokens_BT, positions_BT, segment_ids_BT)
+        return token_logps(x_BTD, head_DV, targets_BT, vocab_size=self.cfg.vocab_size, dtype=self.cfg.dtype,
+                           temperature=temperature, chunk=chunk, with_entropy=with_entropy)
 
     def abstract_params(self) -> dict[str, jax.ShapeDtypeStruct]:
         return {path_key(p): jax.ShapeDtypeStruct(v.value.shape, v.value.dtype)

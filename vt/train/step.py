@@ -21,7 +21,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.sharding import logical_to_spec, use_mesh
-from vt.train.losses import masked_nll_sum
+from vt.train.losses import DEFAULT_LOSS_CHUNK, masked_nll_sum
 from vt.train.state import ModelDef, TrainState
 
 BATCH_KEYS = ("input_ids", "targets", "loss_mask", "segment_ids", "positions")
@@ -50,12 +50,18 @@ def device_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[
     return {k: put(v) for k, v in as_microbatches(batch).items()}
 
 
-def _loss_and_grads(model_def: ModelDef, params, batch, param_sh):
+def _micro_nll_sum(model_def: ModelDef, params, mb, loss_chunk: int):
+    """(sum of masked NLL, number of loss tokens) of one micro-batch, log-probs in sequence chunks."""
+    logp = model_def.token_logps(params, mb["input_ids"], mb["positions"], mb["segment_ids"], mb["targets"],
+                                 chunk=loss_chunk)
+    return masked_nll_sum(logp, mb["loss_mask"])
+
+
+def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: int = DEFAULT_LOSS_CHUNK):
     num_tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
     def micro_loss(p, mb):
-        logits = model_def.apply(p, mb["input_ids"], mb["positions"], mb["segment_ids"])
-        total, _ = masked_nll_sum(logits, mb["targets"], mb["loss_mask"])
+        total, _ = _micro_nll_sum(model_def, p, mb, loss_chunk)
         return total / num_tokens
 
     def body(carry, mb):
@@ -72,13 +78,15 @@ def _loss_and_grads(model_def: ModelDef, params, batch, param_sh):
 
 def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                     state_sh: TrainState, abstract_state: TrainState, mesh: Mesh,
-                    micro_batches: int, micro_batch_size: int, seq_len: int) -> Callable:
+                    micro_batches: int, micro_batch_size: int, seq_len: int,
+                    loss_chunk: int = DEFAULT_LOSS_CHUNK) -> Callable:
     """Compile the train step for one batch shape, once, ahead of time; returns the executable, called as
-    `step(state, device_batch)`. A batch of another shape or sharding is an error, never a silent retrace."""
+    `step(state, device_batch)`. A batch of another shape or sharding is an error, never a silent retrace.
+    `loss_chunk`: sequence positions per chunk of the loss (vt.train.losses.token_logps)."""
     b_sh = batch_sharding(mesh)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-        loss, grads, num_tokens = _loss_and_grads(model_def, state.params, batch, state_sh.params)
+        loss, grads, num_tokens = _loss_and_grads(model_def, state.params, batch, state_sh.params, loss_chunk)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -99,12 +107,11 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
         return jitted.lower(abstract_state, abstract_batch).compile()
 
 
-def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh) -> Callable:
+def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh, loss_chunk: int = DEFAULT_LOSS_CHUNK) -> Callable:
     """eval_step(params, batch) -> (sum of masked NLL, number of loss tokens); jitted (retraces per shape)."""
     def eval_step(params, batch):
         def body(carry, mb):
-            logits = model_def.apply(params, mb["input_ids"], mb["positions"], mb["segment_ids"])
-            total, count = masked_nll_sum(logits, mb["targets"], mb["loss_mask"])
+            total, count = _micro_nll_sum(model_def, params, mb, loss_chunk)
             return (carry[0] + total, carry[1] + count), None
         (total, count), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(())), batch)
         return total, count

@@ -1,0 +1,293 @@
+"""Compile time and compiled temporary memory of vt's programs at real width, shallow vs deep.
+
+    .venv/bin/python bench/compile.py                          # coder-3b widths, 2 and 36 layers, every program
+    .venv/bin/python bench/compile.py --what sft,decode --seq 1024 --layers 2,8 --json out.json
+
+Every program is compiled ahead of time from abstract inputs (ShapeDtypeStructs carrying their shardings), so
+no weights are created and any size compiles on any backend (CPU here). For each program and depth it prints
+the seconds from tracing to a finished executable (trace + lower + XLA compile) and the executable's temporary
+memory (`compiled.memory_analysis().temp_size_in_bytes`: buffers that are neither arguments nor outputs),
+then the depth ratio (deepest / shallowest) per program. Compile time that grows with depth means an unrolled
+layer stack: every launch, sweep point and resume pays it.
+
+  sft               vt.train.step.make_train_step: --accum micro-batches x --micro-batch rows x --seq tokens
+  rl_logps          vt.rl.step token log-probs (the old-policy pass): --rl-rows x --rl-seq
+  rl_step           vt.rl.step.make_rl_step: one MGPO update on --rl-rows x --rl-seq
+  prefill           the sampler's prefill (vt.sampling.steps.prefill): --prefill-batch prompts x --prompt tokens
+  decode            the sampler's decode loop (vt.sampling.steps.decode): --sampler-batch slots, --cache slots
+  init_model        vt.model.create_model's random init (its jitted program, traced under an outer jit)
+  init_train_state  vt.train.state.init_train_state: AdamW moments around the parameters, in their sharding
+
+The SFT and RL programs use fp32 master weights and bf16 compute with --remat (full) and --attention (xla);
+the sampler bf16 weights. On CPU, memory_analysis() reports what is materialised, not what remat saves.
+The persistent compilation cache is off: every number is a cold compile.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROGRAMS = ("sft", "rl_logps", "rl_step", "prefill", "decode", "init_model", "init_train_state")
+
+
+def _timed(build):
+    """(seconds, compiled) of `build()`, which traces, lowers and compiles one program."""
+    t0 = time.perf_counter()
+    compiled = build()
+    return time.perf_counter() - t0, compiled
+
+
+def _train_setup(cfg, mesh):
+    from vt.train.optim import OptimConfig, make_optimizer
+    from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
+    optimizer, schedule = make_optimizer(OptimConfig(lr=1e-5), 1000)
+    md = ModelDef(cfg)
+    sh = train_state_shardings(md, optimizer, mesh)
+    return md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh)
+
+
+def compile_sft(args, cfg, mesh):
+    from vt.train.step import make_train_step
+    md, optimizer, schedule, sh, abstract = _train_setup(cfg, mesh)
+    return _timed(lambda: make_train_step(md, optimizer, schedule, sh, abstract, mesh, args.accum,
+                                          args.micro_batch, args.seq))
+
+
+def _rl_batch(args, mesh, with_step_keys: bool):
+    import jax
+    import numpy as np
+    from vt.rl.step import batch_shardings
+    N, T = args.rl_rows, args.rl_seq
+    keys = ["tokens", "targets", "positions", "segment_ids"]
+    if with_step_keys:
+        keys += ["mask", "sampler_logp", "old_logp", "adv", "weight"]  # per token (packed rows)
+    floats = {"mask", "sampler_logp", "old_logp", "adv", "weight"}
+    sh = batch_shardings(mesh, keys)
+    return {k: jax.ShapeDtypeStruct((N, T), np.float32 if k in floats else np.int32, sharding=sh[k]) for k in keys}
+
+
+def compile_rl_logps(args, cfg, mesh):
+    from vt.rl.step import make_token_logps
+    from vt.sharding import use_mesh
+    md, _, _, sh, abstract = _train_setup(cfg, mesh)
+    logps = make_token_logps(md, mesh, temperature=1.0)
+    batch = _rl_batch(args, mesh, with_step_keys=False)
+
+    def build():
+        with use_mesh(mesh):
+            return logps.jitted.lower(abstract.params, batch).compile()
+    return _timed(build)
+
+
+def compile_rl_step(args, cfg, mesh):
+    import jax
+    from vt.rl.step import make_rl_step
+    from vt.sharding import use_mesh
+    md, optimizer, schedule, sh, abstract = _train_setup(cfg, mesh)
+    step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.28,
+                        kl_coef=0.0, is_cap=2.0)
+    batch = _rl_batch(args, mesh, with_step_keys=True)
+
+    def build():  # one micro-batch's gradient accumulation (the memory-heavy program) plus the optimiser apply
+        with use_mesh(mesh):
+            progs = step.programs
+            acc = jax.eval_shape(progs["zeros"], abstract.params)
+            compiled = progs["accumulate"].lower(abstract.params, acc, batch).compile()
+            progs["apply"].lower(abstract, acc).compile()
+            return compiled
+    return _timed(build)
+
+
+def _sampler_programs(cfg, mesh, batch_size):
+    import jax
+    from flax import nnx
+    from vt.model import abstract_model
+    from vt.sampling.engine import _programs
+    from vt.sampling.rules import SamplingParams
+    from vt.sharding import state_shardings
+    graphdef, state = nnx.split(abstract_model(cfg))
+    shardings = dict(nnx.to_flat_state(state_shardings(state, mesh)))
+    abstract_state = nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
+        var.get_value().shape, var.get_value().dtype, sharding=shardings[path])), state)
+    return _programs(graphdef, cfg, batch_size, mesh, SamplingParams(), (), STEPS_PER_CALL), abstract_state
+
+
+STEPS_PER_CALL = 8  # decode steps per call, as the sampler's default
+Z0 = 16  # tokens per KV page: SamplerConfig's default (checked in _paged_cache)
+
+
+def _paged_cache(progs, args, table_rows: int, table_pages: int):
+    """The KV page pool as the engine allocates it (layout, dtype, sharding), with a page table of
+    [table_rows, table_pages]: a pool holding --cache tokens for each of --sampler-batch slots."""
+    import jax
+    import numpy as np
+    from vt.sampling.engine import SamplerConfig
+    Z = SamplerConfig().page_size
+    assert Z == Z0, (Z, Z0)
+    cache, slots = jax.eval_shape(lambda: progs.zeros(args.sampler_batch * (-(-args.cache // Z)), Z))
+    table = jax.ShapeDtypeStruct((table_rows, table_pages), np.int32, sharding=cache.page_table.sharding)
+    return dataclasses.replace(cache, page_table=table), slots, Z
+
+
+def compile_prefill(args, cfg, mesh):
+    import jax
+    import numpy as np
+    from vt.sharding import param_sharding, use_mesh
+    P, T = args.prefill_batch, args.prompt
+    progs, state = _sampler_programs(cfg, mesh, args.sampler_batch)
+    rows = param_sharding(("batch", None), (P, 1), mesh, "--prefill-batch")
+    vec = param_sharding(("batch",), (P,), mesh, "--prefill-batch")
+    tokens = jax.ShapeDtypeStruct((P, T), np.int32, sharding=rows)
+    lens = jax.ShapeDtypeStruct((P,), np.int32, sharding=vec)
+
+    def build():
+        with use_mesh(mesh):
+            cache, _, Z = _paged_cache(progs, args, P, -(-T // Z0))
+            return progs.prefill.lower(state, cache, tokens, lens).compile()
+    return _timed(build)
+
+
+def compile_decode(args, cfg, mesh):
+    import jax
+    import numpy as np
+    from vt.sharding import use_mesh
+    progs, state = _sampler_programs(cfg, mesh, args.sampler_batch)
+    scalar = jax.ShapeDtypeStruct((), np.int32)
+
+    def build():
+        with use_mesh(mesh):
+            # the cache and slot buffers exactly as the engine allocates them (layout, dtype, sharding)
+            cache, slots, Z = _paged_cache(progs, args, args.sampler_batch, -(-args.cache // Z0))
+            return progs.decode.lower(state, cache, slots, scalar, scalar).compile()
+    return _timed(build)
+
+
+def compile_init_model(args, cfg, mesh):
+    import jax
+    from flax import nnx
+    from vt.model import create_model, model_shardings
+
+    # create_model jits its own init program; tracing it under an outer jit compiles exactly that program
+    # (whatever create_model does inside) without running it, so no weights are ever created.
+    def build():
+        return jax.jit(lambda: nnx.state(create_model(cfg, mesh, seed=0)),
+                       out_shardings=model_shardings(cfg, mesh)).lower().compile()
+    return _timed(build)
+
+
+def compile_init_train_state(args, cfg, mesh):
+    import jax
+    from vt.train.state import init_train_state
+    md, optimizer, _, sh, abstract = _train_setup(cfg, mesh)
+
+    def build():
+        return jax.jit(lambda p: init_train_state(p, optimizer, sh, seed=0), in_shardings=(sh.params,),
+                       out_shardings=sh).lower(abstract.params).compile()
+    return _timed(build)
+
+
+COMPILERS = {"sft": compile_sft, "rl_logps": compile_rl_logps, "rl_step": compile_rl_step,
+             "prefill": compile_prefill, "decode": compile_decode, "init_model": compile_init_model,
+             "init_train_state": compile_init_train_state}
+
+
+def model_config(args, what: str, layers: int):
+    from vt.model import preset
+    if what in ("prefill", "decode"):
+        dtypes = dict(param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
+    else:
+        dtypes = dict(param_dtype="float32", dtype="bfloat16", remat_policy=args.remat, attention_impl=args.attention)
+    return preset(args.preset, num_layers=layers, **dtypes)
+
+
+def _gb(n) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def table(rows: list[dict]) -> str:
+    by_what: dict[str, list[dict]] = {}
+    for r in rows:
+        by_what.setdefault(r["what"], []).append(r)
+    head = ("what", "layers", "compile s", "temp", "depth ratio (compile / temp)")
+    body = []
+    for what, rs in by_what.items():
+        lo, hi = min(rs, key=lambda r: r["layers"]), max(rs, key=lambda r: r["layers"])
+        for r in rs:
+            ratio = ""
+            if r is hi and hi is not lo and r.get("compile_s") and lo.get("compile_s"):
+                temp = (f"{hi['temp_bytes'] / lo['temp_bytes']:.2f}x" if hi.get("temp_bytes") and lo.get("temp_bytes")
+                        else "-")
+                ratio = f"{hi['compile_s'] / lo['compile_s']:.2f}x / {temp}  ({hi['layers']} vs {lo['layers']})"
+            s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
+            body.append((what, str(r["layers"]), s if not r.get("error") else f"FAILED: {r['error']}",
+                         _gb(r.get("temp_bytes")), ratio))
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, body)])
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="qwen2.5-coder-3b")
+    ap.add_argument("--layers", default="2,36", help="comma-separated depths (num_layers override of the preset)")
+    ap.add_argument("--what", default=",".join(PROGRAMS), help=f"comma-separated subset of {','.join(PROGRAMS)}")
+    ap.add_argument("--seq", type=int, default=4096, help="SFT tokens per row")
+    ap.add_argument("--accum", type=int, default=2, help="SFT micro-batches per step")
+    ap.add_argument("--micro-batch", type=int, default=4, help="SFT rows per micro-batch")
+    ap.add_argument("--rl-rows", type=int, default=4)
+    ap.add_argument("--rl-seq", type=int, default=4096)
+    ap.add_argument("--prefill-batch", type=int, default=8, help="prompts per prefill call")
+    ap.add_argument("--prompt", type=int, default=1024, help="padded prompt length of a prefill call")
+    ap.add_argument("--sampler-batch", type=int, default=64, help="decode slots")
+    ap.add_argument("--cache", type=int, default=4096, help="KV cache slots per decode slot")
+    ap.add_argument("--remat", default="full")
+    ap.add_argument("--attention", default="xla", help="attention of the SFT and RL programs")
+    ap.add_argument("--json", default="", help="write the rows to this file")
+    args = ap.parse_args(argv)
+    args.layer_list = [int(x) for x in args.layers.split(",") if x]
+    args.programs = [x for x in args.what.split(",") if x]
+    unknown = sorted(set(args.programs) - set(PROGRAMS))
+    if unknown:
+        ap.error(f"--what: unknown program(s) {unknown}; choose from {','.join(PROGRAMS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    import jax
+    jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
+    from vt.sharding import MeshConfig, make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
+    dev = jax.devices()[0]
+    print(f"compile: {jax.device_count()} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}, "
+          f"{args.preset}", flush=True)
+    rows = []
+    for what in args.programs:
+        for layers in args.layer_list:
+            cfg = model_config(args, what, layers)
+            row = {"what": what, "layers": layers, "compile_s": None, "temp_bytes": None}
+            try:
+                seconds, compiled = COMPILERS[what](args, cfg, mesh)
+                mem = compiled.memory_analysis()
+                row.update(compile_s=seconds, temp_bytes=None if mem is None else int(mem.temp_size_in_bytes))
+            except Exception as e:  # one program failing must not hide the others' numbers
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            print(f"compile: {what} {layers} layers: "
+                  + (row.get("error") or f"{row['compile_s']:.1f} s, temp {_gb(row['temp_bytes'])}"), flush=True)
+            rows.append(row)
+            if args.json:  # written as it goes: a long run interrupted still leaves its numbers
+                Path(args.json).write_text(json.dumps(rows, indent=2))
+    print()
+    print(table(rows))
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

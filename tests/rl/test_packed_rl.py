@@ -1,0 +1,106 @@
+"""Packed rows and token-budget micro-batches in the RL learner (issue 18): the same update as the padded rows."""
+import json
+
+import numpy as np
+import pytest
+
+from packed_check import G, Q, check, config, make_scored, row_length
+from testutil import REPO, run_multidevice
+from vt.data.packing import pack_lengths
+from vt.rl.rollouts import build_rows, per_token, sample_lengths
+
+
+def test_pack_lengths_first_fit_decreasing():
+    lengths = [5, 3, 8, 2, 7, 1, 4]
+    rows = pack_lengths(lengths, 8)
+    sample = rows["sample"]
+    assert sample.shape == (4, 8)  # 30 tokens: 8 | 7 1 | 5 3 | 4 2, the optimum (arrival order would take 5)
+    for i, n in enumerate(lengths):  # every sequence whole, in one row, positions restarting at 0
+        r, t = np.nonzero(sample == i)
+        assert len(t) == n and len(set(r)) == 1 and list(rows["positions"][r, t]) == list(range(n))
+        assert len(set(rows["segment_ids"][r, t])) == 1 and rows["segment_ids"][r[0], t[0]] > 0
+    assert np.all((sample < 0) == (rows["segment_ids"] == 0))
+    with pytest.raises(ValueError, match="lengths must be in"):
+        pack_lengths([9], 8)
+
+
+def test_packed_rows_hold_the_padded_rows_tokens():
+    s = make_scored()
+    T = row_length(s)
+    padded, packed = build_rows(s, T, pack=False), build_rows(s, T, pack=True)
+    n = sample_lengths(s, T)
+    assert len(padded["tokens"]) == Q * G
+    assert len(packed["tokens"]) <= -(-n.sum() * 11 // (9 * T)) + 1  # first fit decreasing's bound
+    for i in range(Q * G):
+        a, b = padded["sample"] == i, packed["sample"] == i
+        assert a.sum() == b.sum() == n[i]
+        for k in ("tokens", "targets", "mask", "sampler_logp", "positions"):
+            np.testing.assert_array_equal(padded[k][a], packed[k][b], err_msg=k)
+    values = np.arange(Q * G, dtype=np.float32) + 1
+    np.testing.assert_array_equal(per_token(values, packed["sample"]), np.where(packed["sample"] >= 0,
+                                                                                packed["sample"] + 1, 0))
+
+
+def test_mini_batches_keep_whole_groups_and_must_divide_them():
+    from vt import VtError
+    from vt.rl.learner import learner_batches
+    from vt.sharding import MeshConfig, make_mesh
+    s, mesh = make_scored(), make_mesh(MeshConfig())
+    adv = np.ones((Q, G), np.float32)
+    T = row_length(s)
+    batches, groups, tokens = learner_batches(s, adv, T, 3, config("seq_mean", True, 128, mini_batches=2), mesh)
+    assert len(batches) == 2 and sorted(np.concatenate(groups).tolist()) == list(range(Q))
+    assert all(len(g) == Q // 2 for g in groups)
+    # a mini-batch's rows hold exactly its groups' tokens
+    real = [sum(int(np.count_nonzero(np.asarray(mb["segment_ids"]))) for mb in micro) for micro in batches]
+    n = sample_lengths(s, T).reshape(Q, G).sum(1)
+    assert real == [int(n[g].sum()) for g in groups]
+    assert tokens["tokens_real"] == n.sum() and tokens["tokens_computed"] >= n.sum()
+    with pytest.raises(VtError, match=r"mgpo.mini_batches=3 must divide the prompt groups"):
+        learner_batches(s, adv, T, 3, config("seq_mean", True, 128, mini_batches=3), mesh)
+
+
+def test_packed_and_padded_updates_equal_on_one_device():
+    """fp32: loss to 1e-6 relative, every gradient tensor to 1e-5 of its largest entry, for both aggregations,
+    with KL, Long2Short, truncated IS weights and pi_old != pi; several micro-batches (128-token budget)."""
+    r = check()
+    assert r["bad"] == [], "\n".join(r["bad"])
+    t = r["tokens"]
+    assert t["seq_mean, packed"]["tokens_computed"] < t["seq_mean, padded"]["tokens_computed"]
+    assert min(r["micro_batches"].values()) > 1
+
+
+def test_packed_and_padded_updates_equal_on_the_8_device_mesh():
+    out = run_multidevice(f"""
+        import json, sys
+        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
+        from packed_check import check
+        print("RESULT", json.dumps(check((2, 2, 2))))
+    """)
+    r = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    assert r["bad"] == [], "\n".join(r["bad"])
+    assert min(r["micro_batches"].values()) > 1
+
+
+def test_long_tail_step_computes_at_most_15_percent_more_tokens_than_it_has():
+    """128 completions, log-normal lengths with median 1/16 of a 1024-slot window, 2 at the window (the workload
+    of bench/rl_step.py --long-tail): packed rows and a 4096-slot micro-batch budget compute <= 1.15x the real
+    tokens; one padded row per sample computes several times more (the ratio of the longest row to the mean)."""
+    from vt.rl.learner import learner_batches
+    from vt.rl.rollouts import Scored
+    from vt.sampling.engine import Sample
+    from vt.sharding import MeshConfig, make_mesh
+    rng = np.random.default_rng(0)
+    Q, G, room = 16, 8, 1024 - 16
+    lengths = np.clip(np.round(np.exp(rng.normal(np.log(room / 16), 1.0, Q * G))), 1, room).astype(int)
+    lengths[:2] = room
+    samples = [[Sample([7] * int(n), [-1.0] * int(n), "stop") for n in lengths[q * G:(q + 1) * G]] for q in range(Q)]
+    s = Scored([[5] * 16] * Q, samples, correct=np.zeros((Q, G), bool), rewards=np.zeros((Q, G), np.float32),
+               valid=np.ones((Q, G), bool), lengths=lengths.reshape(Q, G), truncated=np.zeros((Q, G), bool),
+               domains=["math"] * Q)
+    mesh, adv = make_mesh(MeshConfig()), np.zeros((Q, G), np.float32)
+    packed = learner_batches(s, adv, 1024, 0, config("seq_mean", True, 4096), mesh)[2]
+    padded = learner_batches(s, adv, 1024, 0, config("seq_mean", False, 4096), mesh)[2]
+    assert packed["tokens_real"] == padded["tokens_real"] == (lengths + 15).sum()
+    assert packed["tokens_computed"] / packed["tokens_real"] <= 1.15, packed
+    assert padded["tokens_computed"] / padded["tokens_real"] > 4, padded

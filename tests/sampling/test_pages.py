@@ -1,0 +1,98 @@
+"""The paged KV cache pieces: host page pool (refcounts, sharing, copy-on-write) and device page writes and
+decode attention over pages against dense attention."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vt import VtError
+from vt.model.paged import copy_pages, paged_attention_xla, write_pages
+from vt.model.qwen2 import _xla_attention
+from vt.sampling.pages import PagePool, PageTables, pool_pages, prompt_need, prompt_pages
+
+
+def test_pool_refcounts_share_and_copy_on_write():
+    pool = PagePool(10)
+    own, per_sample, copies = prompt_pages(pool, prompt_len=9, n_samples=3, page_size=4)  # 2 full + 1 partial
+    assert own == [0, 1, 2] and pool.in_use == 3 + 2 == prompt_need(9, 3, 4)
+    assert per_sample == [[0, 1, 3], [0, 1, 4], [0, 1, 2]] and copies == [(2, 3), (2, 4)]
+    assert pool.refs[:5].tolist() == [3, 3, 1, 1, 1]
+    tables = PageTables(pool, batch=3, max_pages=4, page_size=4)
+    for b, pages in enumerate(per_sample):
+        tables.assign(b, pages)
+    tables.grow(0, 13)  # a fourth page for slot 0
+    assert tables.pages[0] == [0, 1, 3, 5] and tables.table[0].tolist() == [0, 1, 3, 5]
+    assert tables.missing(1, 13) == 1 and tables.missing(1, 100) == 1  # capped at max_pages
+    tables.free(0)
+    assert pool.refs[:6].tolist() == [2, 2, 1, 0, 1, 0] and tables.table[0].tolist() == [10] * 4
+    tables.free(1)
+    tables.free(2)
+    assert pool.in_use == 0 and pool.peak_in_use == 6
+    assert pool.alloc(2) == [0, 1]  # lowest ids first: deterministic
+    with pytest.raises(VtError, match="8 free"):
+        pool.alloc(9)
+    assert prompt_pages(PagePool(4), 8, 3, 4)[2] == []  # no partial page: nothing to copy
+
+
+def test_pool_size_from_config():
+    assert pool_pages(7, 0.5, 100, 1000, None) == 7
+    assert pool_pages(0, 0.5, 100, 1000, None) == 1000  # no memory statistics: the worst case
+    assert pool_pages(0, 0.5, 100, 1000, 30_000) == 150
+    assert pool_pages(0, 0.5, 100, 1000, 10**9) == 1000
+
+
+def _scatter_to_pages(k_BSKH, Z, P, seed):
+    """A random page assignment of a dense [B, S, K, H] cache: (pool [K, P, Z, H], table [B, S // Z])."""
+    B, S, K, H = k_BSKH.shape
+    M = S // Z
+    perm = np.random.default_rng(seed).permutation(P)[:B * M].reshape(B, M)
+    pool = np.zeros((K, P, Z, H), np.float32)
+    for b in range(B):
+        for m in range(M):
+            pool[:, perm[b, m]] = np.asarray(k_BSKH[b, m * Z:(m + 1) * Z]).transpose(1, 0, 2)
+    return jnp.asarray(pool), jnp.asarray(perm, jnp.int32)
+
+
+@pytest.mark.parametrize("B,T,N,K,H,Z,M,R", [(3, 1, 6, 2, 16, 4, 12, 2), (2, 3, 4, 4, 8, 8, 5, 2),
+                                             (4, 1, 8, 2, 32, 16, 6, 8), (2, 1, 4, 1, 8, 4, 7, 3)])
+def test_paged_attention_equals_dense(B, T, N, K, H, Z, M, R):
+    """Pages in a shuffled order, GQA (N > K), queries straddling page and block boundaries: equal to dense
+    attention over the slot's positions. fp32, 1e-6 absolute."""
+    S = Z * M
+    rng = np.random.default_rng(S + T + N)
+    q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
+    P = B * M + 5
+    kp, table = _scatter_to_pages(k, Z, P, seed=1)
+    vp, _ = _scatter_to_pages(v, Z, P, seed=1)
+    start = rng.integers(0, S - T, size=B)
+    start[0] = Z - 1  # first query the last slot of a page
+    pos = jnp.asarray(start[:, None] + np.arange(T)[None], jnp.int32)
+    dense = _xla_attention(q, k, v, jnp.arange(S)[None, None, :] <= pos[:, :, None], H ** -0.5)
+    f = jax.jit(paged_attention_xla, static_argnums=(5, 6, 7))
+    np.testing.assert_allclose(np.asarray(f(q, kp, vp, table, pos, H ** -0.5, R, None)), np.asarray(dense),
+                               atol=1e-6, rtol=0)
+    stacked = lambda pool: jnp.stack([jnp.zeros_like(pool), pool])  # noqa: E731  (layer 1 of a stacked pool)
+    np.testing.assert_allclose(np.asarray(jax.jit(paged_attention_xla, static_argnums=(5, 6, 7, 8))(
+        q, stacked(kp), stacked(vp), table, pos, H ** -0.5, R, None, 1)), np.asarray(dense), atol=1e-6, rtol=0)
+    blocks = -(-M // R)  # the unrolled form (every block, as the roofline measures it) is the same function
+    np.testing.assert_allclose(np.asarray(f(q, kp, vp, table, pos, H ** -0.5, R, blocks)), np.asarray(dense),
+                               atol=1e-6, rtol=0)
+
+
+def test_write_pages_and_copy_on_write():
+    L, K, P, Z, H = 2, 2, 6, 4, 3
+    pool = jnp.zeros((L, K, P, Z, H))
+    table = jnp.asarray([[2, 5, P], [0, P, P]], jnp.int32)
+    pos = jnp.asarray([[3, 4, 5], [1, 2, 9]], jnp.int32)  # (1, 9): an unowned page, dropped
+    new = jnp.arange(2 * 3 * K * H, dtype=jnp.float32).reshape(2, 3, K, H) + 1
+    out = np.asarray(write_pages(pool, 1, new, pos, table))
+    want = np.zeros((L, K, P, Z, H), np.float32)
+    for b, t, page, off in [(0, 0, 2, 3), (0, 1, 5, 0), (0, 2, 5, 1), (1, 0, 0, 1), (1, 1, 0, 2)]:
+        want[1, :, page, off] = np.asarray(new[b, t])
+    np.testing.assert_array_equal(out, want)
+    one = (jnp.asarray([[3], [1]], jnp.int32), new[:, :1])  # single-token steps: the slot-loop form agrees
+    np.testing.assert_array_equal(np.asarray(write_pages(pool, 1, one[1], one[0], table, slot_loop=True)),
+                                  np.asarray(write_pages(pool, 1, one[1], one[0], table)))
+    copied = np.asarray(copy_pages(jnp.asarray(out), jnp.asarray([5, 0]), jnp.asarray([3, P])))
+    want[:, :, 3] = want[:, :, 5]
+    np.testing.assert_array_equal(copied, want)
