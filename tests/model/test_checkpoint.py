@@ -18,9 +18,11 @@ def _tensors(d: Path) -> dict:
 
 
 def test_roundtrip_is_bitwise_and_loads_in_transformers(hf_dir, vt_ckpt, tmp_path):
+    """HF -> vt -> HF with default flags on both legs (`vt_ckpt` is `hf-to-orbax` without flags): the export
+    keeps the checkpoint's float32, so nothing is lost unless a narrower --dtype is asked for."""
     from transformers import AutoModelForCausalLM
     out = tmp_path / "hf_out"
-    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--dtype", "float32", check=True)
+    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), check=True)
     original, exported = _tensors(hf_dir), _tensors(out)
     assert sorted(original) == sorted(exported)
     for k in original:
@@ -28,6 +30,7 @@ def test_roundtrip_is_bitwise_and_loads_in_transformers(hf_dir, vt_ckpt, tmp_pat
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(original)
     assert (out / "generation_config.json").is_file()
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
 
     a = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     b = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
@@ -43,8 +46,8 @@ def test_export_bf16_shards_and_copies_tokenizer(vt_ckpt, tmp_path):
     (tok / "tokenizer.json").write_text("{}")
     out = tmp_path / "hf_bf16"
     # A tiny shard limit forces several shards, exercising the index the way a 3B export does.
-    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--tokenizer", str(tok), "--max-shard-gb", "0.0001",
-           check=True)
+    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--dtype", "bfloat16", "--tokenizer", str(tok),
+           "--max-shard-gb", "0.0001", check=True)
     shards = sorted(out.glob("model-*-of-*.safetensors"))
     assert len(shards) > 1
     tensors = _tensors(out)

@@ -23,7 +23,8 @@ def register(subparsers) -> None:
     o2h = sub.add_parser("orbax-to-hf", help="vt checkpoint -> HF directory loadable by transformers")
     o2h.add_argument("ckpt_dir", type=Path)
     o2h.add_argument("hf_dir", type=Path)
-    o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                     help="safetensors dtype (default: the checkpoint's param_dtype, so nothing is lost)")
     o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
     o2h.add_argument("--max-shard-gb", type=positive_float, default=2.0)
     add_trust_flag(o2h)
@@ -49,7 +50,7 @@ def _orbax_to_hf(args: argparse.Namespace) -> int:
     model = load_model(args.ckpt_dir)
     export_to_hf(model, args.hf_dir, dtype=args.dtype, tokenizer_dir=args.tokenizer,
                  max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
-    print(f"wrote {args.hf_dir} ({args.dtype})")
+    print(f"wrote {args.hf_dir} ({args.dtype or model.cfg.param_dtype})")
     return 0
 
 

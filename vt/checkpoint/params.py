@@ -193,11 +193,14 @@ def _gather(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str = "float32", tokenizer_dir: Path | str | None = None,
+def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str | None = None, tokenizer_dir: Path | str | None = None,
                  max_shard_bytes: int = 2 << 30) -> None:
-    """Write `model` as an HF directory, one tensor at a time (no second full copy on the host)."""
+    """Write `model` as an HF directory, one tensor at a time (no second full copy on the host).
+
+    `dtype` None keeps the model's `param_dtype`, so an export loses no precision unless a narrower dtype is
+    asked for."""
     from vt.checkpoint.hf import iter_vt_to_hf, write_hf_dir
     flat = flat_params(model)
     write_hf_dir(Path(hf_dir), model.cfg, iter_vt_to_hf(lambda path: _gather(flat[path_key(path)]), model.cfg),
-                 dtype=dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+                 dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                  max_shard_bytes=max_shard_bytes)
