@@ -93,7 +93,7 @@ def _rss_kib(field: str) -> int:
 def run_vt(corpus: Path, tok_dir: Path, seq_len: int, threads: int) -> dict:
     import numpy as np
 
-    from vt.data.pipeline import PipelineConfig, build_sft_dataset
+    from vt.data.dataset import PipelineConfig, build_sft_dataset
     from vt.data.sources import open_source
     from vt.data.tokenizer import load_tokenizer
 

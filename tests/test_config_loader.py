@@ -74,7 +74,7 @@ def _undeclared(dc, cfg, prefix=""):
 def test_stage_configs_declare_every_setting(spec):
     """Overrides can only set fields a config file declares, so every learner/eval setting must be in it (a
     missing one, like mgpo.dynamic_sampling_rounds once was, cannot be swept or set from the command line)."""
-    from vt.distill.pipeline import SelfDistillConfig
+    from vt.distill.run import SelfDistillConfig
     from vt.eval.runner import EvalConfig
     from vt.rl.learner import RLConfig
     from vt.train.sft import SftConfig

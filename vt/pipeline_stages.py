@@ -65,7 +65,7 @@ def sealed_steps(workdir: Path) -> list[Path]:
 
 
 def _dump_records(records, path: Path) -> Path:
-    from vt.data.tasks import write_jsonl
+    from vt.io import write_jsonl
     return write_jsonl(path, ({"id": r.prompt_id, "domain": r.domain, "messages": list(r.prompt),
                                "ground_truth": r.ground_truth, "metadata": r.metadata} for r in records))
 
@@ -94,7 +94,8 @@ def plan_data(ctx: Context, section: dict, sdir: Path) -> Plan:
 
 
 def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.data.tasks import task_corpus, task_records, write_jsonl
+    from vt.data.tasks import task_corpus, task_records
+    from vt.io import write_jsonl
     from vt.data.tokenizer import build_tiny_sentencepiece
     c: DataStage = plan.config
     out = Path(c.out)
@@ -387,7 +388,7 @@ def _teacher(ctx: Context, domain: str) -> str:
 
 
 def plan_self_distill(ctx, section, sdir) -> Plan:
-    from vt.distill.pipeline import DOMAINS, SelfDistillConfig
+    from vt.distill.run import DOMAINS, SelfDistillConfig
     _, rest = _split(section, {})
     dcfg = to_dataclass(SelfDistillConfig, rest.pop("distill", {}), "config.stages.self_distill.distill")
     student = ctx.checkpoint_before("self_distill")
@@ -424,8 +425,8 @@ def _generator(ckpt: str, tokenizer_path: str, s, dtype: str):
 
 
 def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.distill.pipeline import DOMAINS
-    from vt.distill.pipeline import run_self_distill as distill
+    from vt.distill.run import DOMAINS
+    from vt.distill.run import run_self_distill as distill
     from vt.train.sft import train
     d = plan.config["distill"]
     generators = {dom: _generator(getattr(d.sources, dom).ckpt, d.tokenizer, d.sampling, d.dtype)
@@ -540,7 +541,7 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
         rows.append({"id": r.id, "domain": r.domain, "prompt": r.prompt[-1]["content"], "same": same,
                      "vt": tok.decode(mine, skip_special_tokens=True),
                      "transformers": tok.decode(theirs, skip_special_tokens=True)})
-    from vt.data.tasks import write_jsonl
+    from vt.io import write_jsonl
     write_jsonl(out, rows)
     if matches != len(rows):
         bad = next(r for r in rows if not r["same"])
@@ -570,7 +571,7 @@ def heldout_accuracy(ctx: Context, ckpt: str, sdir: Path) -> dict[str, float]:
                              "samples": [x.text for x in s.samples[q][:2]], "correct": s.correct[q][:2].tolist()})
     finally:
         v.close()
-    from vt.data.tasks import write_jsonl
+    from vt.io import write_jsonl
     write_jsonl(sdir / "heldout_samples.jsonl", rows)
     return acc
 

@@ -6,7 +6,7 @@ from data_helpers import chat, write_jsonl
 from data_helpers import tiny_tokenizer_dir, tok  # noqa: F401 (pytest fixtures)
 
 from vt import VtError
-from vt.data.pipeline import PipelineConfig, build_sft_dataset, skip_report
+from vt.data.dataset import PipelineConfig, build_sft_dataset, skip_report
 from vt.data.sources import open_source
 
 SEQ = 128

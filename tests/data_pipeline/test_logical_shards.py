@@ -17,7 +17,7 @@ from data_helpers import tiny_tokenizer_dir, tok  # noqa: F401 (pytest fixtures)
 from vt import VtError
 from vt.data.chat import tokenize_record
 from vt.data.packing import documents_in_row
-from vt.data.pipeline import PipelineConfig, build_sft_dataset, skip_report
+from vt.data.dataset import PipelineConfig, build_sft_dataset, skip_report
 from vt.data.sources import ListSource, Malformed, record_from_dict
 from vt.train.synthetic import SyntheticTask, synthetic_dataset
 

@@ -11,7 +11,7 @@ from data_helpers import tiny_tokenizer_dir, tok  # noqa: F401 (pytest fixtures)
 from vt import VtError
 from vt.data.chat import tokenize_record
 from vt.data.packing import PACKED_KEYS, documents_in_row, padding_fraction
-from vt.data.pipeline import PipelineConfig, build_sft_dataset, count_tokens
+from vt.data.dataset import PipelineConfig, build_sft_dataset, count_tokens
 from vt.data.sources import ListSource, record_from_dict
 
 SEQ = 96

@@ -7,7 +7,7 @@ import pytest
 
 from eval_helpers import AIME
 from vt.datagen import commands
-from vt.datagen.io import ResumableWriter
+from vt.io import ResumableWriter
 from vt.datagen.quality import DedupConfig, Deduplicator, FilterConfig, filter_step, templated_score
 from vt.datagen.stages import run_stage
 

@@ -5,7 +5,7 @@ import json
 import re
 
 from vt.data.curriculum import load_pass_rates
-from vt.datagen.io import ResumableWriter
+from vt.io import ResumableWriter
 from vt.datagen.stages import run_stage
 from vt.datagen.stratify import StratifyConfig, run_stratify
 from vt.datagen.teacher import DistillConfig, distill_batch, expand_batch, majority_label

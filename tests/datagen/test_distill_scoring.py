@@ -102,7 +102,7 @@ def test_self_distill_end_to_end(tmp_path, aime_rows, math_reward, tiny_model):
     """Stand-in RL checkpoint on AIME -> verified traces only -> S_LP by the tiny student -> band selection."""
     from eval_helpers import AIME, StandIn
     from vt.data.tokenizer import build_tiny_tokenizer
-    from vt.distill.pipeline import Rules, Selection, SelfDistillConfig, Source, Sources, run_self_distill
+    from vt.distill.run import Rules, Selection, SelfDistillConfig, Source, Sources, run_self_distill
     from vt.eval.runner import SamplingSettings
     tok = build_tiny_tokenizer(tmp_path / "tok")
     cfg = SelfDistillConfig(sources=Sources(math=Source(data=str(AIME), n=4, limit=8)),
@@ -128,7 +128,7 @@ def test_self_distill_config_loads():
     from pathlib import Path
 
     from vt.config import load_config, to_dataclass
-    from vt.distill.pipeline import SelfDistillConfig
+    from vt.distill.run import SelfDistillConfig
     path = Path(__file__).resolve().parents[2] / "configs" / "self_distill.py"
     for variant in ("", ":smoke"):
         cfg = to_dataclass(SelfDistillConfig, load_config(f"{path}{variant}"))

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from vt.config import to_dataclass
-from vt.data.tasks import math_corpus, math_record, write_jsonl
+from vt.data.tasks import math_corpus, math_record
 from vt.data.tokenizer import build_tiny_tokenizer, render_qwen_chat
+from vt.io import write_jsonl
 from vt.rl.learner import RLConfig
 from vt.train.sft import SftConfig, train
 

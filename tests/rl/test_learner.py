@@ -110,7 +110,8 @@ def test_profile_then_drop_trivial_prompts(task, tmp_path):
     """`vt profile` writes pass rates the RL learner and SFT stage 2 read; it resumes without re-profiling."""
     from testutil import run_vt
     from vt.data import load_pass_rates
-    from vt.data.tasks import math_record, write_jsonl
+    from vt.data.tasks import math_record
+    from vt.io import write_jsonl
     from vt.rl.learner import drop_trivial, load_records
     data = write_jsonl(tmp_path / "p.jsonl", [math_record(i, 0, with_answer=False, max_operand=3) for i in range(12)])
     out = tmp_path / "profile.jsonl"

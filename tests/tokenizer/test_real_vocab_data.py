@@ -16,7 +16,7 @@ from vt.data import chat
 from vt.data.chat import chat_token_mask
 from vt.data.curriculum import PassRate, select_hard_subset, token_trace_length
 from vt.data.packing import documents_in_row
-from vt.data.pipeline import PipelineConfig, build_sft_dataset, skip_report
+from vt.data.dataset import PipelineConfig, build_sft_dataset, skip_report
 from vt.data.sources import open_source
 
 IM_END = "<|im_end|>"

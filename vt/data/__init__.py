@@ -18,7 +18,7 @@ _EXPORTS = {
                         "write_array_record"),
     "vt.data.chat": ("Tokenized", "Skip", "tokenize_record", "to_training_example", "chat_token_mask"),
     "vt.data.packing": ("PACKED_KEYS", "pack_first_fit", "padding_fraction"),
-    "vt.data.pipeline": ("PipelineConfig", "SftDataset", "SkipReport", "build_sft_dataset", "skip_report",
+    "vt.data.dataset": ("PipelineConfig", "SftDataset", "SkipReport", "build_sft_dataset", "skip_report",
                          "count_tokens"),
     "vt.data.curriculum": ("PassRate", "load_pass_rates", "select_hard_subset", "stratify", "token_trace_length"),
     "vt.data.filters": ("repetition_score", "NgramDecontaminator"),

@@ -3,7 +3,7 @@
 Every source is a grain-compatible random-access data source (``__len__`` + ``__getitem__``) whose items
 are either a :class:`Record` or a :class:`Malformed` marker. A bad line never raises inside the pipeline
 and is never dropped silently: it travels as ``Malformed(reason, where, detail)`` to the counting stage
-(:mod:`vt.data.pipeline`), which tallies it per reason and names ``file:line`` in its report.
+(:mod:`vt.data.dataset`), which tallies it per reason and names ``file:line`` in its report.
 
 Accepted record shapes (JSON object per JSONL line / ArrayRecord record / parquet row / TFDS example)::
 

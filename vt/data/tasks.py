@@ -23,10 +23,6 @@ RL, profiling and evaluation read):
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Iterable
-
 import numpy as np
 
 SPLITS = {"train": 0, "eval": 1}
@@ -183,14 +179,3 @@ def task_corpus(seed: int = 0, n_per_domain: int = 200) -> list[str]:
         for rec in task_records(d, n_per_domain, seed, noise=0.5):
             texts.append(render_qwen_chat(rec["messages"]))
     return texts
-
-
-def write_jsonl(path: Path | str, records: Iterable[dict]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    tmp.replace(path)
-    return path

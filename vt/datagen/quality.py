@@ -160,7 +160,7 @@ def dedup_step(cfg: DedupConfig, kept_rows: Sequence[dict]):
 
 def eval_texts(paths: Sequence[str]) -> list[tuple[str, str]]:
     """(``file:id``, question text) of every evaluation item: prompt contents (and a ``problem`` field)."""
-    from vt.datagen.io import read_rows
+    from vt.io import read_rows
     out = []
     for p in paths:
         for i, (where, row) in enumerate(read_rows(p)):

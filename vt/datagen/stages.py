@@ -5,7 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vt import VtError
-from vt.datagen.io import ResumableWriter, count_rows, read_rows
+from vt.io import ResumableWriter, count_rows, read_rows
 
 # The reason a step gives for a row it could not process for a passing cause (the teacher endpoint is down): the
 # row is not journaled, so a re-run retries it, and the run stops at once (the finished rows are kept).

@@ -14,13 +14,15 @@ Idempotent: outputs are written to temporary files and renamed, so a killed run 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Annotated, Sequence
 
 from vt import VtError
-from vt.data.curriculum import bucket_of, default_difficulty, stratify
+from vt.data.curriculum import (PassRate, bucket_of, default_difficulty, select_hard_subset, stratify,
+                                token_trace_length)
 from vt.data.sources import ListSource, Malformed, record_from_dict
+from vt.data.tokenizer import load_tokenizer
+from vt.io import atomic_write_json, read_rows, write_jsonl
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields
 
 
@@ -35,17 +37,6 @@ class StratifyConfig:
 
     def __post_init__(self):
         check_fields(self)
-
-
-def _write(path: Path, rows) -> int:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    n = 0
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    tmp.replace(path)
-    return n
 
 
 def pass_rate_table(rows: Sequence[dict], records) -> list[dict]:
@@ -67,8 +58,6 @@ def pass_rate_table(rows: Sequence[dict], records) -> list[dict]:
 
 
 def run_stratify(inp: str, out_dir: str | Path, cfg: StratifyConfig) -> dict:
-    from vt.data.curriculum import PassRate, select_hard_subset, token_trace_length
-    from vt.datagen.io import read_rows
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows, records = [], []
@@ -80,7 +69,6 @@ def run_stratify(inp: str, out_dir: str | Path, cfg: StratifyConfig) -> dict:
         records.append(rec)
     tok = None
     if cfg.tokenizer:
-        from vt.data.tokenizer import load_tokenizer
         tok = load_tokenizer(cfg.tokenizer)
     base_length = token_trace_length(tok)
 
@@ -93,20 +81,20 @@ def run_stratify(inp: str, out_dir: str | Path, cfg: StratifyConfig) -> dict:
     cells = stratify(source, difficulty_edges=cfg.difficulty_edges, length_edges=cfg.length_edges,
                      trace_length=length)
     order = [i for _, idx in cells.items() for i in idx]
-    n1 = _write(out / "stage1.jsonl", (rows[i] for i in order))
+    write_jsonl(out / "stage1.jsonl", (rows[i] for i in order))
     table = pass_rate_table(rows, records)
-    _write(out / "pass_rates.jsonl", table)
+    write_jsonl(out / "pass_rates.jsonl", table)
     rates = {t["id"]: PassRate(t["pass_rate"], t["n"]) for t in table}
     hard, report = select_hard_subset(source, rates, trace_length=length, min_trace_tokens=cfg.min_trace_tokens,
                                       min_error_rate=cfg.min_error_rate, min_rollouts=cfg.min_rollouts,
                                       missing="exclude")
-    n2 = _write(out / "stage2.jsonl", (rows[i] for i in hard))
+    write_jsonl(out / "stage2.jsonl", (rows[i] for i in hard))
     manifest = {
         "input": inp, "difficulty_edges": list(cfg.difficulty_edges), "length_edges": list(cfg.length_edges),
         "cells": [{"difficulty_bucket": d, "length_bucket": l, "count": len(idx)} for (d, l), idx in cells.items()],
-        "stage1": n1, "stage2": n2, "prompts_with_pass_rate": len(table),
+        "stage1": len(order), "stage2": len(hard), "prompts_with_pass_rate": len(table),
         "stage2_report": dataclasses.asdict(report),
         "unknown_difficulty": sum(bucket_of(default_difficulty(r), cfg.difficulty_edges) == -1 for r in records),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write_json(out / "manifest.json", manifest)
     return manifest

@@ -38,7 +38,7 @@ def check_inputs(cfg) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vt.config import load_config, to_dataclass
-    from vt.distill.pipeline import SelfDistillConfig, run_self_distill
+    from vt.distill.run import SelfDistillConfig, run_self_distill
 
     check_output_path(args.workdir, "--workdir", directory=True)
     cfg = to_dataclass(SelfDistillConfig, load_config(args.config, args.config_overrides))

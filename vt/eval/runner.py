@@ -134,7 +134,7 @@ class Problem:
 
 def load_problems(cfg: EvalConfig) -> list[Problem]:
     from vt.data.sources import Malformed, record_from_dict
-    from vt.datagen.io import read_rows
+    from vt.io import read_rows
     problems = []
     for i, (where, row) in enumerate(read_rows(cfg.data)):
         if cfg.limit and len(problems) >= cfg.limit:
@@ -165,7 +165,7 @@ def results_path(out_dir: Path, process_index: int, process_count: int) -> Path:
 
 def read_results(out_dir: Path) -> dict[str, dict]:
     """Finished problems from every results file in `out_dir` (whatever process count wrote them)."""
-    from vt.datagen.io import read_complete_jsonl
+    from vt.io import read_complete_jsonl
     files = [out_dir / "results.jsonl"] + sorted(out_dir.glob("results.process-*.jsonl"))
     return {r["id"]: r for path in files for r in read_complete_jsonl(path)}
 
@@ -285,7 +285,7 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
     import jax
     from tqdm import tqdm
 
-    from vt.datagen.io import append_lines
+    from vt.io import append_lines
     from vt.distributed import barrier, is_primary, process_count
     from vt.rewards import make_reward
     out_dir = Path(out_dir)

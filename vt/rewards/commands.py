@@ -14,25 +14,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from vt import VtError
+from vt.io import write_jsonl
+from vt.rewards.registry import DOMAINS, make_reward
 from vt.validation import check_output_path, parse_json_line, positive_float, positive_int, refuse_same_file
 
-DOMAINS = ("math", "code", "stem", "instruct", "rubric")
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "reward",
-        help="score completions in a JSONL file (math, code, stem, instruct, rubric)",
+        help=f"score completions in a JSONL file ({', '.join(DOMAINS)})",
         description=__doc__.splitlines()[0],
     )
     p.add_argument("--domain", required=True, choices=DOMAINS)
@@ -53,8 +51,6 @@ def register(subparsers) -> None:
 
 
 def build_reward(args: argparse.Namespace):
-    from vt.rewards.registry import make_reward
-
     opts: dict[str, Any] = {}
     t = args.timeout
     if args.domain == "math":
@@ -126,28 +122,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_scored(args, reward, records, references) -> tuple[collections.Counter, float]:
-    """Score in batches into a temporary file next to --out, renamed over it only when complete."""
-    counts: collections.Counter = collections.Counter()
-    score_sum = 0.0
+    """Score in batches into --out, which is replaced only when every record is scored (vt.io.write_jsonl)."""
     from tqdm import tqdm
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".partial", dir=args.out.parent)
+    counts: collections.Counter = collections.Counter()
+    score_sum = 0.0
+
+    def scored_rows():
+        nonlocal score_sum
+        for start in range(0, len(records), args.batch_size):
+            chunk = records[start : start + args.batch_size]
+            refs = references[start : start + args.batch_size]
+            results = reward.score_batch(refs, [rec["completion"] for _, rec in chunk])
+            for (_, rec), res in zip(chunk, results):
+                counts[res.failure or "ok"] += 1
+                score_sum += res.score or 0.0  # verifier errors (None) are excluded via `valid`
+                yield {**rec, **res.to_json()}
+            bar.update(len(chunk))
+
     bar = tqdm(total=len(records), unit="record", file=sys.stderr, desc="vt reward", disable=args.no_progress)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for start in range(0, len(records), args.batch_size):
-                chunk = records[start : start + args.batch_size]
-                refs = references[start : start + args.batch_size]
-                results = reward.score_batch(refs, [rec["completion"] for _, rec in chunk])
-                for (_, rec), res in zip(chunk, results):
-                    f.write(json.dumps({**rec, **res.to_json()}, ensure_ascii=False) + "\n")
-                    counts[res.failure or "ok"] += 1
-                    score_sum += res.score or 0.0  # verifier errors (None) are excluded via `valid`
-                bar.update(len(chunk))
-        os.replace(tmp, args.out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        write_jsonl(args.out, scored_rows())
     finally:
         bar.close()
     return counts, score_sum

@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, passed
+from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, answer_region, field, passed
 
 RELATIONS = ("less than", "at most", "exactly", "at least", "more than")
 
@@ -698,12 +698,9 @@ def response_text(completion: str) -> str:
     untouched, when there is none, as IFEval checks it; empty when the completion opens a think block
     it never closes (a truncated chain of thought is not an answer).
     """
-    before, sep, after = completion.rpartition("</think>")
-    if sep:
-        return after.lstrip()
-    if completion.lstrip().startswith("<think>"):
-        return ""
-    return completion
+    if "</think>" in completion:
+        return answer_region(completion).lstrip()
+    return "" if completion.lstrip().startswith("<think>") else completion
 
 
 @dataclasses.dataclass(frozen=True)

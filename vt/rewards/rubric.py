@@ -33,7 +33,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, field, verifier_error
+from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, answer_region, field, verifier_error
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class RubricReward(RewardFunction):
     def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
         # Flatten (item, criterion) pairs, ask the judge only for the uncached ones, in one batch.
         pairs = [(i, c) for i, (_, crit) in enumerate(references) for c in crit]
-        responses = [c.rpartition("</think>")[2].strip() if "</think>" in c else c.strip() for c in completions]
+        responses = [answer_region(c).strip() for c in completions]
         keys = [self._key(references[i][0], responses[i], c) for i, c in pairs]
         scores: list[int | str | None] = [self.cache.get(k) for k in keys]
         todo = [j for j, s in enumerate(scores) if s is None]

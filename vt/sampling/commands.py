@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag
+from vt.io import atomic_write_json, write_jsonl
 from vt.validation import (check_output_path, non_negative_float, non_negative_int, number, parse_json_line,
                            positive_int, refuse_same_file, top_k)
 
@@ -167,26 +165,19 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.close()
 
-    fd, tmp = tempfile.mkstemp(prefix=f".{args.out.name}.", suffix=".tmp", dir=out_dir)
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; OUT gets the permissions of a normally created file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for i, (req, samples) in enumerate(zip(requests, results)):
-                for j, s in enumerate(samples):
-                    rec = {"index": i, "sample": j, "prompt_ids": list(req.prompt_ids),
-                           "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                    if tokenizer is not None:
-                        rec["completion"] = s.text
-                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, args.out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    def rows():
+        for i, (req, samples) in enumerate(zip(requests, results)):
+            for j, s in enumerate(samples):
+                rec = {"index": i, "sample": j, "prompt_ids": list(req.prompt_ids),
+                       "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                if tokenizer is not None:
+                    rec["completion"] = s.text
+                yield rec
+
+    write_jsonl(args.out, rows())
     st = engine.last_stats
     if args.stats_json is not None:
-        args.stats_json.write_text(json.dumps(dataclasses.asdict(st), indent=1) + "\n")
+        atomic_write_json(args.stats_json, dataclasses.asdict(st), indent=1)
     print(f"wrote {total} samples to {args.out}: {st.tokens} tokens in {st.seconds:.1f}s "
           f"({st.tokens / max(st.seconds, 1e-9):.1f} tokens/s, {st.decode_steps} decode steps)", file=sys.stderr)
     return 0

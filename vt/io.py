@@ -1,19 +1,27 @@
-"""Raw rows in and out: JSONL and parquet, every field kept (vt.data.sources normalises; this does not).
+"""Files in and out, for every command: atomic writes, JSONL and parquet rows, resumable JSONL outputs.
 
-``read_rows(path)`` yields ``(where, row)`` with ``where`` = ``file:LINE`` / ``file:row N``; a malformed JSON
-line raises VtError naming it. ``ResumableWriter`` appends JSONL lines with a journal so a killed run
-continues exactly where it stopped (see its docstring); a ``.parquet`` output is assembled from the
-finished JSONL at the end.
+Whole-file outputs (``atomic_write_text``, ``atomic_write_json``, ``write_jsonl``) are written to a temporary
+sibling and renamed over the target only when complete, so an error or a kill leaves an existing file untouched
+and never a half-written one. ``read_rows(path)`` yields ``(where, row)`` with ``where`` = ``file:LINE`` /
+``file:row N``, every field kept (vt.data.sources normalises; this does not); a malformed JSON line raises
+VtError naming it. ``ResumableWriter`` appends JSONL lines with a journal so a killed run continues exactly where
+it stopped (see its docstring); a ``.parquet`` output is assembled from the finished JSONL at the end.
+
+This module sits at the bottom of vt's imports (it needs only vt.validation), so any package may use it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from vt import VtError
 from vt.validation import parse_json_line
@@ -32,12 +40,63 @@ def plain(x: Any) -> Any:
     return x
 
 
+def _numpy_to_json(x: Any) -> Any:
+    """json.dumps' `default`: called only for values json cannot write, so plain rows pay nothing for it."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable")
+
+
+def dumps(obj: Any) -> str:
+    """One JSONL line's text (no newline): UTF-8 kept as is, numpy values as Python ones."""
+    return json.dumps(obj, ensure_ascii=False, default=_numpy_to_json)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: Path | str) -> Iterator[IO[str]]:
+    """A text file to write `path` through: a temporary sibling, renamed over `path` when the block ends without
+    error and deleted otherwise. The file gets the permissions of a normally created one (mkstemp makes 0600)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> Path:
+    with atomic_writer(path) as f:
+        f.write(text)
+    return Path(path)
+
+
+def atomic_write_json(path: Path | str, obj: Any, *, indent: int = 2) -> Path:
+    """A JSON document (a manifest, a report); values json cannot write (paths, numpy scalars) as their str."""
+    return atomic_write_text(path, json.dumps(plain(obj), indent=indent, ensure_ascii=False, default=str) + "\n")
+
+
+def write_jsonl(path: Path | str, rows: Iterable[dict]) -> Path:
+    """One JSON object per line, written atomically; `rows` may be a generator that computes them as it goes (an
+    exception from it leaves `path` as it was)."""
+    with atomic_writer(path) as f:
+        for row in rows:
+            f.write(dumps(row) + "\n")
+    return Path(path)
+
+
 def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
     path = str(path)
     if not os.path.isfile(path):
         raise VtError(f"{path}: no such file")
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
         try:
             table = pq.read_table(path)
         except Exception as e:  # pyarrow's error types vary by cause
@@ -60,14 +119,9 @@ def read_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
 def count_rows(path: str | os.PathLike) -> int:
     path = str(path)
     if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
         return pq.ParquetFile(path).metadata.num_rows
     with open(path, "rb") as f:
         return sum(1 for line in f if line.strip())
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(plain(obj), ensure_ascii=False)
 
 
 def read_complete_jsonl(path: Path) -> list[dict]:
@@ -162,12 +216,10 @@ class ResumableWriter:
         """Close, convert to parquet if asked, write ``<out>.report.json``; returns the report."""
         self.close()
         if self.final.suffix == ".parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
             rows = read_complete_jsonl(self.path)
             pq.write_table(pa.Table.from_pylist(rows), self.final)
             self.path.unlink()
         report = {**report, "counts": dict(sorted(self.counts.items())), "output": str(self.final),
                   "rejected": str(self.rejected_path)}
-        Path(str(self.final) + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write_json(Path(str(self.final) + ".report.json"), report)
         return report

@@ -16,11 +16,17 @@ import json
 import logging
 from pathlib import Path
 
+from tqdm import tqdm
+
 from vt import VtError
+from vt.checkpoint.params import load_model
+from vt.data.tokenizer import load_tokenizer
 from vt.distill.scoring import Scorer, ScoringConfig
 from vt.distill.selection import DomainRule, ScoredTrace, select
-from vt.eval.runner import EvalConfig, ModelSettings, SamplingSettings, run_eval
-from vt.sharding import MeshConfig
+from vt.distributed import barrier, is_primary
+from vt.eval.runner import EvalConfig, ModelSettings, SamplingSettings, load_problems, read_results, run_eval
+from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
+from vt.sharding import MeshConfig, make_process_mesh
 
 log = logging.getLogger(__name__)
 DOMAINS = ("math", "code", "stem")
@@ -78,7 +84,6 @@ def sample_config(cfg: SelfDistillConfig, domain: str, src: Source) -> EvalConfi
 
 def verified_traces(workdir: Path, cfg: SelfDistillConfig, generators=None, rewards=None) -> list[dict]:
     """Step 1 and the correctness filter: [{id, domain, prompt_id, messages, text, ckpt}]."""
-    from vt.eval.runner import load_problems, read_results
     traces = []
     for domain in DOMAINS:
         src: Source = getattr(cfg.sources, domain)
@@ -103,9 +108,6 @@ def verified_traces(workdir: Path, cfg: SelfDistillConfig, generators=None, rewa
 def score_traces(workdir: Path, traces: list[dict], scorer: Scorer, tokenizer, batch: int = 256,
                  progress: bool = True) -> dict[str, dict]:
     """Step 2, resumable: {trace id: {"s_lp", "length"}} (``scores.jsonl``)."""
-    from tqdm import tqdm
-
-    from vt.datagen.io import append_lines, read_complete_jsonl
     path = workdir / "scores.jsonl"
     done = {r["id"]: r for r in read_complete_jsonl(path)}
     todo = [t for t in traces if t["id"] not in done]
@@ -133,7 +135,6 @@ def run_self_distill(cfg: SelfDistillConfig, workdir: str | Path, *, generators=
 
     Several processes: all of them sample (step 1 splits the prompts, see vt.eval.runner); scoring and
     selection then run on process 0 with its own devices, the others wait for it and return its report."""
-    from vt.distributed import barrier, is_primary
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     traces = verified_traces(workdir, cfg, generators, rewards)
@@ -150,12 +151,9 @@ def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict],
     if not traces:
         raise VtError("self-distillation: no verified-correct trace was sampled (check the checkpoints and data)")
     if tokenizer is None:
-        from vt.data.tokenizer import load_tokenizer
         tokenizer = load_tokenizer(cfg.tokenizer)
     mesh = None
     if student is None:
-        from vt.checkpoint import load_model
-        from vt.sharding import make_process_mesh
         mesh = make_process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
         student = load_model(cfg.student, mesh=mesh, dtype=cfg.dtype)
     scores = score_traces(workdir, traces, Scorer(student, cfg.scoring, mesh), tokenizer, progress=cfg.progress)
@@ -163,15 +161,12 @@ def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict],
     rules = {d: getattr(cfg.selection.rules, d) for d in DOMAINS}
     chosen, report = select(scored, rules, cfg.selection.total, cfg.selection.seed)
     by_id = {t["id"]: t for t in traces}
-    with open(workdir / "selected.jsonl.tmp", "w", encoding="utf-8") as f:
-        for s in chosen:
-            t = by_id[s.id]
-            rec = {"id": s.id, "domain": s.domain,
-                   "messages": t["messages"] + [{"role": "assistant", "content": t["text"]}],
-                   "metadata": {"prompt_id": f"{s.domain}/{t['prompt_id']}", "s_lp": s.score,
-                                "trace_length": s.length, "source_ckpt": t["ckpt"]}}
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    (workdir / "selected.jsonl.tmp").replace(workdir / "selected.jsonl")
+    write_jsonl(workdir / "selected.jsonl", (
+        {"id": s.id, "domain": s.domain,
+         "messages": by_id[s.id]["messages"] + [{"role": "assistant", "content": by_id[s.id]["text"]}],
+         "metadata": {"prompt_id": f"{s.domain}/{by_id[s.id]['prompt_id']}", "s_lp": s.score,
+                      "trace_length": s.length, "source_ckpt": by_id[s.id]["ckpt"]}}
+        for s in chosen))
     report["verified_traces"] = len(traces)
-    (workdir / "selection_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(workdir / "selection_report.json", report)
     return report

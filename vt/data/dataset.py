@@ -233,7 +233,7 @@ def skip_report(iterator: grain.DatasetIterator) -> SkipReport:
             continue
         todo.extend(getattr(it, "_parents", ()))
     if not found:
-        raise VtError("skip_report: this iterator was not built by vt.data.pipeline.build_sft_dataset")
+        raise VtError("skip_report: this iterator was not built by vt.data.dataset.build_sft_dataset")
     return found[0] if len(found) == 1 else _merge_reports(found)
 
 
