@@ -16,7 +16,7 @@ import math
 from typing import Any, Iterator, Mapping, Sequence
 
 import jax
-import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt import VtError
@@ -87,17 +87,16 @@ def make_process_mesh(cfg: MeshConfig) -> Mesh | None:
     return None if mesh.size == 1 else mesh
 
 
-def logical_to_spec(axes: Sequence[str | None], rules: Mapping[str, Any] = LOGICAL_RULES,
-                    where: str = "array") -> P:
+def logical_to_spec(axes: Sequence[str | None], where: str = "array") -> P:
     """PartitionSpec for logical axis names, rejecting names without a rule and mesh axes used twice."""
     spec, used = [], set()
     for name in axes:
         if name is None:
             spec.append(None)
             continue
-        if name not in rules:
+        if name not in LOGICAL_RULES:
             raise VtError(f"sharding: {where} uses logical axis {name!r}, which has no rule in LOGICAL_RULES")
-        mesh_axes = rules[name]
+        mesh_axes = LOGICAL_RULES[name]
         flat = () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
         clash = used.intersection(flat)
         if clash:
@@ -130,42 +129,33 @@ def _drop_trivial(spec: P, mesh: Mesh, shape: Sequence[int], where: str, axes: S
     return P(*out)
 
 
-def param_sharding(axes: Sequence[str], shape: Sequence[int], mesh: Mesh, where: str,
-                   rules: Mapping[str, Any] = LOGICAL_RULES) -> NamedSharding:
+def param_sharding(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh, where: str) -> NamedSharding:
     if len(axes) != len(shape):
         raise VtError(f"sharding: {where} has shape {tuple(shape)} but logical axes {tuple(axes)}")
-    spec = logical_to_spec(axes, rules, where)
+    spec = logical_to_spec(axes, where)
     return NamedSharding(mesh, _drop_trivial(spec, mesh, shape, where, axes))
 
 
-def state_shardings(abstract_state, mesh: Mesh, rules: Mapping[str, Any] = LOGICAL_RULES):
+def state_shardings(abstract_state, mesh: Mesh):
     """NamedSharding for every variable of an (abstract) nnx.State, from its `axes` metadata."""
-    from flax import nnx
-
     def one(path, var):
         where = "/".join(map(str, path))
         axes = var.get_metadata().get("axes")
         if axes is None:
             raise VtError(f"sharding: parameter {where} has no logical axes; every parameter must declare them")
-        return param_sharding(axes, var.get_value().shape, mesh, where, rules)
+        return param_sharding(axes, var.get_value().shape, mesh, where)
 
     return nnx.map_state(one, abstract_state)
 
 
 # --- activations ------------------------------------------------------------------------------------------------
 
-_ACTIVE_RULES: list[Mapping[str, Any]] = [LOGICAL_RULES]
-
-
 @contextlib.contextmanager
-def use_mesh(mesh: Mesh, rules: Mapping[str, Any] = LOGICAL_RULES) -> Iterator[Mesh]:
-    """Make `mesh` current for tracing: activation constraints in the model resolve against it."""
-    _ACTIVE_RULES.append(rules)
-    try:
-        with jax.set_mesh(mesh):
-            yield mesh
-    finally:
-        _ACTIVE_RULES.pop()
+def use_mesh(mesh: Mesh) -> Iterator[Mesh]:
+    """Make `mesh` current for tracing inside the block: activation constraints in the model resolve against it.
+    (`jax.set_mesh` alone would set it already when called, and for good if the block were never entered.)"""
+    with jax.set_mesh(mesh):
+        yield mesh
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
@@ -178,25 +168,11 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
 
 
 def activation_spec(shape: Sequence[int], axes: Sequence[str | None], mesh) -> P:
-    """PartitionSpec of an activation of `shape` named by logical `axes`, under the rules of the innermost
-    `use_mesh`. Dimensions that do not divide over their mesh axes (e.g. batch 1 while decoding a single prompt)
-    stay replicated. `mesh` is a Mesh or the abstract mesh of `jax.sharding.get_abstract_mesh()`."""
-    spec = logical_to_spec(axes, _ACTIVE_RULES[-1], "activation")
+    """PartitionSpec of an activation of `shape` named by logical `axes` (LOGICAL_RULES). Dimensions that do not
+    divide over their mesh axes (e.g. batch 1 while decoding a single prompt) stay replicated. `mesh` is a Mesh or the abstract mesh of `jax.sharding.get_abstract_mesh()`."""
+    spec = logical_to_spec(axes, "activation")
     fixed = []
     for dim, entry in zip(shape, spec):
         names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
         fixed.append(entry if dim % math.prod(mesh.shape[n] for n in names) == 0 else None)
     return P(*fixed)
-
-
-def describe(state) -> dict[str, str]:
-    """path -> printed sharding spec, for `vt info` and tests."""
-    from flax import nnx
-    out = {}
-    for path, var in nnx.to_flat_state(state):
-        out["/".join(map(str, path))] = str(getattr(var.get_value(), "sharding", None))
-    return out
-
-
-def host_local_array(x) -> np.ndarray:
-    return np.asarray(jax.device_get(x))

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from vt import VtError
+from vt.buckets import bucket
 from vt.model import create_model, preset
 from vt.sampling import Engine, Request, SamplerConfig
 from vt.sampling import steps
@@ -274,10 +275,9 @@ def test_long_cache_greedy_matches_full_forward(tiny):
     PAGES_PER_BLOCK pages per block, an online softmax across blocks): every greedy token must be the full forward pass's argmax at its position, up to 1e-4 in
     logit (near-ties over 3 x 1100 positions may resolve either way under fp32 reassociation)."""
     from vt.model.paged import PAGES_PER_BLOCK
-    from vt.sampling.engine import _length_bucket
     prompts = _prompts(3, tiny.cfg.vocab_size, seed=6)
     new = 1100
-    S = _length_bucket(max(len(p) for p in prompts) + new)
+    S = bucket(max(len(p) for p in prompts) + new, 16, half_octaves=True)
     assert new > 4 * PAGES_PER_BLOCK * 16  # many page blocks
     out = Engine(tiny, SamplerConfig(batch_size=3, max_new_tokens=new, temperature=0.0, stop_token_ids=(),
                                      steps_per_call=128)).generate([Request(p) for p in prompts])

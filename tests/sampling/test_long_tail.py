@@ -2,9 +2,9 @@
 64, in a pool of pages sized for what is live rather than for every slot at the longest length."""
 import numpy as np
 
+from vt.buckets import bucket
 from vt.model import create_model, preset
 from vt.sampling import Engine, Request, SamplerConfig
-from vt.sampling.engine import _length_bucket
 from vt.sampling.pages import pages_for
 
 
@@ -27,7 +27,7 @@ def test_long_tail_finishes_in_few_pages():
     assert st.peak_pages <= 1.25 * st.peak_pages_needed, st
     assert st.peak_pages_needed >= pages_for(len(prompts[-1]) + 8191, Z), st
     # the KV bytes of the engine before pages: B rows of the longest sample's length bucket
-    dense_bytes = B * _length_bucket(len(prompts[-1]) + 8192) * st.page_bytes // Z
+    dense_bytes = B * bucket(len(prompts[-1]) + 8192, 16, half_octaves=True) * st.page_bytes // Z
     assert dense_bytes >= 4 * st.pool_pages * st.page_bytes, (dense_bytes, st)
     assert st.tokens == sum(len(s.completion_ids) for samples in out for s in samples)
     print(f"long tail: peak pages {st.peak_pages}, needed {st.peak_pages_needed}, pool {st.pool_pages} "

@@ -17,11 +17,15 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
+import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from vt import VtError
 from vt.checkpoint.io import atomic_output_dir
 from vt.checkpoint.seal import write_seal
+from vt.distributed import is_primary
 from vt.model.config import ModelConfig, from_hf_config, to_hf_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -122,7 +126,6 @@ class SafetensorsReader:
     """Lazy access to the tensors of an HF directory: single `model.safetensors` or a sharded index."""
 
     def __init__(self, hf_dir: Path):
-        from safetensors import SafetensorError, safe_open
         self.hf_dir = Path(hf_dir)
         index = self.hf_dir / "model.safetensors.index.json"
         single = self.hf_dir / "model.safetensors"
@@ -158,7 +161,6 @@ class SafetensorsReader:
         return list(self.key_file)
 
     def get(self, key: str) -> np.ndarray:
-        from safetensors import SafetensorError
         path = self.hf_dir / self.key_file[key]
         try:
             return self._handles[self.key_file[key]].get_tensor(key)
@@ -228,11 +230,6 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
     Shards are flushed as soon as they fill, so peak host memory is one shard plus one tensor. The directory
     appears only when complete (written under a temporary name, then renamed). Multi-process: every process
     consumes `tensors` (gathering is collective) but only process 0 writes files."""
-    import ml_dtypes
-    from safetensors.numpy import save_file
-
-    from vt.distributed import is_primary
-
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
     if np_dtype is None:
         raise VtError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Iterator
 
 from vt import VtError
+from vt.checkpoint.seal import is_sealed
+from vt.distributed import barrier, is_primary, process_count
 
 
 CREATED_MARKER = ".vt-created"
@@ -56,10 +58,6 @@ def atomic_output_dir(out_dir: Path | str, *, overwrite: bool = False) -> Iterat
     temporary directory (Orbax writes each process's shards into it), process 0 creates and renames it, and
     barriers keep the others from writing before it exists or returning before the rename. Plain files
     written inside should come from process 0 only (vt.distributed.is_primary)."""
-    from vt.distributed import barrier, is_primary, process_count
-
-    from vt.checkpoint.seal import is_sealed
-
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not overwrite:

@@ -16,12 +16,16 @@ from typing import Callable
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from vt import VtError
+from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, read_hf_config, write_hf_dir
 from vt.checkpoint.io import atomic_output_dir, reader_error
 from vt.checkpoint.seal import BackgroundVerify, write_seal
+from vt.distributed import is_primary
 from vt.model import Qwen2, abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
@@ -40,7 +44,6 @@ def flat_params(model_or_state) -> dict[str, jax.Array]:
 
 
 def _checkpointer():
-    import orbax.checkpoint as ocp
     return ocp.PyTreeCheckpointer()
 
 
@@ -53,7 +56,6 @@ def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -
 
 
 def write_model_entries(directory: Path, cfg: ModelConfig, params: dict[str, jax.Array]) -> None:
-    from vt.distributed import is_primary
     # Orbax accepts only absolute paths (`vt merge --out rel` crashed on that); collective: every process writes.
     _checkpointer().save(Path(directory).absolute() / PARAMS_ITEM, params)
     if is_primary():
@@ -88,7 +90,6 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     shardings = _flat_shardings(abstract_state, mesh)
     target = {key: jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype, sharding=shardings[key])
               for key, v in _flat(abstract_state).items()}
-    import orbax.checkpoint as ocp
     params_dir = ckpt_dir / PARAMS_ITEM
     if not params_dir.is_dir():
         raise VtError(f"{params_dir}: missing; {ckpt_dir} holds no parameters")
@@ -158,7 +159,6 @@ def _merge(graphdef, abstract_state, flat: dict[str, jax.Array]) -> Qwen2:
 
 def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrides) -> Qwen2:
     """Build a vt model from an HF directory, placing each tensor into its sharding as it is read."""
-    from vt.checkpoint.hf import iter_hf_to_vt, read_hf_config
     cfg = read_hf_config(Path(hf_dir), **config_overrides)
     graphdef, abstract_state = nnx.split(abstract_model(cfg))
     shardings = _flat_shardings(abstract_state, mesh)
@@ -188,7 +188,6 @@ def import_from_hf(hf_dir: Path | str, ckpt_dir: Path | str, *, param_dtype: str
 
 def _gather(x: jax.Array) -> np.ndarray:
     if not x.is_fully_addressable:  # multi-host: every process holds a piece; assemble this one tensor only
-        from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
 
@@ -199,7 +198,6 @@ def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str | None = None, 
 
     `dtype` None keeps the model's `param_dtype`, so an export loses no precision unless a narrower dtype is
     asked for."""
-    from vt.checkpoint.hf import iter_vt_to_hf, write_hf_dir
     flat = flat_params(model)
     write_hf_dir(Path(hf_dir), model.cfg, iter_vt_to_hf(lambda path: _gather(flat[path_key(path)]), model.cfg),
                  dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,

@@ -37,6 +37,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+
 from vt import VtError
 from vt.data.tokenizer import ENDOFTEXT, IM_END, IM_START, QWEN_PRETOKENIZE_REGEX
 
@@ -261,9 +264,6 @@ def _tokenizer_config() -> dict:
 
 def write_qwen25_tokenizer(ranks: dict[bytes, int], out_dir: Path | str) -> Path:
     """Write the Qwen2.5 tokenizer directory built from ``ranks`` into ``out_dir`` (see the module docstring)."""
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import Tokenizer as HFTokenizer
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab, merges = vocab_and_merges(ranks)

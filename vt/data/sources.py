@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from vt import VtError
 
@@ -286,8 +287,6 @@ class ParquetSource:
     """
 
     def __init__(self, path: str | os.PathLike, default_domain: str = "unknown"):
-        import pyarrow.parquet as pq
-
         self.path = str(path)
         self.default_domain = default_domain
         if not os.path.isfile(self.path):
@@ -314,7 +313,7 @@ class ArrayRecordSource:
     """ArrayRecord files whose records are UTF-8 JSON objects (see :func:`write_array_record`)."""
 
     def __init__(self, paths: Sequence[str | os.PathLike], default_domain: str = "unknown"):
-        from grain.sources import ArrayRecordDataSource
+        from grain.sources import ArrayRecordDataSource  # grain takes over a second to import: only when used
 
         self.paths = [str(p) for p in paths]
         self.default_domain = default_domain

@@ -19,11 +19,13 @@ RL, profiling and evaluation read):
   - code (`code_record`): "write f(x) returning x OP k", graded by call-based unit tests in the sandbox;
   - stem (`stem_record`): "which option is largest", a multiple-choice answer `\\boxed{B}`;
   - instruct (`instruct_record`): bullet lists under count and letter-case constraints (rule rewards).
-`task_corpus()` is every text the tasks can produce (tokenizer training); `task_splits` writes a data set.
+`task_corpus()` is every text the tasks can produce (tokenizer training).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from vt.data.tokenizer import render_qwen_chat
 
 SPLITS = {"train": 0, "eval": 1}
 DOMAINS = ("math", "code", "stem", "instruct")
@@ -173,7 +175,6 @@ def task_records(domain: str, n: int, seed: int, *, split: str = "train", noise:
 
 def task_corpus(seed: int = 0, n_per_domain: int = 200) -> list[str]:
     """Chat texts of every domain (answers right and wrong): enough to train a tokenizer that covers them."""
-    from vt.data.tokenizer import render_qwen_chat
     texts = []
     for d in DOMAINS:
         for rec in task_records(d, n_per_domain, seed, noise=0.5):

@@ -33,6 +33,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import sentencepiece as spm
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
 from vt import VtError
 
 ENDOFTEXT = "<|endoftext|>"
@@ -77,9 +83,6 @@ class _JinjaTemplate:
     """Renders an HF ``chat_template`` the way transformers does (sandboxed, trim_blocks, lstrip_blocks)."""
 
     def __init__(self, source: str, special: dict[str, Any], where: str):
-        import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         def raise_exception(message):
             raise VtError(f"{where}: chat template raised: {message}")
 
@@ -310,8 +313,6 @@ def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None) ->
                 raise VtError(f"{p}: no tokenizer.json; pass the SentencePiece file itself: "
                               f"{next(p.glob('*.model'))}")
             raise VtError(f"{p}: no tokenizer.json in this directory")
-        from tokenizers import Tokenizer as HFTokenizer
-
         try:
             backend = HFTokenizer.from_file(str(tj))
         except Exception as e:  # the Rust loader raises a bare Exception on corrupt files
@@ -328,8 +329,6 @@ def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None) ->
             template = override
         special = {k: _token_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
         return Tokenizer(backend, kind="hf", path=str(p), chat_template=template, special_tokens=special)
-    import sentencepiece as spm
-
     sp = spm.SentencePieceProcessor()
     try:
         sp.load(str(p))
@@ -394,10 +393,6 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str] | None
     specials come after the BPE vocabulary, as in Qwen (<|endoftext|>, <|im_start|>, <|im_end|>, <think>,
     </think> in that order). Takes well under a second.
     """
-    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import AddedToken, normalizers
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     texts = list(texts) if texts is not None else _default_texts()
@@ -442,8 +437,6 @@ def build_tiny_sentencepiece(out_path: str | os.PathLike, texts: Iterable[str] |
                              vocab_size: int = 400) -> Tokenizer:
     """Train a tiny SentencePiece BPE model (byte fallback, Qwen specials as user-defined symbols) into
     ``out_path`` (a ``.model`` file) and load it. Identity normalisation so offsets map 1:1 to the text."""
-    import sentencepiece as spm
-
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     texts = list(texts) if texts is not None else _default_texts()

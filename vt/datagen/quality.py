@@ -24,6 +24,7 @@ from typing import Annotated
 from vt import VtError
 from vt.data.filters import NgramDecontaminator, ngrams, repetition_score, words
 from vt.data.sources import Malformed, record_from_dict
+from vt.io import read_rows
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields, check_value
 
 
@@ -160,7 +161,6 @@ def dedup_step(cfg: DedupConfig, kept_rows: Sequence[dict]):
 
 def eval_texts(paths: Sequence[str]) -> list[tuple[str, str]]:
     """(``file:id``, question text) of every evaluation item: prompt contents (and a ``problem`` field)."""
-    from vt.io import read_rows
     out = []
     for p in paths:
         for i, (where, row) in enumerate(read_rows(p)):

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from tqdm import tqdm
+
 from vt import VtError
 from vt.io import ResumableWriter, count_rows, read_rows
 
@@ -24,7 +26,6 @@ def open_writer(out: str | Path) -> ResumableWriter:
 def run_stage(inp: str | Path, writer: ResumableWriter, step: Step | None = None, *,
               batch_step: BatchStep | None = None, batch_size: int = 1, desc: str = "", progress: bool = True, report: dict | None = None) -> dict:
     """Feed every not-yet-done input row through ``step`` (or ``batch_step``) and record the outcome."""
-    from tqdm import tqdm
     total = count_rows(inp)
     bar = tqdm(total=total, initial=len(writer.done), desc=desc, unit="row", disable=not progress)
     pending: list[tuple[int, str, dict]] = []

@@ -12,6 +12,7 @@ rest); the batch size must divide by that product.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
@@ -22,7 +23,9 @@ import numpy as np
 from flax import nnx
 
 from vt import VtError
-from vt.model.qwen2 import KV_CACHE_AXES, KVCache
+from vt.buckets import bucket
+from vt.model.qwen2 import KVCache
+from vt.sharding import param_sharding, use_mesh
 from vt.train.losses import masked_nll_sum, token_logps
 
 
@@ -35,10 +38,6 @@ class ScoringConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.chunk_tokens < 0 or self.min_bucket < 1:
             raise VtError(f"scoring config: batch_size >= 1, chunk_tokens >= 0, min_bucket >= 1; got {self}")
-
-
-def _bucket(x: int, lo: int) -> int:
-    return max(lo, 1 << max(0, x - 1).bit_length())
 
 
 def _row_nll(model, x_BTD, targets_BT, mask_BT):
@@ -72,12 +71,8 @@ class Scorer:
         self.model_cfg, self.cfg, self.mesh = model.cfg, cfg, mesh
         self._row_sh = self._kv_sh = None
         if mesh is not None:
-            from vt.sharding import param_sharding
-            mc = self.model_cfg
             self._row_sh = param_sharding(("batch", None), (cfg.batch_size, 1), mesh, "scoring.batch_size")
-            kv = param_sharding(KV_CACHE_AXES, (mc.num_layers, cfg.batch_size, 1, mc.num_kv_heads, mc.head_dim),
-                                mesh, "scoring KV cache")
-            self._kv_sh = KVCache(k=kv, v=kv)
+            self._kv_sh = KVCache.shardings(self.model_cfg, cfg.batch_size, mesh, "scoring KV cache")
         self._full = jax.jit(functools.partial(_full, self.graphdef))
         self._chunk = jax.jit(functools.partial(_chunk, self.graphdef), donate_argnums=(1,))
         mc = self.model_cfg
@@ -85,9 +80,6 @@ class Scorer:
                               **({} if mesh is None else dict(out_shardings=self._kv_sh)))
 
     def _ctx(self):
-        import contextlib
-
-        from vt.sharding import use_mesh
         return use_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def _put(self, x: np.ndarray):
@@ -115,7 +107,7 @@ class Scorer:
     def _batch(self, prompts, completions):
         B, cfg = self.cfg.batch_size, self.cfg
         longest = max(len(p) + len(c) - 1 for p, c in zip(prompts, completions))
-        T = _bucket(longest, cfg.min_bucket)
+        T = bucket(longest, cfg.min_bucket)
         if cfg.chunk_tokens:
             T = -(-T // cfg.chunk_tokens) * cfg.chunk_tokens
         T = min(T, self.model_cfg.max_position_embeddings)

@@ -192,7 +192,6 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides)
             raise VtError(f"{source}: field '{key}' must be {kind}, got {type(hf[key]).__name__} {hf[key]!r}")
     layers = need("num_hidden_layers")
     heads = need("num_attention_heads")
-    dtype = {"bfloat16": "bfloat16", "float16": "float16"}.get(str(hf.get("torch_dtype", hf.get("dtype"))), "float32")
     kwargs = dict(
         vocab_size=need("vocab_size"), hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),
         num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
@@ -202,7 +201,8 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides)
         bos_token_id=_first_id(hf.get("bos_token_id")), eos_token_id=_first_id(hf.get("eos_token_id")),
         initializer_range=float(hf.get("initializer_range", 0.02)),
     )
-    del dtype  # stored dtype is a property of the weights, not the architecture; vt picks compute dtype itself
+    # torch_dtype is not read: the stored dtype is a property of the weights, not of the architecture, and the
+    # parameter and compute dtypes are vt's own choice (float32 unless overridden).
     kwargs.update(overrides)
     return ModelConfig(**kwargs)
 

@@ -15,6 +15,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vt.sharding import param_sharding
+
+# Logical axes of a page pool [L, K, P, Z, H]: split over KV heads (tensor) and replicated over the batch axes,
+# since any slot may own any page.
+PAGE_POOL_AXES = (None, "kv_heads", None, None, None)
+
 # Pages per block of the decode attention's online softmax (the XLA path), and per compute block on TPU.
 PAGES_PER_BLOCK = 8
 
@@ -35,6 +41,14 @@ class PagedKVCache:
         shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
         dtype = dtype or jnp.dtype(cfg.dtype)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), page_table=page_table)
+
+    @classmethod
+    def shardings(cls, cfg, mesh, page_table) -> "PagedKVCache":
+        """The NamedShardings of a cache on `mesh` (`PAGE_POOL_AXES`), with `page_table` the page table's (split
+        over slots while decoding, replicated while prefilling)."""
+        pool = param_sharding(PAGE_POOL_AXES, (cfg.num_layers, cfg.num_kv_heads, 1, 1, cfg.head_dim), mesh,
+                              "KV page pool")
+        return cls(k=pool, v=pool, page_table=page_table)
 
     @property
     def page_size(self) -> int:

@@ -28,7 +28,7 @@ from flax import nnx
 
 from vt.model.config import ModelConfig
 from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
-from vt.sharding import constrain
+from vt.sharding import constrain, param_sharding
 
 Initializer = Callable[..., jax.Array]
 
@@ -59,6 +59,13 @@ class KVCache:
         dtype = dtype or jnp.dtype(cfg.dtype)
         shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    @classmethod
+    def shardings(cls, cfg: ModelConfig, batch: int, mesh, where: str = "KV cache") -> "KVCache":
+        """The NamedShardings of a cache of `batch` rows on `mesh`, by `KV_CACHE_AXES` (any length: the sequence
+        axis is not split)."""
+        kv = param_sharding(KV_CACHE_AXES, (cfg.num_layers, batch, 1, cfg.num_kv_heads, cfg.head_dim), mesh, where)
+        return cls(k=kv, v=kv)
 
     @property
     def length(self) -> int:

@@ -16,7 +16,7 @@ over kv heads with q regrouped to [K, G, T, H]; same result, more reshapes.)
 
 Sharding: a pallas_call cannot be partitioned by XLA, which would all-gather q, k, v around it. Under a mesh
 (`vt.sharding.use_mesh`) the kernel therefore runs inside `jax.shard_map`: batch over the mesh axes of the
-logical axis "batch", heads over those of "act_heads"/"act_kv_heads" (the rules of the innermost `use_mesh`).
+logical axis "batch", heads over those of "act_heads"/"act_kv_heads" (vt.sharding.LOGICAL_RULES).
 Splitting N and K heads over the same t devices keeps the grouping local: shard s holds query heads
 s*N/t .. and kv heads s*K/t .., and local query head n maps to local kv head n // G. When K does not divide
 over the head axes but N does (e.g. 2 kv heads on tensor=4), k and v are repeated to N heads first (G = 1

@@ -40,6 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vt import VtError
+from vt.buckets import bucket
 from vt.model.paged import PagedKVCache
 from vt.sampling import steps
 from vt.sampling.pages import PagePool, PageTables, pages_for, pool_pages, prompt_need, prompt_pages
@@ -125,17 +126,6 @@ class Stats:
                                                           "page_bytes") else a + b)
 
 
-def _bucket(x: int, lo: int = 1) -> int:
-    return max(lo, 1 << max(0, x - 1).bit_length())
-
-
-def _length_bucket(x: int) -> int:
-    """Cache length: the next power of two or 1.5 x power of two (decode attention reads all S slots every
-    step, so a tighter bucket is faster; two buckets per octave still bound the number of programs)."""
-    p = _bucket(x, 16)
-    return p * 3 // 4 if x <= p * 3 // 4 and p >= 32 else p
-
-
 # Host memory generate() holds until it returns, per sample (scheduler queue entry, result slot, Sample object)
 # and per generated token (token id and log-prob list slots). Lower bounds on purpose: work refused by them
 # cannot fit however it were represented.
@@ -215,8 +205,9 @@ def check_memory(mc, cfg: "SamplerConfig", reqs: Sequence[tuple[np.ndarray, int,
 
 
 def _cache_length(reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int) -> int:
-    """Cache positions a generate call allocates: the longest prompt + completion, bucketed."""
-    return min(_length_bucket(max(len(p) + mn for p, mn, _ in reqs)), max_context)
+    """Cache positions a slot may need in a generate call: the longest prompt + completion, bucketed (the page
+    table's width is a compiled shape; two buckets per octave keep the table tight and the programs few)."""
+    return min(bucket(max(len(p) + mn for p, mn, _ in reqs), 16, half_octaves=True), max_context)
 
 
 def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarray:
@@ -247,15 +238,12 @@ class _Programs:
         self.traces = 0
         out = lambda s: {}  # noqa: E731
         if mesh is not None:
-            # The pool is split over KV heads (tensor) and replicated over the batch axes: any slot may own any
-            # page. Page tables and slot state are split over slots, as the decode batch is.
+            # Page tables (while decoding) and slot state are split over slots, as the decode batch is.
             vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
             row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
-            pool = param_sharding((None, "kv_heads", None, None, None), (mc.num_layers, mc.num_kv_heads, 1, 1,
-                                                                         mc.head_dim), mesh, "KV page pool")
             rep = NamedSharding(mesh, PartitionSpec())
             slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec, key=row)
-            cache_sh = lambda table: PagedKVCache(k=pool, v=pool, page_table=table)  # noqa: E731
+            cache_sh = lambda table: PagedKVCache.shardings(mc, mesh, table)  # noqa: E731
             out = lambda s: dict(out_shardings=s)  # noqa: E731
         rule = dict(params=params, stop_ids=stop_ids)
         self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)), donate_argnums=1,
@@ -427,11 +415,11 @@ class _Run:
             running = [b for b in range(self.B) if self.owner[b] is not None]
             if not running:
                 return self.U
-            for steps in (self.U, *[s for s in (self.Z, 1) if s < self.U]):
-                if sum(self.tables.missing(b, self._limit(b, steps)) for b in running) <= self.pool.free:
+            for n_steps in (self.U, *[s for s in (self.Z, 1) if s < self.U]):
+                if sum(self.tables.missing(b, self._limit(b, n_steps)) for b in running) <= self.pool.free:
                     for b in running:
-                        self.tables.grow(b, self._limit(b, steps))
-                    return steps
+                        self.tables.grow(b, self._limit(b, n_steps))
+                    return n_steps
             self._preempt(max(running, key=lambda b: self.born[b]))
 
     def _take_units(self, free: list[int], steps: int) -> list[tuple[int, int]]:
@@ -519,7 +507,7 @@ class _Run:
         if self.queue:
             return
         busy = [b for b in range(self.B) if self.owner[b] is not None]
-        target = max(_bucket(len(busy)), self.min_batch)
+        target = max(bucket(len(busy)), self.min_batch)
         if target >= self.B or self.B % target:
             return
         rows = busy + [b for b in range(self.B) if self.owner[b] is None][:target - len(busy)]
@@ -538,11 +526,11 @@ class _Run:
         by_req = collections.defaultdict(list)
         for u, b in zip(units, slots_for):
             by_req[u[0]].append((u[1], b))
-        rows = lambda n: min(_bucket(n, eng.cfg.min_prefill_rows), _bucket(B))  # noqa: E731
+        rows = lambda n: min(bucket(n, eng.cfg.min_prefill_rows), bucket(B))  # noqa: E731
         groups, group, longest = [], [], 0
         for i in by_req:
             longest = max(longest, len(reqs[i][0]))
-            if group and rows(len(group) + 1) * _bucket(longest, eng.cfg.min_prompt_bucket) > eng.cfg.prefill_tokens:
+            if group and rows(len(group) + 1) * bucket(longest, eng.cfg.min_prompt_bucket) > eng.cfg.prefill_tokens:
                 groups.append(group)
                 group, longest = [], len(reqs[i][0])
             group.append(i)
@@ -551,7 +539,7 @@ class _Run:
         unowned = self.pool.num_pages
         for group in groups:
             P = rows(len(group))
-            T = min(_bucket(max(len(reqs[i][0]) for i in group), eng.cfg.min_prompt_bucket), S)
+            T = min(bucket(max(len(reqs[i][0]) for i in group), eng.cfg.min_prompt_bucket), S)
             toks = np.zeros((P, T), np.int32)
             lens = np.ones(P, np.int32)
             table = np.full((P, pages_for(T, self.Z)), unowned, np.int32)

@@ -42,11 +42,6 @@ class Slots:
         return cls(last_tok=i, pos=i, count=i, max_new=i, active=f, stopped=f, key=jnp.zeros((batch, 2), jnp.uint32))
 
 
-def forward_at(model, tokens_BT, positions_BT, cache, idx_B):
-    """A cached forward pass with the LM head only at column idx_B of each row: (logits [B, V], cache)."""
-    return model(tokens_BT, positions_BT, None, cache, logits_at_B=idx_B)
-
-
 def prefill(graphdef, state, cache: PagedKVCache, tokens_PT, lens_P):
     """Run right-padded prompts from position 0, writing their keys and values into the pages of
     `cache.page_table` ([P, pages of T]; padding past a prompt's pages is dropped). Returns (last logits [P, V],
@@ -54,7 +49,7 @@ def prefill(graphdef, state, cache: PagedKVCache, tokens_PT, lens_P):
     model = nnx.merge(graphdef, state)
     P, T = tokens_PT.shape
     positions_PT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (P, T))
-    return forward_at(model, tokens_PT, positions_PT, cache, lens_P - 1)
+    return model(tokens_PT, positions_PT, None, cache, logits_at_B=lens_P - 1)  # the LM head at each last token only
 
 
 def insert(cache: PagedKVCache, slots: Slots, logits_PV, src_Q, dst_Q, lens_Q, max_new_Q, ids_Q, base_key,
