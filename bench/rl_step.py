@@ -110,7 +110,7 @@ def prepare(args, tmp: Path) -> tuple[dict, dict]:
     sys.path.insert(0, str(REPO / "tests" / "rl"))
     from rl_helpers import build_task
     from vt.checkpoint.params import export_to_hf, load_model
-    from vt.data import load_tokenizer
+    from vt.data.tokenizer import load_tokenizer
     from vt.rl.learner import load_records, prompts_for_step
 
     t0 = time.perf_counter()

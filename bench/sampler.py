@@ -83,7 +83,7 @@ def make_weights(args, out: Path) -> None:
 
 def run_vt(args, hf_dir: Path, work) -> dict:
     from vt.checkpoint.params import model_from_hf
-    from vt.sampling import Engine, Request, SamplerConfig
+    from vt.sampling.engine import Engine, Request, SamplerConfig
     engine = Engine(model_from_hf(hf_dir), SamplerConfig(batch_size=args.batch_size, temperature=1.0,
                                                          stop_token_ids=(), n=args.n))
     requests = [Request(p, max_new_tokens=m) for p, m in work]

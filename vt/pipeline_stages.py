@@ -197,7 +197,7 @@ def plan_profile(ctx, section, sdir) -> Plan:
 
 
 def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.data import load_pass_rates
+    from vt.data.curriculum import load_pass_rates
     from vt.rl.learner import load_records
     from vt.rl.profile import profile
     c: ProfileStage = plan.config
@@ -253,7 +253,7 @@ class _Verifier:
     """Engine + rewards for a set of domains, reused across checkpoints (weights swapped in place)."""
 
     def __init__(self, ctx: Context, domains, sampler_cfg):
-        from vt.data import load_tokenizer
+        from vt.data.tokenizer import load_tokenizer
         from vt.rewards.registry import make_reward
         self.tokenizer = load_tokenizer(ctx.cfg.tokenizer)
         self.rewards = {d: make_reward(d) for d in domains}
@@ -262,7 +262,7 @@ class _Verifier:
     def load(self, ckpt: str) -> None:
         from flax import nnx
 
-        from vt.checkpoint import load_model
+        from vt.checkpoint.params import load_model
         from vt.sampling.engine import Engine
         model = load_model(ckpt)
         if self.engine is None:
@@ -350,7 +350,7 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
                 k=plan.config["profile_k"], domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
                 max_new_tokens=plan.config["profile_max_new_tokens"] or r.max_new_tokens, batch_size=r.batch_size,
                 max_prompt_tokens=cfg.data.max_prompt_tokens, seed=r.seed, progress=False)
-        from vt.data import load_pass_rates
+        from vt.data.curriculum import load_pass_rates
         rates = load_pass_rates(cfg.data.profile)
         if rates and all(r.pass_rate in (0.0, 1.0) for r in rates.values()):
             # Every group would have zero advantage: there is nothing to learn, so the checkpoint passes on.
@@ -413,8 +413,8 @@ def _generator(ckpt: str, tokenizer_path: str, s, dtype: str):
 
     (vt.eval.runner.build_generator builds its Engine without the tokenizer, so with a tokenizer whose
     <|im_end|> is not Qwen's id 151645, like the demo's, no sample would ever stop.)"""
-    from vt.checkpoint import load_model
-    from vt.data import load_tokenizer
+    from vt.checkpoint.params import load_model
+    from vt.data.tokenizer import load_tokenizer
     from vt.eval.generation import EngineGenerator
     from vt.sampling.engine import Engine, SamplerConfig
     tok = load_tokenizer(tokenizer_path)
@@ -490,7 +490,7 @@ def plan_export(ctx, section, sdir) -> Plan:
 
 
 def run_export(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.checkpoint import load_model
+    from vt.checkpoint.params import load_model
     from vt.checkpoint.params import export_to_hf
     c: ExportStage = plan.config
     ckpt = ctx.checkpoint_before("export")
@@ -513,8 +513,8 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vt.checkpoint import load_model
-    from vt.data import load_tokenizer
+    from vt.checkpoint.params import load_model
+    from vt.data.tokenizer import load_tokenizer
     from vt.sampling.engine import Engine, Request, SamplerConfig
     tok = load_tokenizer(ctx.cfg.tokenizer)
     per_domain = {d: _load_limited(p, c.check_prompts, f"probe.data.{d}")

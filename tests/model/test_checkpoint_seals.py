@@ -12,7 +12,7 @@ from vt.cli import main
 @pytest.fixture(scope="module")
 def sealed(tmp_path_factory):
     """A model checkpoint (save_model), its HF export, that export converted back, and a merge: all via the CLI."""
-    from vt.checkpoint import save_model
+    from vt.checkpoint.params import save_model
     from vt.model import create_model, preset
     root = tmp_path_factory.mktemp("seal")
     save_model(root / "ck", create_model(preset("tiny", max_position_embeddings=128), seed=0))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from vt.checkpoint import load_model
+from vt.checkpoint.params import load_model
 
 FP32_TOL = 1e-5  # max-abs logit difference, float32 (issue 2)
 

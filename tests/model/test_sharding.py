@@ -10,7 +10,7 @@ def test_sharded_logits_and_param_shardings(hf_dir, vt_ckpt):
     out = run_multidevice(f"""
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
-        from vt.checkpoint import load_model
+        from vt.checkpoint.params import load_model
         from vt.checkpoint.params import model_from_hf
         from vt.model import create_model
         from vt.sharding import MeshConfig, make_mesh, use_mesh, logical_to_spec

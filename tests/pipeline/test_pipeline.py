@@ -133,7 +133,7 @@ def test_kill_in_rl_stage_then_resume_equals_straight_run(straight, tmp_path):
     assert a["eval"]["metrics"] == b["eval"]["metrics"]
     for s in ("rl_math", "long2short", "rl_code", "rl_stem", "rl_instruct"):
         assert a[s]["metrics"].get("reward_last") == b[s]["metrics"].get("reward_last"), s
-    from vt.checkpoint import load_model
+    from vt.checkpoint.params import load_model
     from vt.checkpoint.params import flat_params
     pa = flat_params(load_model(ref / a["rl_instruct"]["checkpoint"]))
     pb = flat_params(load_model(workdir / b["rl_instruct"]["checkpoint"]))

@@ -19,7 +19,7 @@ import zlib
 import pytest
 
 from vt.data.sources import record_from_dict
-from vt.rewards import RewardSpecError
+from vt.rewards.base import RewardSpecError
 from vt.rewards.code import CallTest, CodeReward, ProgramTest, StdioTest, code_tests
 from vt.rl.rollouts import reward_record
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import vt
-from vt.rewards import RewardSpecError
+from vt.rewards.base import RewardSpecError
 from vt.rewards import sandbox as sandbox_mod
 from vt.rewards.code import CodeReward, json_equal, last_code_block, normalise_stdout
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from vt.rewards import RewardSpecError
+from vt.rewards.base import RewardSpecError
 from vt.rewards.instruct import (
     IFEVAL_IDS,
     REGISTRY,

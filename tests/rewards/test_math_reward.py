@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from vt.rewards import RewardSpecError, scores_and_mask
+from vt.rewards.base import RewardSpecError, scores_and_mask
 from vt.rewards.math_reward import MathReward, boxed_answers, hedge_reason, top_level_items
 from vt.rewards.workers import WorkerError, WorkerPool
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vt.rewards import RewardSpecError
+from vt.rewards.base import RewardSpecError
 from vt.rewards.rubric import CRITERIA, MalformedJudgement, OpenAIChatJudge, RubricReward, parse_score
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rl_helpers import build_task, metrics, rl_config
 from testutil import REPO
-from vt.checkpoint import load_model
+from vt.checkpoint.params import load_model
 from vt.checkpoint.params import flat_params
 from vt.rl.learner import prompts_for_step, train_rl
 
@@ -109,7 +109,7 @@ def test_sharded_rl_matches_single_device(task, tmp_path):
 def test_profile_then_drop_trivial_prompts(task, tmp_path):
     """`vt profile` writes pass rates the RL learner and SFT stage 2 read; it resumes without re-profiling."""
     from testutil import run_vt
-    from vt.data import load_pass_rates
+    from vt.data.curriculum import load_pass_rates
     from vt.data.tasks import math_record
     from vt.io import write_jsonl
     from vt.rl.learner import drop_trivial, load_records

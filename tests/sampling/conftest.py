@@ -23,5 +23,5 @@ def sampling_ckpt(sampling_hf_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def sampling_model(sampling_ckpt):
-    from vt.checkpoint import load_model
+    from vt.checkpoint.params import load_model
     return load_model(sampling_ckpt)

@@ -52,7 +52,7 @@ def test_greedy_matches_transformers_generate(sampling_hf_dir, sampling_ckpt, tm
 @pytest.fixture(scope="module")
 def text_setup(tmp_path_factory):
     """A vocab-512 vt checkpoint and the tiny tokenizer (<= 512 ids, Qwen specials included)."""
-    from vt.checkpoint import save_model
+    from vt.checkpoint.params import save_model
     from vt.data.tokenizer import build_tiny_tokenizer
     from vt.model import create_model, preset
     root = tmp_path_factory.mktemp("text")

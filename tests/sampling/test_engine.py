@@ -10,7 +10,7 @@ from flax import nnx
 from vt import VtError
 from vt.buckets import bucket
 from vt.model import create_model, preset
-from vt.sampling import Engine, Request, SamplerConfig
+from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams, sampling_logprobs
 

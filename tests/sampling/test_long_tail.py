@@ -4,7 +4,7 @@ import numpy as np
 
 from vt.buckets import bucket
 from vt.model import create_model, preset
-from vt.sampling import Engine, Request, SamplerConfig
+from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sampling.pages import pages_for
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from flax import nnx
 from vt.model import create_model, preset
-from vt.sampling import Engine, Request, SamplerConfig
+from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sharding import MeshConfig, make_mesh
 
 assert len(jax.devices()) == 8

@@ -88,7 +88,7 @@ def test_vt_sample_stops_and_decodes_across_token_boundaries(chain_ckpt, qwen_di
 
 
 def test_engine_stop_ids_are_the_tokenizers(chain_ckpt, qwen_dir, qwen_tok):
-    from vt.checkpoint import load_model
+    from vt.checkpoint.params import load_model
     from vt.sampling.engine import Engine, Request, SamplerConfig
 
     gen = json.loads((qwen_dir / "generation_config.json").read_text())

@@ -45,7 +45,7 @@ def test_merge_params_uniform_and_weighted():
 
 @pytest.fixture(scope="module")
 def three_ckpts(tmp_path_factory):
-    from vt.checkpoint import save_model
+    from vt.checkpoint.params import save_model
     from vt.model import create_model, preset
     root = tmp_path_factory.mktemp("ckpts")
     return [save_model(root / f"c{s}", create_model(preset("tiny"), seed=s)) for s in range(3)]

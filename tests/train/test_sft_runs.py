@@ -41,7 +41,7 @@ def test_config_loads_and_smoke_variant_trains(spec, tmp_path):
 
 def test_chat_pipeline_feeds_the_learner(tmp_path):
     """data.kind=chat end to end: tiny BPE tokenizer, a chat JSONL, step count from one pass over the data."""
-    from vt.data import build_tiny_tokenizer
+    from vt.data.tokenizer import build_tiny_tokenizer
     tok_dir = tmp_path / "tok"
     build_tiny_tokenizer(tok_dir, vocab_size=400)
     rows = [{"messages": [{"role": "user", "content": f"What is {i} plus {i + 1}?"},

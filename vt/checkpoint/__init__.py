@@ -1,3 +1,7 @@
-"""Checkpoints: Orbax save/restore of model parameters, and conversion to and from Hugging Face format."""
-from vt.checkpoint.params import (export_to_hf, import_from_hf, load_model, load_model_config,  # noqa: F401
-                                  save_model)
+"""Checkpoints: Orbax save/restore of model parameters (params), conversion to and from Hugging Face format (hf),
+seals (seal), atomic output directories (io), the learners' step manager (manager).
+
+Like every vt package, this one re-exports nothing: import names from the module that defines them
+(`from vt.checkpoint.params import load_model`). Importing a package then costs only what its modules need, so
+`vt --help`, which imports every package's commands.py, loads neither JAX nor Orbax.
+"""

@@ -180,7 +180,7 @@ def run_judge(args) -> int:
 def run_distill(args) -> int:
     from vt.datagen.stages import run_stage
     from vt.datagen.teacher import DistillConfig, distill_batch
-    from vt.rewards import make_reward
+    from vt.rewards.registry import make_reward
     cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
 
     class Rewards(dict):  # a domain's verifier starts when its first row shows up

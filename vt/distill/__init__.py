@@ -1,2 +1,2 @@
-"""Offline self-distillation (RECIPE stage 4): S_LP scoring by the student, band selection, domain mix."""
-from vt.distill.selection import DomainRule, ScoredTrace, band_select, select  # noqa: F401
+"""Offline self-distillation (RECIPE stage 4): S_LP scoring by the student (scoring), band selection and the
+domain mix (selection), the resumable run (run). Import names from their modules (see vt/checkpoint/__init__.py)."""

@@ -50,7 +50,7 @@ class EngineGenerator:
 
     def generate(self, conversations: Sequence[Messages], n: int, seed: int,
                  max_new_tokens: int | None = None) -> list[list[Completion]]:
-        from vt.sampling import Request
+        from vt.sampling.engine import Request
         cap = max_new_tokens or self.max_new_tokens
         requests = [Request(prompt_ids=self.tokenizer.encode_chat(list(c), add_generation_prompt=True), n=n,
                             max_new_tokens=cap) for c in conversations]
@@ -72,9 +72,9 @@ def engine_generator(ckpt: str, tokenizer_path: str, *, temperature: float, top_
                      max_new_tokens: int, batch_size: int, max_context: int | None = None, mesh=None,
                      model_overrides: dict | None = None) -> EngineGenerator:
     """Load a vt checkpoint and its tokenizer into an :class:`EngineGenerator`."""
-    from vt.checkpoint import load_model
+    from vt.checkpoint.params import load_model
     from vt.data.tokenizer import load_tokenizer
-    from vt.sampling import Engine, SamplerConfig
+    from vt.sampling.engine import Engine, SamplerConfig
     tok = load_tokenizer(tokenizer_path)
     model = load_model(ckpt, mesh=mesh, **(model_overrides or {}))
     cfg = SamplerConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,

@@ -207,13 +207,13 @@ def _smoke_tokenizer(path: Path, vocab_size: int):
 
 def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
     from vt.eval.generation import EngineGenerator
-    from vt.sampling import Engine, SamplerConfig
+    from vt.sampling.engine import Engine, SamplerConfig
     from vt.sharding import make_process_mesh
     m, s = cfg.model, cfg.sampling
     # This process's devices: with several processes each samples its own chunks (see the module docstring).
     mesh = make_process_mesh(m.mesh)
     if m.ckpt:
-        from vt.checkpoint import load_model
+        from vt.checkpoint.params import load_model
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
     elif m.preset:
         from vt.model import create_model, preset
@@ -287,7 +287,7 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
 
     from vt.io import append_lines
     from vt.distributed import barrier, is_primary, process_count
-    from vt.rewards import make_reward
+    from vt.rewards.registry import make_reward
     out_dir = Path(out_dir)
     problems = load_problems(cfg)
     count = process_count()

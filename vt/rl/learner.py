@@ -130,7 +130,7 @@ class RLResult:
 
 
 def load_records(spec: str, where: str):
-    from vt.data import open_source
+    from vt.data.sources import open_source
     from vt.data.sources import Malformed
     source = open_source(spec)
     records = [source[i] for i in range(len(source))]
@@ -144,7 +144,7 @@ def load_records(spec: str, where: str):
 
 def drop_trivial(records, profile_path: str):
     """RECIPE: before an RL phase, drop prompts the starting checkpoint always or never solves."""
-    from vt.data import load_pass_rates
+    from vt.data.curriculum import load_pass_rates
     rates = load_pass_rates(profile_path)
     kept = [r for r in records if r.prompt_id in rates and 0.0 < rates[r.prompt_id].pass_rate < 1.0]
     return kept, len(records) - len(kept)
@@ -163,7 +163,7 @@ def prompts_for_step(n_records: int, step: int, Q: int, seed: int) -> np.ndarray
 
 class _Learner:
     def __init__(self, cfg: RLConfig, workdir: Path):
-        from vt.data import load_tokenizer
+        from vt.data.tokenizer import load_tokenizer
         from vt.rewards.registry import make_reward
         from vt.sampling.engine import Engine, SamplerConfig
 

@@ -44,8 +44,8 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
     """Profile every prompt of `data` not yet in `out`; returns how many were added."""
     import numpy as np
 
-    from vt.checkpoint import load_model
-    from vt.data import load_tokenizer
+    from vt.checkpoint.params import load_model
+    from vt.data.tokenizer import load_tokenizer
     from vt.rewards.registry import make_reward
     from vt.rl.learner import load_records
     from vt.rl.rollouts import rollout_and_score

@@ -1,3 +1,2 @@
-"""The JAX rollout engine: prefill + decode with a KV cache, sampling rules, stop conditions, slot refill."""
-from vt.sampling.engine import Engine, Request, Sample, SamplerConfig, Stats, check_prompt  # noqa: F401
-from vt.sampling.rules import SamplingParams, sample, sampling_logprobs  # noqa: F401
+"""The JAX rollout engine: prefill + decode over a paged KV cache (engine, steps, pages), sampling rules (rules),
+stop conditions (stop), slot refill. Import names from their modules (see vt/checkpoint/__init__.py for why)."""

@@ -129,7 +129,7 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vt.checkpoint import load_model, load_model_config
+    from vt.checkpoint.params import load_model, load_model_config
     from vt.sampling.engine import Engine, SamplerConfig
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -171,7 +171,9 @@ def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
                                  num_shards=d.num_shards)
     if d.kind != "chat":
         raise VtError(f"config data.kind={d.kind!r}: expected 'chat' or 'synthetic'")
-    from vt.data import PipelineConfig, build_sft_dataset, load_tokenizer, open_source
+    from vt.data.dataset import PipelineConfig, build_sft_dataset
+    from vt.data.sources import open_source
+    from vt.data.tokenizer import load_tokenizer
     spec = d.train if split == "train" else d.eval
     if not spec or not d.tokenizer:
         raise VtError("config data.train and data.tokenizer must be set for data.kind='chat'")
@@ -188,7 +190,8 @@ def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
 
 
 def _hard_subset(source, tokenizer, h: HardSubset):
-    from vt.data import SubsetSource, load_pass_rates, select_hard_subset, token_trace_length
+    from vt.data.curriculum import load_pass_rates, select_hard_subset, token_trace_length
+    from vt.data.sources import SubsetSource
     indices, report = select_hard_subset(source, load_pass_rates(h.pass_rates), trace_length=token_trace_length(tokenizer),
                                          min_trace_tokens=h.min_trace_tokens, min_error_rate=h.min_error_rate,
                                          min_rollouts=h.min_rollouts, missing=h.missing)
