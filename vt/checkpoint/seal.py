@@ -22,6 +22,7 @@ import os
 from pathlib import Path
 
 from vt import VtError
+from vt.io import atomic_write_json
 
 CHECKSUM_FILE = "vt_checksums.json"
 _HASH_THREADS = min(8, os.cpu_count() or 1)
@@ -85,12 +86,10 @@ def is_sealed(directory: Path) -> bool:
 
 
 def write_seal(directory: Path, *, hashed: bool = True, **fields) -> None:
-    """Seal `directory` (all its files must be written): checksums to a temporary file, then an atomic rename."""
+    """Seal `directory` (all its files must be written): the checksums file appears whole (vt.io) or not at all."""
     directory = Path(directory)
     record = {**fields, "algorithm": "sha256", "files": hash_tree(directory) if hashed else None}
-    tmp = directory / (CHECKSUM_FILE + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, directory / CHECKSUM_FILE)
+    atomic_write_json(directory / CHECKSUM_FILE, record, indent=1)
 
 
 def read_seal(directory: Path, label: str) -> dict:
