@@ -107,7 +107,7 @@ def compile_rl_step(args, cfg, mesh):
 def _sampler_programs(cfg, mesh, batch_size):
     import jax
     from flax import nnx
-    from vt.model import abstract_model
+    from vt.model.qwen2 import abstract_model
     from vt.sampling.engine import _programs
     from vt.sampling.rules import SamplingParams
     from vt.sharding import state_shardings
@@ -171,7 +171,7 @@ def compile_decode(args, cfg, mesh):
 def compile_init_model(args, cfg, mesh):
     import jax
     from flax import nnx
-    from vt.model import create_model, model_shardings
+    from vt.model.qwen2 import create_model, model_shardings
 
     # create_model jits its own init program; tracing it under an outer jit compiles exactly that program
     # (whatever create_model does inside) without running it, so no weights are ever created.
@@ -198,7 +198,7 @@ COMPILERS = {"sft": compile_sft, "rl_logps": compile_rl_logps, "rl_step": compil
 
 
 def model_config(args, what: str, layers: int):
-    from vt.model import preset
+    from vt.model.config import preset
     if what in ("prefill", "decode"):
         dtypes = dict(param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
     else:

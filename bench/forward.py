@@ -44,7 +44,8 @@ def main():
     from transformers import AutoModelForCausalLM
 
     from vt.checkpoint.params import export_to_hf
-    from vt.model import create_model, param_count, preset
+    from vt.model.config import param_count, preset
+    from vt.model.qwen2 import create_model
 
     torch.set_num_threads(args.threads)
     cfg = preset(args.preset)

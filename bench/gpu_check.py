@@ -53,7 +53,7 @@ def _block(tree):
 
 
 def model_cfg(args, **changes):
-    from vt.model import preset
+    from vt.model.config import preset
     return preset("tiny" if args.tiny else "qwen2.5-coder-3b", **changes)
 
 
@@ -71,7 +71,7 @@ def check_sft(args, mesh, out: dict) -> Row:
     import jax
     import numpy as np
     from vt.checkpoint.params import flat_params
-    from vt.model import create_model
+    from vt.model.qwen2 import create_model
     from vt.train.metrics import model_flops_per_token
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
@@ -112,7 +112,8 @@ def check_sft(args, mesh, out: dict) -> Row:
 
 def check_sampler(args, mesh) -> Row:
     import numpy as np
-    from vt.model import create_model, param_count
+    from vt.model.config import param_count
+    from vt.model.qwen2 import create_model
     from vt.sampling.engine import Engine, Request, SamplerConfig
 
     cfg = model_cfg(args, param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")

@@ -411,7 +411,8 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     import numpy as np
     from vt.checkpoint.params import flat_params
     from vt.config import to_dataclass
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     from vt.rl.learner import RLConfig, learner_batches, step_advantages
     from vt.rl.rollouts import Scored, batch_length
     from vt.rl.step import make_rl_step
@@ -462,7 +463,7 @@ def long_tail(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         import dataclasses
         from vt.data.tokenizer import build_tiny_tokenizer
-        from vt.model import preset
+        from vt.model.config import preset
         tiny = dataclasses.asdict(preset("tiny"))
         tok = Path(tmp) / "tok"  # Tunix's RLCluster wants a tokenizer (its pad and eos ids shape the masks)
         build_tiny_tokenizer(tok, vocab_size=300)

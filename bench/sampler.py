@@ -109,7 +109,8 @@ def roofline(args) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from vt.model import abstract_model, param_count, preset
+    from vt.model.config import param_count, preset
+    from vt.model.qwen2 import abstract_model
     from vt.model.paged import PAGES_PER_BLOCK, PagedKVCache
     from vt.sampling import steps
     from vt.sampling.rules import SamplingParams

@@ -29,7 +29,7 @@ LR, WD, CLIP = 1e-4, 0.01, 1.0
 
 def arch(args) -> dict:
     sys.path.insert(0, str(REPO))
-    from vt.model import preset
+    from vt.model.config import preset
     c = preset(args.preset)
     return dict(vocab=c.vocab_size, hidden=c.hidden_size, mlp=c.intermediate_size, layers=c.num_layers,
                 heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, theta=c.rope_theta,
@@ -55,7 +55,8 @@ def run_vt(a, args) -> float:
     import jax
     import numpy as np
     from vt.checkpoint.params import flat_params
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     from vt.sharding import MeshConfig, make_mesh
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings

@@ -21,7 +21,8 @@ def ckpt(tmp_path_factory) -> Path:
     for the abstract model's shapes: no initialiser to compile."""
     from vt.checkpoint.io import atomic_output_dir
     from vt.checkpoint.params import export_to_hf, flat_params, load_model, write_model_entries
-    from vt.model import abstract_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import abstract_model
     root = tmp_path_factory.mktemp("defects")
     cfg = preset("tiny", num_layers=1, vocab_size=256)
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ import pytest
 
 from testutil import REPO
 from vt.cli import build_parser, main
-from vt.model import PRESETS
+from vt.model.config import PRESETS
 
 
 def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):

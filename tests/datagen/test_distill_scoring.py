@@ -11,7 +11,8 @@ from vt.distill.selection import DomainRule, ScoredTrace, band_select, select
 
 @pytest.fixture(scope="module")
 def tiny_model():
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     return create_model(preset("tiny", max_position_embeddings=1024), seed=3)
 
 
@@ -50,7 +51,8 @@ def test_scorer_sharded_matches_unsharded():
     from testutil import run_multidevice
     out = run_multidevice("""
         import numpy as np, jax
-        from vt.model import create_model, preset
+        from vt.model.config import preset
+        from vt.model.qwen2 import create_model
         from vt.sharding import MeshConfig, make_mesh
         from vt.distill.scoring import Scorer, ScoringConfig
         cfg = preset("tiny", max_position_embeddings=128)

@@ -20,8 +20,8 @@ import pytest
 
 from testutil import run_multidevice
 from vt import VtError
-from vt.model import create_model, preset
-from vt.model.qwen2 import _xla_attention, resolve_attention_impl
+from vt.model.config import preset
+from vt.model.qwen2 import _xla_attention, create_model, resolve_attention_impl
 from vt.model.splash import block_size, splash_attention
 
 FP32_ATOL = 1e-5
@@ -130,7 +130,7 @@ def test_tiny_model_splash_matches_xla_logits_and_param_grads():
 
 def test_splash_model_decodes_with_kv_cache_through_xla():
     """With a KV cache the splash setting takes the XLA path: prefill + decode equal a full splash forward."""
-    from vt.model import KVCache
+    from vt.model.qwen2 import KVCache
     model = _tiny("splash")
     seq = jnp.asarray(np.random.RandomState(4).randint(0, 512, (2, 10)), jnp.int32)
     full = np.asarray(jax.jit(lambda m, t: m(t)[0])(model, seq))
@@ -166,8 +166,8 @@ def test_splash_under_mesh_runs_per_shard():
     the single-device XLA model."""
     out = run_multidevice(f"""
         import jax, jax.numpy as jnp, numpy as np
-        from vt.model import create_model, preset
-        from vt.model.qwen2 import _xla_attention
+        from vt.model.config import preset
+        from vt.model.qwen2 import _xla_attention, create_model
         from vt.model.splash import splash_attention
         from vt.sharding import MeshConfig, make_mesh, use_mesh
         assert len(jax.devices()) == 8

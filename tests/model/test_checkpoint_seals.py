@@ -13,7 +13,8 @@ from vt.cli import main
 def sealed(tmp_path_factory):
     """A model checkpoint (save_model), its HF export, that export converted back, and a merge: all via the CLI."""
     from vt.checkpoint.params import save_model
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     root = tmp_path_factory.mktemp("seal")
     save_model(root / "ck", create_model(preset("tiny", max_position_embeddings=128), seed=0))
     assert main(["convert", "orbax-to-hf", str(root / "ck"), str(root / "hf"), "--dtype", "float32"]) == 0

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from vt import VtError
-from vt.model import PRESETS, from_hf_config, param_count, preset, to_hf_config
+from vt.model.config import PRESETS, from_hf_config, param_count, preset, to_hf_config
 
 
 def test_coder_3b_parameter_count():

@@ -80,7 +80,7 @@ def test_attention_implementations_agree(vt_ckpt, impl):
 
 def test_kv_cache_decode_matches_full_forward(vt_ckpt):
     """Prefill then one-token decode steps give the logits of a full forward over the prefix."""
-    from vt.model import KVCache
+    from vt.model.qwen2 import KVCache
     model = load_model(vt_ckpt)
     rng = np.random.RandomState(4)
     seq = rng.randint(0, 300, (2, 12))

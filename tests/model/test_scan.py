@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vt.model import abstract_model, create_model, init_fn, preset
+from vt.model.config import preset
 from vt.model.paged import PagedKVCache
-from vt.model.qwen2 import DecoderLayer
+from vt.model.qwen2 import DecoderLayer, abstract_model, create_model, init_fn
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams
 from vt.train.state import ModelDef

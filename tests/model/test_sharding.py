@@ -10,9 +10,8 @@ def test_sharded_logits_and_param_shardings(hf_dir, vt_ckpt):
     out = run_multidevice(f"""
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
-        from vt.checkpoint.params import load_model
-        from vt.checkpoint.params import model_from_hf
-        from vt.model import create_model
+        from vt.checkpoint.params import load_model, model_from_hf
+        from vt.model.qwen2 import create_model
         from vt.sharding import MeshConfig, make_mesh, use_mesh, logical_to_spec
         assert len(jax.devices()) == 8
         mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
@@ -71,7 +70,8 @@ def test_fewer_kv_heads_than_tensor_shards():
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
         from vt.checkpoint.params import flat_params
-        from vt.model import create_model, preset
+        from vt.model.config import preset
+        from vt.model.qwen2 import create_model
         from vt.sampling.engine import Engine, Request, SamplerConfig
         from vt.sharding import MeshConfig, make_mesh, use_mesh
         from vt.train.state import ModelDef

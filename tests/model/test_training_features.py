@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 
 
 def _loss_and_grads(cfg, seed=0):

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vt.config import to_dataclass
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 from vt.rl import objectives as obj
 from vt.rl.learner import RLConfig, learner_batches, step_advantages
 from vt.rl.rollouts import Scored, batch_length, build_rows

@@ -54,7 +54,8 @@ def text_setup(tmp_path_factory):
     """A vocab-512 vt checkpoint and the tiny tokenizer (<= 512 ids, Qwen specials included)."""
     from vt.checkpoint.params import save_model
     from vt.data.tokenizer import build_tiny_tokenizer
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     root = tmp_path_factory.mktemp("text")
     tok = build_tiny_tokenizer(root / "tok")
     save_model(root / "ck", create_model(preset("tiny", max_position_embeddings=128), seed=2))

@@ -9,7 +9,8 @@ from flax import nnx
 
 from vt import VtError
 from vt.buckets import bucket
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams, sampling_logprobs

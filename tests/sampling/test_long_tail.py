@@ -3,7 +3,8 @@
 import numpy as np
 
 from vt.buckets import bucket
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sampling.pages import pages_for
 

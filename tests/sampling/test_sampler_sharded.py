@@ -9,7 +9,8 @@ import json
 import jax
 import numpy as np
 from flax import nnx
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.sharding import MeshConfig, make_mesh
 

@@ -24,7 +24,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vt.distributed import is_primary  # noqa: E402
-from vt.model import create_model, preset  # noqa: E402
+from vt.model.config import preset  # noqa: E402
+from vt.model.qwen2 import create_model  # noqa: E402
 from vt.sharding import MeshConfig, make_mesh  # noqa: E402
 
 SHARDS, STEPS, SEQ, GLOBAL_ROWS, ACCUM = 2, 3, 64, 8, 2

@@ -16,7 +16,8 @@ from train_helpers import assert_logps_equal, chunked_logps, random_batch, refer
 
 def _setup(tie: bool, mesh=None):
     from vt.checkpoint.params import flat_params
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     from vt.train.state import ModelDef
     cfg = preset("tiny", vocab_size=500, tie_word_embeddings=tie)
     assert cfg.padded_vocab_size == 512  # the head has 12 rows that must never score
@@ -73,7 +74,8 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding
 from train_helpers import assert_logps_equal, chunked_logps, random_batch, reference_logps, value_and_grad_of
 from vt.checkpoint.params import flat_params
-from vt.model import create_model, preset
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
 from vt.sharding import MeshConfig, logical_to_spec, make_mesh, use_mesh
 from vt.train.state import ModelDef
 

@@ -46,7 +46,8 @@ def test_merge_params_uniform_and_weighted():
 @pytest.fixture(scope="module")
 def three_ckpts(tmp_path_factory):
     from vt.checkpoint.params import save_model
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     root = tmp_path_factory.mktemp("ckpts")
     return [save_model(root / f"c{s}", create_model(preset("tiny"), seed=s)) for s in range(3)]
 

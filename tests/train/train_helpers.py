@@ -13,7 +13,8 @@ import pytest
 def tiny_setup():
     import jax
     from vt.checkpoint.params import flat_params
-    from vt.model import create_model, preset
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
     from vt.sharding import MeshConfig, make_mesh
     from vt.train.state import ModelDef
     cfg = preset("tiny")

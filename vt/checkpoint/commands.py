@@ -39,7 +39,7 @@ def register(subparsers) -> None:
 
 def _hf_to_orbax(args: argparse.Namespace) -> int:
     from vt.checkpoint.params import import_from_hf
-    from vt.model import param_count
+    from vt.model.config import param_count
     cfg = import_from_hf(args.hf_dir, args.ckpt_dir, param_dtype=args.param_dtype)
     print(f"wrote {args.ckpt_dir} ({param_count(cfg):,} parameters, {cfg.param_dtype})")
     return 0
@@ -58,7 +58,7 @@ def describe(path: Path) -> dict:
     """Config, parameter count, and per-tensor shapes/dtypes, read from metadata only (no weights loaded), after
     verifying the checkpoint's seal (a Hugging Face directory from elsewhere has none and is described as is)."""
     from vt.checkpoint.manager import architecture
-    from vt.model import PRESETS, param_count
+    from vt.model.config import PRESETS, param_count
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "model_config.json").is_file():
         verify_seal(path, f"Hugging Face directory {path}", required=False)

@@ -26,7 +26,7 @@ from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, read_hf_config, write
 from vt.checkpoint.io import atomic_output_dir, reader_error
 from vt.checkpoint.seal import BackgroundVerify, write_seal
 from vt.distributed import is_primary
-from vt.model import Qwen2, abstract_model
+from vt.model.qwen2 import Qwen2, abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
 

@@ -216,7 +216,8 @@ def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
         from vt.checkpoint.params import load_model
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
     elif m.preset:
-        from vt.model import create_model, preset
+        from vt.model.config import preset
+        from vt.model.qwen2 import create_model
         model = create_model(preset(m.preset, dtype=m.dtype, attention_impl=m.attention_impl), mesh)
     else:
         raise VtError("config.model.ckpt: no checkpoint given (vt eval --ckpt DIR)")

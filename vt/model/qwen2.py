@@ -28,7 +28,7 @@ from flax import nnx
 
 from vt.model.config import ModelConfig
 from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
-from vt.sharding import constrain, param_sharding
+from vt.sharding import constrain, param_sharding, state_shardings
 
 Initializer = Callable[..., jax.Array]
 
@@ -392,3 +392,33 @@ def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache
     (x_BTD, cache), _ = jax.lax.scan(body, (x_BTD, cache), (stacked, jnp.arange(num_layers, dtype=jnp.int32)),
                                      unroll=unroll)
     return x_BTD, cache
+
+
+# --- building a model ---------------------------------------------------------------------------------------------
+
+def abstract_model(cfg: ModelConfig) -> Qwen2:
+    """The model with ShapeDtypeStructs in place of arrays: costs no memory."""
+    return nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0)))
+
+
+def model_shardings(cfg: ModelConfig, mesh):
+    return state_shardings(nnx.state(abstract_model(cfg)), mesh)
+
+
+def init_fn(cfg: ModelConfig, mesh=None, seed: int = 0):
+    """The jitted random init of the parameter state, each parameter created in its sharding on `mesh`
+    (out_shardings). The stacked decoder weights are drawn by one op per weight kind, so this compiles in the
+    same time at any depth."""
+    def init_state():
+        return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed)))
+
+    if mesh is None:
+        return jax.jit(init_state)
+    return jax.jit(init_state, out_shardings=model_shardings(cfg, mesh))
+
+
+def create_model(cfg: ModelConfig, mesh=None, seed: int = 0) -> Qwen2:
+    """Random-init model. With a mesh, each parameter is initialised already sharded (jit with out_shardings),
+    so no device or host ever holds the whole model."""
+    graphdef, _ = nnx.split(abstract_model(cfg))
+    return nnx.merge(graphdef, init_fn(cfg, mesh, seed)())

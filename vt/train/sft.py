@@ -138,7 +138,7 @@ def resolve_model_config(m: ModelSection) -> ModelConfig:
     if m.init_checkpoint:
         from vt.checkpoint.params import load_model_config
         return load_model_config(m.init_checkpoint, **over)
-    from vt.model import preset
+    from vt.model.config import preset
     return preset(m.preset, **over)
 
 
@@ -149,7 +149,7 @@ def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, j
         model = load_model(m.init_checkpoint, mesh, param_dtype=m.param_dtype, dtype=m.dtype,
                            remat_policy=m.remat_policy, attention_impl=m.attention_impl)
     else:
-        from vt.model import create_model
+        from vt.model.qwen2 import create_model
         model = create_model(model_cfg, mesh, seed=m.seed)
     return flat_params(model)
 

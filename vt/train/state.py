@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.checkpoint.params import path_key
-from vt.model import abstract_model
+from vt.model.qwen2 import abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
 from vt.train.losses import DEFAULT_LOSS_CHUNK, token_logps
