@@ -26,7 +26,7 @@ COMMAND_MODULES = (
     "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
     "vt.data.commands",  # tokenizer build-qwen2.5
     "vt.distill.commands",  # self-distill
-    "vt.pipeline_commands",  # pipeline, demo
+    "vt.recipe.commands",  # pipeline, demo
 )
 
 
@@ -35,13 +35,7 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that part of vt is not built yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     _name_leaves(parser)
     return parser
 
