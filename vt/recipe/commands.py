@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 from pathlib import Path
 
 from vt import VtError
 from vt.validation import check_output_path
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.py"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
 
 
 def register(subparsers) -> None:
@@ -50,8 +52,6 @@ def _common(p) -> None:
 def _run(spec: str, args, before_run=None) -> int:
     """Load and check the config; under --validate report and stop; else run, calling `before_run` once every
     flag and input is checked (vt demo --fresh: only then is the old work directory deleted)."""
-    import logging
-
     from vt.config import load_config
     from vt.recipe.report import print_validation
     from vt.recipe.runner import check_stage_flag, recipe_config, run_pipeline, validate
@@ -77,8 +77,6 @@ def run_pipeline_cmd(args: argparse.Namespace) -> int:
 
 
 def run_demo_cmd(args: argparse.Namespace) -> int:
-    import time
-
     from vt.checkpoint.io import remove_created_dir
     if not DEMO_CONFIG.is_file():
         raise VtError(f"{DEMO_CONFIG}: the demo config is missing (vt demo runs from a source checkout)")
