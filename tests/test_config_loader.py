@@ -10,8 +10,7 @@ from vt.config import load_config, to_dataclass
 from vt.distill.pipeline import SelfDistillConfig
 from vt.eval.runner import EvalConfig
 from vt.recipe.runner import recipe_config, validate
-from vt.recipe.stages import (STAGE_NAMES, DataStageConfig, ExportStageConfig, ProfileStageConfig, RecipeConfig,
-                              SelectStageConfig)
+from vt.recipe.stages import STAGE_BY_NAME, RecipeConfig
 from vt.rl.learner import RLConfig
 from vt.train.sft import SftConfig
 
@@ -92,35 +91,21 @@ def test_stage_configs_declare_every_setting(spec):
     assert _undeclared(_stage_config_class(spec), load_config(f"configs/{spec}.py")) == []
 
 
-# What each recipe stage section holds (vt.recipe.stages' plan_* functions type it): a dataclass, or for a
-# section of several configs, {key: dataclass} (a dict value: every entry of that mapping is one such config).
-RECIPE_SECTIONS = {
-    "data": DataStageConfig, "sft1": SftConfig, "profile": ProfileStageConfig, "sft2": SftConfig,
-    "select": SelectStageConfig, "rl_math": RLConfig, "long2short": RLConfig, "rl_code": RLConfig, "rl_stem": RLConfig,
-    "self_distill": {"distill": SelfDistillConfig, "sft": SftConfig}, "rl_instruct": RLConfig,
-    "eval": {"benchmarks": [EvalConfig]}, "export": ExportStageConfig,
-}
-
-
-def test_recipe_sections_cover_every_stage():
-    assert set(RECIPE_SECTIONS) == set(STAGE_NAMES)
-
-
 @pytest.mark.parametrize("spec", ["vibethinker_3b", "demo", "demo:ci"])
 def test_recipe_configs_declare_every_setting_of_every_stage(spec):
-    """The recipe's stage sections start from the stage configs; every field of every section (and of the
-    recipe's own fields, the probe's sampler included) is declared, so any can be overridden
-    (--config.stages.rl_math.mgpo.dynamic_sampling_rounds=2)."""
-    cfg = load_config(f"configs/{spec.replace(':', '.py:') if ':' in spec else spec + '.py'}")
+    """The recipe's stage sections start from the stage configs; every field of every section (what its Stage
+    record says it holds) and of the recipe's own fields (the probe's sampler included) is declared, so any can
+    be overridden (--config.stages.rl_math.mgpo.dynamic_sampling_rounds=2)."""
+    path, _, variant = spec.partition(":")
+    cfg = load_config(f"configs/{path}.py" + (f":{variant}" if variant else ""))
     missing = _undeclared(RecipeConfig, cfg)
     for stage, section in cfg.stages.items():
-        kind = RECIPE_SECTIONS[stage]
-        parts = kind.items() if isinstance(kind, dict) else [("", kind)]
-        for key, dc in parts:
-            values = section[key] if key else section
-            prefix = f"stages.{stage}.{key + '.' if key else ''}"
-            if isinstance(dc, list):  # a mapping of configs: each entry
-                missing += [m for name, v in values.items() for m in _undeclared(dc[0], v, f"{prefix}{name}.")]
+        kind = STAGE_BY_NAME[stage].section
+        for key, dc in (kind.items() if isinstance(kind, dict) else [("", kind)]):
+            values, prefix = (section[key], f"stages.{stage}.{key}.") if key else (section, f"stages.{stage}.")
+            if typing.get_origin(dc) is dict:  # a mapping of configs: each entry
+                item = typing.get_args(dc)[1]
+                missing += [m for name, v in values.items() for m in _undeclared(item, v, f"{prefix}{name}.")]
             else:
                 missing += _undeclared(dc, values, prefix)
     assert missing == []

@@ -601,23 +601,26 @@ class Stage:
     plan: Callable[[Context, dict, Path], Plan]
     run: Callable[[Context, Plan, Path], StageOutput]
     trains_model: bool  # its output is a model checkpoint: the next training stage starts from it
+    # What its config section holds besides `enabled`: a config dataclass, or {key: dataclass} for a section of
+    # several (dict[str, X]: a mapping of X configs). The plan types it; tests check every field is declared.
+    section: Any
 
 
 # In order. Each stage's checkpoint feeds the next stage that trains (a disabled stage passes its input through).
 STAGES: tuple[Stage, ...] = (
-    Stage("data", plan_data, run_data, trains_model=False),  # demo only: synthetic tasks and their tokenizer
-    Stage("sft1", plan_sft1, run_sft, trains_model=True),
-    Stage("profile", plan_profile, run_profile, trains_model=False),
-    Stage("sft2", plan_sft2, run_sft, trains_model=True),
-    Stage("select", plan_select, run_select, trains_model=True),
-    Stage("rl_math", plan_rl("rl_math"), run_rl, trains_model=True),
-    Stage("long2short", plan_rl("long2short"), run_rl, trains_model=True),
-    Stage("rl_code", plan_rl("rl_code"), run_rl, trains_model=True),
-    Stage("rl_stem", plan_rl("rl_stem"), run_rl, trains_model=True),
-    Stage("self_distill", plan_self_distill, run_self_distill, trains_model=True),
-    Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, trains_model=True),
-    Stage("eval", plan_eval, run_eval_stage, trains_model=False),
-    Stage("export", plan_export, run_export, trains_model=False),
+    Stage("data", plan_data, run_data, False, DataStageConfig),  # demo only: synthetic tasks and their tokenizer
+    Stage("sft1", plan_sft1, run_sft, True, SftConfig),
+    Stage("profile", plan_profile, run_profile, False, ProfileStageConfig),
+    Stage("sft2", plan_sft2, run_sft, True, SftConfig),
+    Stage("select", plan_select, run_select, True, SelectStageConfig),
+    Stage("rl_math", plan_rl("rl_math"), run_rl, True, RLConfig),  # each RL section also: RL_FIELDS
+    Stage("long2short", plan_rl("long2short"), run_rl, True, RLConfig),
+    Stage("rl_code", plan_rl("rl_code"), run_rl, True, RLConfig),
+    Stage("rl_stem", plan_rl("rl_stem"), run_rl, True, RLConfig),
+    Stage("self_distill", plan_self_distill, run_self_distill, True, {"distill": SelfDistillConfig, "sft": SftConfig}),
+    Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
+    Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
+    Stage("export", plan_export, run_export, False, ExportStageConfig),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 STAGE_BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
