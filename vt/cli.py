@@ -9,6 +9,7 @@ import argparse
 import errno
 import importlib
 import logging
+import os
 import sys
 
 from vt import VtError
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except VtError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vt info ... | head` closed our stdout: stop quietly (before the OSError clause below)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
+        return 0
     except Exception as e:
         # Writers clean up after themselves (atomic output directories, temporary files renamed at the end,
         # checkpoints committed by rename), so a full disk leaves nothing half-written that would be used:
@@ -110,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: error: {_os_error_text(e)}", file=sys.stderr)
             return 2
         raise
-    except BrokenPipeError:  # `vt info ... | head`
-        return 0
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130

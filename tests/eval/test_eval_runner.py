@@ -124,7 +124,7 @@ def test_ifeval_levels(tmp_path):
 
 
 def test_a_failed_run_does_not_block_the_corrected_one(tmp_path, aime_rows, math_reward):
-    """Issue 16: a run that failed before its first result (here a wrong --ckpt) leaves config.json behind; the
+    """A run that failed before its first result (here a wrong --ckpt) leaves config.json behind; the
     corrected re-run into the same --out must not be refused for 'different settings'."""
     from vt.eval.runner import EvalModelConfig
     with pytest.raises(VtError, match="no such checkpoint directory"):
