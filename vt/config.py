@@ -71,10 +71,10 @@ def _import_package_member(path: Path):
     root = str(package_dir.parent)
     if root not in sys.path:
         sys.path.append(root)
-    package = importlib.import_module(package_dir.name)
-    if package_dir not in [Path(p).resolve() for p in package.__path__]:
-        raise VtError(f"{path}: the package name {package_dir.name!r} is already taken by {list(package.__path__)}")
-    return importlib.import_module(f"{package_dir.name}.{path.stem}")
+    module = importlib.import_module(f"{package_dir.name}.{path.stem}")
+    if Path(module.__file__).resolve() != path.resolve():  # another directory of that name came first
+        raise VtError(f"{path}: importing it as {module.__name__} found {module.__file__} instead")
+    return module
 
 
 def apply_override(cd, item: str) -> None:
