@@ -85,6 +85,13 @@ def test_resume_refuses_other_settings_and_ks_can_change(tmp_path, aime_rows, ma
                  reward=math_reward)
     s = run_eval(config(limit=4, ks=(1, 3)), tmp_path, generator=StandIn(aime_rows), reward=math_reward)
     assert "pass@3" in s and "pass@2" not in s
+    # The sampler's speed settings (slots, decode steps per call, KV pages) do not change the samples: accepted.
+    speed = SamplerConfig(n=4, batch_size=3, steps_per_call=5, page_size=32, kv_pages=100, refill=False)
+    gen = StandIn(aime_rows)
+    assert run_eval(config(limit=4, sampling=speed), tmp_path, generator=gen, reward=math_reward) and gen.calls == 0
+    with pytest.raises(VtError, match="different settings"):
+        run_eval(config(limit=4, sampling=SamplerConfig(n=4, stop_strings=("x",))), tmp_path,
+                 generator=StandIn(aime_rows), reward=math_reward)
 
 
 def test_config_validation():
