@@ -9,7 +9,7 @@ import pytest
 from testutil import run_vt
 from vt import VtError
 from vt.train.merge import merge_params, normalize_weights
-from vt.train.selection import best_per_domain, distill, mean_pass_at_k, pass_at_k
+from vt.train.selection import best_per_domain, mean_pass_at_k, pass_at_k, select_and_merge
 
 
 @pytest.mark.parametrize("n,c,k", [(n, c, k) for n in range(1, 8) for c in range(n + 1) for k in range(1, n + 1)])
@@ -83,7 +83,7 @@ def test_distillation_picks_per_domain_over_real_samples(three_ckpts, tmp_path):
             scores[d] = mean_pass_at_k(np.ones_like(correct), correct, k)
         return scores
 
-    report = distill(three_ckpts, scorer, tmp_path / "merged")
+    report = select_and_merge(three_ckpts, scorer, tmp_path / "merged")
     scores = report["scores"]
     assert set(report["chosen"]) == {"math", "code"}
     for domain, ckpt in report["chosen"].items():

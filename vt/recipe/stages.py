@@ -37,8 +37,7 @@ from vt.rl.learner import RLConfig, load_records, train_rl
 from vt.rl.profile import profile
 from vt.rl.rollouts import rollout_and_score
 from vt.sampling.engine import Engine, Request, SamplerConfig
-from vt.train.selection import distill as select_and_merge
-from vt.train.selection import mean_pass_at_k
+from vt.train.selection import mean_pass_at_k, select_and_merge
 from vt.train.sft import SftConfig, train
 
 log = logging.getLogger(__name__)

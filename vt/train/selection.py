@@ -1,7 +1,7 @@
 """Diversity-Exploring Distillation (RECIPE stages 1-2): score saved checkpoints by Pass@K on per-domain probing
 sets, pick the best checkpoint per domain, merge the specialists at the parameter level.
 
-    report = distill(step_dirs, scorer, out_dir)    # scorer(ckpt) -> {domain: score}; choose; vt.train.merge
+    report = select_and_merge(step_dirs, scorer, out_dir)  # scorer(ckpt) -> {domain: score}; vt.train.merge
 
 The recipe's select stage (vt.recipe.stages.run_select) samples each probe n times with vt.sampling's Engine,
 verifies the samples with vt.rewards and scores a domain by `mean_pass_at_k`. Unbiased pass@k (Chen et al.
@@ -60,7 +60,7 @@ def specialist_weights(chosen: Mapping[str, Path]) -> tuple[list[Path], list[flo
     return ckpts, [counts[c] / len(chosen) for c in ckpts]
 
 
-def distill(ckpt_dirs: Sequence[Path | str], scorer: Callable[[Path], Mapping[str, float]],
+def select_and_merge(ckpt_dirs: Sequence[Path | str], scorer: Callable[[Path], Mapping[str, float]],
             out_dir: Path | str) -> dict[str, Any]:
     """Score, choose per domain, merge into `out_dir`. Returns {"scores", "chosen", "weights"}."""
     scores = score_checkpoints(ckpt_dirs, scorer)
