@@ -10,14 +10,10 @@ count and case constraints), with a SentencePiece tokenizer trained on that corp
 The SFT teacher is deliberately noisy (`stages.data.noise` of its answers are wrong), so SFT reaches a
 middling accuracy that RL then raises; every number below is a demo-size stand-in for the 3B value.
 """
-import importlib.util
-from pathlib import Path
+import ml_collections
 
-_spec = importlib.util.spec_from_file_location("_vt_demo_3b", Path(__file__).with_name("vibethinker_3b.py"))
-_full = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_full)
-
-import ml_collections  # noqa: E402
+from configs import eval_aime25, vibethinker_3b
+from configs.common import parse_arg
 
 DOMAINS = ("math", "code", "stem", "instruct")
 DATA = "{workdir}/data"
@@ -76,20 +72,20 @@ def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
 
 
 def get_config(arg=None):
-    c = _full.get_config(None)
+    variant = parse_arg(arg, "ci")
+    c = vibethinker_3b.get_config(None)
     c.name = "demo"
     c.base_checkpoint = ""  # trained from scratch: sft1 starts from a random `tiny` model
     c.tokenizer = f"{DATA}/tokenizer.model"  # SentencePiece, trained by the data stage
     c.compilation_cache = "{workdir}/.jax_cache"
 
     c.probe.data = {d: f"{DATA}/heldout_{d}.jsonl" for d in DOMAINS}
-    c.probe.n = 4
-    c.probe.temperature = 1.0
-    c.probe.top_p = 1.0
-    c.probe.max_new_tokens = 40
-    c.probe.batch_size = 128
     c.probe.limit = 32
-    c.probe.seed = 0
+    c.probe.sampler.n = 4
+    c.probe.sampler.temperature = 1.0
+    c.probe.sampler.top_p = 1.0
+    c.probe.sampler.max_new_tokens = 40
+    c.probe.sampler.batch_size = 128
 
     s = c.stages
     s.data = ml_collections.ConfigDict()
@@ -105,9 +101,9 @@ def get_config(arg=None):
     s.data.vocab_size = 512  # = the tiny preset's vocabulary: every id the model can sample decodes
 
     _tiny_sft(s.sft1, steps=300, lr=3e-3, every=100)
-    s.profile.k = 8
-    s.profile.max_new_tokens = 40
-    s.profile.batch_size = 128
+    s.profile.sampler.n = 8
+    s.profile.sampler.max_new_tokens = 40
+    s.profile.sampler.batch_size = 128
     s.profile.prompts_per_call = 64
     s.profile.limit = 192
 
@@ -117,12 +113,12 @@ def get_config(arg=None):
     s.sft2.data.hard_subset.missing = "exclude"  # only the first profile.limit prompts were profiled
 
     s.select.probes = {d: f"{DATA}/probe_{d}.jsonl" for d in DOMAINS}
-    s.select.n = 8
     s.select.k = 4
-    s.select.top_p = 1.0
-    s.select.max_new_tokens = 40
-    s.select.batch_size = 128
     s.select.limit = 16
+    s.select.sampler.n = 8
+    s.select.sampler.top_p = 1.0
+    s.select.sampler.max_new_tokens = 40
+    s.select.sampler.batch_size = 128
 
     _tiny_rl(s.rl_math, "math", 16)
     _tiny_rl(s.long2short, "math", 8)
@@ -153,7 +149,7 @@ def get_config(arg=None):
     for name in list(s.eval.benchmarks.keys()):
         del s.eval.benchmarks[name]
     for dom in DOMAINS:
-        b = _full._load("eval_aime25").get_config(None)
+        b = eval_aime25.get_config(None)
         b.name = f"demo_{dom}"
         b.data = f"{DATA}/heldout_{dom}.jsonl"
         b.domain = dom
@@ -173,11 +169,7 @@ def get_config(arg=None):
     s.export.check_prompts = 8
     s.export.check_max_new_tokens = 40
 
-    if arg in (None, ""):
-        return c
-    if arg == "ci":
-        return ci(c)
-    raise ValueError(f"unknown variant {arg!r}; known: ci")
+    return ci(c) if variant == "ci" else c
 
 
 def ci(c):
@@ -192,7 +184,7 @@ def ci(c):
     s.sft2.train.steps = 40
     s.sft2.checkpoint.every = 20
     s.select.limit = 8
-    s.select.n = 4
+    s.select.sampler.n = 4
     s.select.k = 2
     for name, steps in (("rl_math", 8), ("long2short", 4), ("rl_code", 4), ("rl_stem", 6), ("rl_instruct", 6)):
         s[name].train.steps = steps

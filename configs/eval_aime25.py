@@ -15,8 +15,11 @@ Smoke (tiny random model and tokenizer, 2 problems, a few tokens, on CPU):
 """
 import ml_collections
 
+from configs.common import parse_arg, sampler
+
 
 def get_config(arg=None):
+    variant = parse_arg(arg, "clr", "smoke")
     c = ml_collections.ConfigDict()
     c.name = "aime25"  # label in the summary table and plot
     c.data = "tests/data/aime25.parquet"  # verl parquet: prompt messages + reward_model.ground_truth
@@ -43,15 +46,15 @@ def get_config(arg=None):
     c.model.mesh.fsdp = 1  # parameter sharding (set -1 to use all devices)
     c.model.mesh.tensor = 1  # tensor parallel over heads / MLP
 
-    c.sampling = ml_collections.ConfigDict()
-    c.sampling.n = 64  # RECIPE: 64 samples per problem for math
-    c.sampling.temperature = 1.0  # RECIPE: temperature 1.0
-    c.sampling.top_p = 0.95  # RECIPE: top-p 0.95
-    c.sampling.top_k = -1  # RECIPE: top-k off
-    c.sampling.max_new_tokens = 65536  # RECIPE: no extra length cap beyond the context (64K in the report)
-    c.sampling.max_context = 0  # 0 = the model's max_position_embeddings
-    c.sampling.batch_size = 256  # concurrent decode slots
-    c.sampling.seed = 0  # results depend on it (and on chunk_problems), not on batch size
+    # vt.sampling.SamplerConfig; results depend on the seed (and chunk_problems), not on batch or page sizes
+    c.sampling = sampler(
+        n=64,  # RECIPE: 64 samples per problem for math
+        temperature=1.0,  # RECIPE: temperature 1.0
+        top_p=0.95,  # RECIPE: top-p 0.95
+        top_k=-1,  # RECIPE: top-k off
+        max_new_tokens=65536,  # RECIPE: no extra length cap beyond the context (64K in the report)
+        batch_size=256,  # concurrent decode slots
+    )
 
     c.clr = ml_collections.ConfigDict()
     c.clr.enabled = False  # claim-level reliability test-time scaling (see :clr)
@@ -61,15 +64,13 @@ def get_config(arg=None):
     c.clr.claim_max_new_tokens = 4096  # not published: claim extraction replies
     c.clr.verify_max_new_tokens = 16384  # not published: each claim's self-verification
 
-    if arg in (None, ""):
-        return c
-    if arg == "clr":
+    if variant == "clr":
         c.sampling.n = 256
         c.ks = (1, 4, 16, 64, 256)
         c.maj_ks = (32, 256)
         c.clr.enabled = True
         return c
-    if arg == "smoke":
+    if variant == "smoke":
         c.limit = 2
         c.model.preset = "tiny"
         c.model.dtype = "float32"
@@ -87,5 +88,4 @@ def get_config(arg=None):
         c.clr.runs = 2
         c.clr.claim_max_new_tokens = 8
         c.clr.verify_max_new_tokens = 8
-        return c
-    raise ValueError(f"unknown variant {arg!r}; known: clr, smoke")
+    return c

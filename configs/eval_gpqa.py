@@ -5,22 +5,17 @@ Rows: {"prompt": question with the lettered options, "ground_truth": "C", "abili
     vt eval --config configs/eval_gpqa.py --ckpt DIR --tokenizer DIR --out runs/eval/gpqa \
         --config.data=data/eval/gpqa_diamond.jsonl
 """
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location("eval_base", pathlib.Path(__file__).with_name("eval_aime25.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from configs import eval_aime25
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    c = _base.get_config("smoke" if arg == "smoke" else None)  # every field is documented there
-    if arg not in (None, "", "smoke"):
-        raise ValueError(f"unknown variant {arg!r}; known: smoke")
+    variant = parse_arg(arg, "smoke")
+    c = eval_aime25.get_config(variant)  # every field is documented there
     c.name = "gpqa"
     c.domain = "stem"  # option letter (or number with tolerance) from the answer region
     c.clr.enabled = False
-    if arg == "smoke":
+    if variant == "smoke":
         return c
     c.data = "data/eval/gpqa_diamond.jsonl"
     c.system_prompt = ""

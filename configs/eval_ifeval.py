@@ -6,18 +6,13 @@ or IFEval's own rows as they come: {"key", "prompt", "instruction_id_list", "kwa
     vt eval --config configs/eval_ifeval.py --ckpt DIR --tokenizer DIR --out runs/eval/ifeval \
         --config.data=data/eval/ifeval.jsonl
 """
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location("eval_base", pathlib.Path(__file__).with_name("eval_aime25.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from configs import eval_aime25
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    if arg not in (None, ""):
-        raise ValueError(f"unknown variant {arg!r}; known: (none)")
-    c = _base.get_config(None)  # every field is documented there
+    parse_arg(arg)
+    c = eval_aime25.get_config(None)  # every field is documented there
     c.name = "ifeval"
     c.data = "data/eval/ifeval.jsonl"
     c.domain = "instruct"  # summary adds prompt_strict, inst_strict, prompt_loose, inst_loose

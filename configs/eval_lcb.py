@@ -7,18 +7,13 @@ LiveCodeBench's own rows as they come ({"question_content", "public_test_cases",
     vt eval --config configs/eval_lcb.py --ckpt DIR --tokenizer DIR --out runs/eval/lcb_v6 \
         --config.data=data/eval/lcb_v6.jsonl
 """
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location("eval_base", pathlib.Path(__file__).with_name("eval_aime25.py"))
-_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_base)
+from configs import eval_aime25
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    if arg not in (None, ""):
-        raise ValueError(f"unknown variant {arg!r}; known: (none)")
-    c = _base.get_config(None)  # every field is documented there
+    parse_arg(arg)
+    c = eval_aime25.get_config(None)  # every field is documented there
     c.name = "lcb_v6"
     c.data = "data/eval/lcb_v6.jsonl"
     c.domain = "code"  # last fenced Python block, every test in the sandbox (~6 s per test)

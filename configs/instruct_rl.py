@@ -5,27 +5,22 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-from pathlib import Path
-
 import ml_collections
 
-from vt.config import load_config
-
-HERE = Path(__file__).resolve().parent
+from configs import mgpo_math
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    if arg not in (None, "", "smoke"):
-        raise ValueError(f"unknown variant {arg!r} (known: smoke)")
-    smoke = arg == "smoke"
-    c = load_config(str(HERE / "mgpo_math.py") + (":smoke" if smoke else ""))
+    smoke = parse_arg(arg, "smoke") == "smoke"
+    c = mgpo_math.get_config(arg)
     # Instruct RL (RECIPE stage 5) mixes two rewards in one run, chosen per record by its `domain`:
     # "instruct" (rule-based constraints, partial credit = fraction met) and "rubric" (a judge model).
     c.data.domain = ""  # "" = each record's own domain
     c.rewards.instruct = ml_collections.ConfigDict()
     c.rewards.instruct.mode = "strict"  # strict IFEval-style checking during RL (loose for evaluation only)
     if smoke:
-        c.data.train = c.data.eval = str(HERE / "smoke_data" / "instruct.jsonl")
+        c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "instruct.jsonl")
         return c
     c.model.init_checkpoint = "runs/self_distill/final"  # after offline self-distillation
     c.data.train = "data/rl/instruct.jsonl"  # constrained prompts (domain instruct) + open prompts (domain rubric)

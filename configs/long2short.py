@@ -5,17 +5,15 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-from pathlib import Path
-
-from vt.config import load_config
+from configs import mgpo_math
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    c = load_config(str(Path(__file__).with_name("mgpo_math.py")) + (":smoke" if arg == "smoke" else ""))
-    if arg not in (None, "", "smoke"):
-        raise ValueError(f"unknown variant {arg!r} (known: smoke)")
+    variant = parse_arg(arg, "smoke")
+    c = mgpo_math.get_config(variant)
     c.mgpo.long2short_lambda = 0.2  # RECIPE: lambda = 0.2, zero-sum over the correct responses
-    if arg != "smoke":
+    if variant != "smoke":
         c.model.init_checkpoint = "runs/mgpo_math/final"  # the math RL phase's final checkpoint (vt pipeline passes the real path)
         c.data.profile = "runs/profile/long2short.jsonl"  # re-profiled at this phase's start
         c.train.steps = 200  # not published: a short phase at the end of math RL

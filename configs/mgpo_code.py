@@ -5,26 +5,21 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-from pathlib import Path
-
 import ml_collections
 
-from vt.config import load_config
-
-HERE = Path(__file__).resolve().parent
+from configs import mgpo_math
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    if arg not in (None, "", "smoke"):
-        raise ValueError(f"unknown variant {arg!r} (known: smoke)")
-    smoke = arg == "smoke"
-    c = load_config(str(HERE / "mgpo_math.py") + (":smoke" if smoke else ""))
+    smoke = parse_arg(arg, "smoke") == "smoke"
+    c = mgpo_math.get_config(arg)
     c.rewards.code = ml_collections.ConfigDict()
     c.rewards.code.workers = 2 if smoke else 16  # problems graded concurrently, each in its own bubblewrap sandbox
     c.rewards.code.test_time_limit_s = 6.0  # LiveCodeBench: about 6 s per test
     c.rewards.code.problem_time_limit_s = 60.0  # all of one problem's tests
     if smoke:
-        c.data.train = c.data.eval = str(HERE / "smoke_data" / "code.jsonl")
+        c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "code.jsonl")
         c.data.domain = "code"
         c.rollout.max_new_tokens = 32
         return c

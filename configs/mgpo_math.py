@@ -15,10 +15,13 @@ from pathlib import Path
 
 import ml_collections
 
+from configs.common import parse_arg
+
 SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
 
 
 def get_config(arg=None):
+    variant = parse_arg(arg, "smoke")
     c = ml_collections.ConfigDict()
 
     c.model = ml_collections.ConfigDict()
@@ -101,11 +104,7 @@ def get_config(arg=None):
     c.rewards.math = ml_collections.ConfigDict()
     c.rewards.math.workers = 8  # killable math-verify worker processes
 
-    if arg in (None, ""):
-        return c
-    if arg == "smoke":
-        return smoke(c, "math.jsonl", "math")
-    raise ValueError(f"unknown variant {arg!r} (known: smoke)")
+    return smoke(c, "math.jsonl", "math") if variant == "smoke" else c
 
 
 def smoke(c, data_file: str, domain: str):
@@ -140,6 +139,6 @@ def smoke(c, data_file: str, domain: str):
     return c
 
 
-def get_sweep():
+def get_sweep(arg=None):
     """gamma x lr grid; launch/sweep.py expands it into named runs of --config overrides."""
     return [{"mgpo.gamma": g, "optim.lr": lr, "optim.final_lr": lr} for g in (0.0, 0.5, 1.0, 2.0) for lr in (5e-7, 1e-6)]

@@ -5,24 +5,19 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-from pathlib import Path
-
 import ml_collections
 
-from vt.config import load_config
-
-HERE = Path(__file__).resolve().parent
+from configs import mgpo_math
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    if arg not in (None, "", "smoke"):
-        raise ValueError(f"unknown variant {arg!r} (known: smoke)")
-    smoke = arg == "smoke"
-    c = load_config(str(HERE / "mgpo_math.py") + (":smoke" if smoke else ""))
+    smoke = parse_arg(arg, "smoke") == "smoke"
+    c = mgpo_math.get_config(arg)
     c.rewards.stem = ml_collections.ConfigDict()
     c.rewards.stem.rel_tol = 1e-2  # numeric answers: 1% relative tolerance (answers are often rounded)
     if smoke:
-        c.data.train = c.data.eval = str(HERE / "smoke_data" / "stem.jsonl")
+        c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "stem.jsonl")
         c.data.domain = "stem"
         return c
     c.model.init_checkpoint = "runs/mgpo_code/final"  # the previous phase (code RL)

@@ -23,6 +23,8 @@ Missing inputs are named by their config field before anything loads.
 """
 import ml_collections
 
+from configs.common import parse_arg, sampler
+
 
 def rule(min_tokens, edges, lo, hi, weight):
     r = ml_collections.ConfigDict()
@@ -44,6 +46,7 @@ def source(ckpt, data, n):
 
 
 def get_config(arg=None):
+    variant = parse_arg(arg, "smoke")
     c = ml_collections.ConfigDict()
     c.student = "runs/sft_stage2/merged"  # the student (scores traces, then gets fine-tuned on them)
     c.tokenizer = "checkpoints/qwen2.5-coder-3b-hf"  # shared by all checkpoints
@@ -58,15 +61,8 @@ def get_config(arg=None):
     c.sources.code = source("runs/rl_code/final", "data/rl/code.jsonl", 8)
     c.sources.stem = source("runs/rl_stem/final", "data/rl/stem.jsonl", 8)
 
-    c.sampling = ml_collections.ConfigDict()
-    c.sampling.n = 8  # overridden per source by sources.<domain>.n
-    c.sampling.temperature = 1.0  # RECIPE sampling settings
-    c.sampling.top_p = 0.95
-    c.sampling.top_k = -1
-    c.sampling.max_new_tokens = 32768
-    c.sampling.max_context = 0
-    c.sampling.batch_size = 256
-    c.sampling.seed = 0
+    # vt.sampling.SamplerConfig: n is overridden per source by sources.<domain>.n; RECIPE sampling settings
+    c.sampling = sampler(n=8, temperature=1.0, top_p=0.95, top_k=-1, max_new_tokens=32768, batch_size=256)
 
     c.scoring = ml_collections.ConfigDict()
     c.scoring.batch_size = 8  # rows per forward; must divide by data x fsdp devices
@@ -84,9 +80,7 @@ def get_config(arg=None):
     c.reward_workers = 2
     c.progress = True
 
-    if arg in (None, ""):
-        return c
-    if arg == "smoke":
+    if variant == "smoke":
         c.dtype = "float32"
         c.mesh.fsdp = 1
         c.sources.code.ckpt = ""
@@ -98,5 +92,4 @@ def get_config(arg=None):
         c.scoring.chunk_tokens = 0
         c.scoring.min_bucket = 64
         c.progress = False
-        return c
-    raise ValueError(f"unknown variant {arg!r}; known: smoke")
+    return c

@@ -11,16 +11,13 @@ Smoke test on CPU:
 
 Every field not set here is stage 1's (configs/sft_stage1.py documents each one).
 """
-import importlib.util
-from pathlib import Path
-
-_spec = importlib.util.spec_from_file_location("sft_stage1", Path(__file__).with_name("sft_stage1.py"))
-stage1 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stage1)
+from configs import sft_stage1
+from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    c = stage1.get_config(None)
+    variant = parse_arg(arg, "smoke")
+    c = sft_stage1.get_config(None)
     c.model.init_checkpoint = "runs/sft_stage1/merged"  # stage 1's Diversity-Exploring Distillation merge
     c.data.num_epochs = 2.0  # RECIPE: 2 epochs on the hard subset
     c.data.seed = 1  # a different shuffle from stage 1
@@ -30,10 +27,7 @@ def get_config(arg=None):
     c.data.hard_subset.min_error_rate = 0.75  # RECIPE: reference errs in >= 75% of rollouts
     c.data.hard_subset.min_rollouts = 8  # RECIPE: 8 rollouts per prompt
     c.checkpoint.every = 100  # fewer steps than stage 1: save more often for the specialist pool
-    if arg in (None, ""):
-        return c
-    if arg == "smoke":
-        c = stage1.smoke(c)
+    if variant == "smoke":
+        c = sft_stage1.smoke(c)
         c.data.hard_subset.pass_rates = ""  # the synthetic task has no profile
-        return c
-    raise ValueError(f"unknown variant {arg!r}; known: smoke")
+    return c

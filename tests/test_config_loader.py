@@ -1,10 +1,18 @@
-"""vt/config.py: config files, typed command-line overrides and the dataclass boundary."""
+"""vt/config.py: config files, typed command-line overrides and the dataclass boundary; every config file
+declares every field of the dataclasses it fills."""
 import dataclasses
+import typing
 
 import pytest
 
 from vt import VtError
 from vt.config import load_config, to_dataclass
+from vt.distill.run import SelfDistillConfig
+from vt.eval.runner import EvalConfig
+from vt.recipe.runner import recipe_config, validate
+from vt.recipe.stages import STAGE_BY_NAME, RecipeConfig
+from vt.rl.learner import RLConfig
+from vt.train.sft import SftConfig
 
 
 def test_variant_and_typed_overrides():
@@ -58,7 +66,6 @@ def test_to_dataclass_boundary():
 
 def _undeclared(dc, cfg, prefix=""):
     """Fields of dataclass `dc` (recursively) that the config dict does not declare."""
-    import typing
     hints, out = typing.get_type_hints(dc), []
     for f in dataclasses.fields(dc):
         if f.name not in cfg:
@@ -68,16 +75,57 @@ def _undeclared(dc, cfg, prefix=""):
     return out
 
 
-@pytest.mark.parametrize("spec", ["sft_stage1", "sft_stage2", "mgpo_math", "mgpo_code", "mgpo_stem", "long2short",
-                                  "instruct_rl", "eval_aime25", "eval_gpqa", "eval_ifeval", "eval_lcb",
-                                  "self_distill"])
+def _stage_config_class(spec):
+    return (SftConfig if spec.startswith("sft") else EvalConfig if spec.startswith("eval") else
+            SelfDistillConfig if spec == "self_distill" else RLConfig)
+
+
+STAGE_CONFIGS = ["sft_stage1", "sft_stage2", "mgpo_math", "mgpo_code", "mgpo_stem", "long2short", "instruct_rl",
+                 "eval_aime25", "eval_gpqa", "eval_ifeval", "eval_lcb", "self_distill"]
+
+
+@pytest.mark.parametrize("spec", STAGE_CONFIGS)
 def test_stage_configs_declare_every_setting(spec):
     """Overrides can only set fields a config file declares, so every learner/eval setting must be in it (a
-    missing one, like mgpo.dynamic_sampling_rounds once was, cannot be swept or set from the command line)."""
-    from vt.distill.run import SelfDistillConfig
-    from vt.eval.runner import EvalConfig
-    from vt.rl.learner import RLConfig
-    from vt.train.sft import SftConfig
-    dc = (SftConfig if spec.startswith("sft") else EvalConfig if spec.startswith("eval") else
-          SelfDistillConfig if spec == "self_distill" else RLConfig)
-    assert _undeclared(dc, load_config(f"configs/{spec}.py")) == []
+    missing one cannot be swept or set from the command line)."""
+    assert _undeclared(_stage_config_class(spec), load_config(f"configs/{spec}.py")) == []
+
+
+@pytest.mark.parametrize("spec", ["vibethinker_3b", "demo", "demo:ci"])
+def test_recipe_configs_declare_every_setting_of_every_stage(spec):
+    """The recipe's stage sections start from the stage configs; every field of every section (what its Stage
+    record says it holds) and of the recipe's own fields (the probe's sampler included) is declared, so any can
+    be overridden (--config.stages.rl_math.mgpo.dynamic_sampling_rounds=2)."""
+    path, _, variant = spec.partition(":")
+    cfg = load_config(f"configs/{path}.py" + (f":{variant}" if variant else ""))
+    missing = _undeclared(RecipeConfig, cfg)
+    for stage, section in cfg.stages.items():
+        kind = STAGE_BY_NAME[stage].section
+        for key, dc in (kind.items() if isinstance(kind, dict) else [("", kind)]):
+            values, prefix = (section[key], f"stages.{stage}.{key}.") if key else (section, f"stages.{stage}.")
+            if typing.get_origin(dc) is dict:  # a mapping of configs: each entry
+                item = typing.get_args(dc)[1]
+                missing += [m for name, v in values.items() for m in _undeclared(item, v, f"{prefix}{name}.")]
+            else:
+                missing += _undeclared(dc, values, prefix)
+    assert missing == []
+
+
+def test_a_recipe_override_reaches_a_field_the_stage_config_declares(tmp_path):
+    cfg = load_config("configs/demo.py", ["--config.stages.rl_math.mgpo.dynamic_sampling_rounds=2",
+                                          "--config.stages.rl_math.train.peak_flops=1e12",
+                                          "--config.probe.sampler.top_k=5"])
+    resolved = validate(recipe_config(cfg, tmp_path), tmp_path)
+    assert resolved["problems"] == []
+    rl = resolved["stages"]["rl_math"]["rl"]
+    assert rl.mgpo.dynamic_sampling_rounds == 2 and rl.train.peak_flops == 1e12
+    bad = recipe_config(load_config("configs/demo.py", ["--config.stages.select.sampler.top_p=0"]), tmp_path)
+    assert validate(bad, tmp_path)["problems"] == [
+        "config.stages.select: config.stages.select.sampler.top_p: must be > 0 and <= 1, got 0.0"]
+
+
+def test_unknown_variant_is_named_with_the_known_ones():
+    with pytest.raises(VtError, match=r"demo.py: variant 'nope': unknown variant 'nope'; known: ci"):
+        load_config("configs/demo.py:nope")
+    with pytest.raises(VtError, match=r"known: \(none\)"):
+        load_config("configs/eval_lcb.py:smoke")

@@ -9,6 +9,7 @@ import argparse
 import errno
 import importlib
 import logging
+import os
 import sys
 
 from vt import VtError
@@ -26,7 +27,7 @@ COMMAND_MODULES = (
     "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
     "vt.data.commands",  # tokenizer build-qwen2.5
     "vt.distill.commands",  # self-distill
-    "vt.pipeline_commands",  # pipeline, demo
+    "vt.recipe.commands",  # pipeline, demo
 )
 
 
@@ -35,13 +36,7 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:  # that part of vt is not built yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     _name_leaves(parser)
     return parser
 
@@ -104,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except VtError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `vt info ... | head` closed our stdout: stop quietly (before the OSError clause below)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
+        return 0
     except Exception as e:
         # Writers clean up after themselves (atomic output directories, temporary files renamed at the end,
         # checkpoints committed by rename), so a full disk leaves nothing half-written that would be used:
@@ -116,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: error: {_os_error_text(e)}", file=sys.stderr)
             return 2
         raise
-    except BrokenPipeError:  # `vt info ... | head`
-        return 0
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130

@@ -1,8 +1,12 @@
 """Config files and the typed boundary.
 
-A config file is a Python module in `configs/` with `get_config(arg: str | None) -> ml_collections.ConfigDict`;
+A config file is a Python module with `get_config(arg: str | None) -> ml_collections.ConfigDict`;
 `configs/sft_stage1.py:smoke` calls `get_config("smoke")`. Command-line overrides `--config.optim.lr=1e-5`
 change one field, with the value parsed as a Python literal and checked against the field's type.
+
+A config file inside a package (a directory with `__init__.py`, like `configs/`) is imported as a member of
+that package, so it builds on its siblings with ordinary imports (`from configs import mgpo_math`) and shares
+helpers (`configs/common.py`); a file anywhere else is executed on its own.
 
 Library code never sees a ConfigDict: `to_dataclass(Cls, cd)` converts it, at the boundary, into frozen
 dataclasses, rejecting unknown and missing fields by their dotted name.
@@ -10,11 +14,17 @@ dataclasses, rejecting unknown and missing fields by their dotted name.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
+import importlib
 import importlib.util
+import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Sequence
+
+import ml_collections
 
 from vt import VtError
 from vt.validation import FieldError
@@ -22,8 +32,6 @@ from vt.validation import FieldError
 
 def load_config(spec: str, overrides: Sequence[str] = ()):
     """Load `path.py[:variant]` and apply `--config.a.b=value` overrides."""
-    import ml_collections
-
     path_str, _, variant = spec.partition(":")
     path = Path(path_str)
     module = import_config_module(path)
@@ -41,15 +49,31 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
 
 
 def import_config_module(path: Path):
-    """Execute a config file as a module (config files live outside the package, so not via import)."""
+    """The config file's module: a member of its package when it lives in one (see the module docstring)."""
+    path = Path(path)
     if not path.is_file():
         raise VtError(f"{path}: config file not found")
-    module_spec = importlib.util.spec_from_file_location(f"vt_config_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
     try:
+        if (path.parent / "__init__.py").is_file() and path.parent.name.isidentifier():
+            return _import_package_member(path)
+        module_spec = importlib.util.spec_from_file_location(f"vt_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
+    except VtError:
+        raise
     except Exception as e:
         raise VtError(f"{path}: cannot import config ({type(e).__name__}: {e})") from None
+    return module
+
+
+def _import_package_member(path: Path):
+    package_dir = path.parent.resolve()
+    root = str(package_dir.parent)
+    if root not in sys.path:
+        sys.path.append(root)
+    module = importlib.import_module(f"{package_dir.name}.{path.stem}")
+    if Path(module.__file__).resolve() != path.resolve():  # another directory of that name came first
+        raise VtError(f"{path}: importing it as {module.__name__} found {module.__file__} instead")
     return module
 
 
@@ -69,16 +93,8 @@ def apply_override(cd, item: str) -> None:
         raise VtError(f"override --config.{key}: no such field (known: {sorted(parent.keys())})")
     old = parent[name]
     value = _parse_value(raw, old, key)
-    with parent.unlocked() if hasattr(parent, "unlocked") else _null():
+    with parent.unlocked() if hasattr(parent, "unlocked") else contextlib.nullcontext():
         parent[name] = value
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def _parse_value(raw: str, old: Any, key: str) -> Any:
@@ -136,7 +152,7 @@ def _coerce(tp, value, where):
         if not isinstance(value, dict) and not hasattr(value, "to_dict"):
             raise VtError(f"{where}: expected a group of fields, got {value!r}")
         return to_dataclass(tp, value, where)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None

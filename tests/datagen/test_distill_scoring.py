@@ -105,10 +105,10 @@ def test_self_distill_end_to_end(tmp_path, aime_rows, math_reward, tiny_model):
     from eval_helpers import AIME, StandIn
     from vt.data.tokenizer import build_tiny_tokenizer
     from vt.distill.run import Rules, Selection, SelfDistillConfig, Source, Sources, run_self_distill
-    from vt.eval.runner import SamplingSettings
+    from vt.sampling.engine import SamplerConfig
     tok = build_tiny_tokenizer(tmp_path / "tok")
     cfg = SelfDistillConfig(sources=Sources(math=Source(data=str(AIME), n=4, limit=8)),
-                            sampling=SamplingSettings(n=4), progress=False,
+                            sampling=SamplerConfig(n=4), progress=False,
                             selection=Selection(rules=Rules(math=DomainRule(band_lo=0.25, band_hi=0.75))))
     report = run_self_distill(cfg, tmp_path / "w", generators={"math": StandIn(aime_rows)},
                               rewards={"math": math_reward}, student=tiny_model, tokenizer=tok)

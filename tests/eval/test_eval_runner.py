@@ -8,12 +8,13 @@ import pytest
 
 from eval_helpers import AIME, PATTERNS, StandIn
 from vt import VtError
-from vt.eval.runner import ClrSettings, EvalConfig, SamplingSettings, run_eval
+from vt.eval.runner import ClrConfig, EvalConfig, run_eval
+from vt.sampling.engine import SamplerConfig
 
 
 def config(**kw):
     base = dict(name="aime25", data=str(AIME), domain="math", ks=(1, 2, 4), maj_ks=(2, 4), chunk_problems=4,
-                progress=False, sampling=SamplingSettings(n=4))
+                progress=False, sampling=SamplerConfig(n=4))
     return EvalConfig(**{**base, **kw})
 
 
@@ -80,17 +81,24 @@ def test_killed_and_resumed_equals_straight(tmp_path, aime_rows, math_reward):
 def test_resume_refuses_other_settings_and_ks_can_change(tmp_path, aime_rows, math_reward):
     run_eval(config(limit=4), tmp_path, generator=StandIn(aime_rows), reward=math_reward)
     with pytest.raises(VtError, match="different settings"):
-        run_eval(config(limit=4, sampling=SamplingSettings(n=4, seed=1)), tmp_path, generator=StandIn(aime_rows),
+        run_eval(config(limit=4, sampling=SamplerConfig(n=4, seed=1)), tmp_path, generator=StandIn(aime_rows),
                  reward=math_reward)
     s = run_eval(config(limit=4, ks=(1, 3)), tmp_path, generator=StandIn(aime_rows), reward=math_reward)
     assert "pass@3" in s and "pass@2" not in s
+    # The sampler's speed settings (slots, decode steps per call, KV pages) do not change the samples: accepted.
+    speed = SamplerConfig(n=4, batch_size=3, steps_per_call=5, page_size=32, kv_pages=100, refill=False)
+    gen = StandIn(aime_rows)
+    assert run_eval(config(limit=4, sampling=speed), tmp_path, generator=gen, reward=math_reward) and gen.calls == 0
+    with pytest.raises(VtError, match="different settings"):
+        run_eval(config(limit=4, sampling=SamplerConfig(n=4, stop_strings=("x",))), tmp_path,
+                 generator=StandIn(aime_rows), reward=math_reward)
 
 
 def test_config_validation():
     with pytest.raises(VtError, match="config.ks"):
         config(ks=(8,))
     with pytest.raises(VtError, match="runs"):
-        config(clr=ClrSettings(enabled=True, K=4, runs=2))
+        config(clr=ClrConfig(enabled=True, K=4, runs=2))
     with pytest.raises(VtError, match="config.domain"):
         config(domain="chess")
 
@@ -117,22 +125,22 @@ def test_ifeval_levels(tmp_path):
         def generate(self, convs, n, seed, max_new_tokens=None):
             return [[Completion(hello if "hi" in c[-1]["content"] else "BYE", 2, "stop")] for c in convs]
     cfg = EvalConfig(name="if", data=str(data), domain="instruct", ks=(1,), maj_ks=(), progress=False,
-                     sampling=SamplingSettings(n=1))
+                     sampling=SamplerConfig(n=1))
     s = run_eval(cfg, tmp_path / "out", generator=Gen())
     assert s["prompt_strict"] == 0.0 and s["inst_strict"] == pytest.approx(1 / 3) and s["avg@n"] == 0.0
 
 
 def test_a_failed_run_does_not_block_the_corrected_one(tmp_path, aime_rows, math_reward):
-    """Issue 16: a run that failed before its first result (here a wrong --ckpt) leaves config.json behind; the
+    """A run that failed before its first result (here a wrong --ckpt) leaves config.json behind; the
     corrected re-run into the same --out must not be refused for 'different settings'."""
-    from vt.eval.runner import ModelSettings
+    from vt.eval.runner import EvalModelConfig
     with pytest.raises(VtError, match="no such checkpoint directory"):
-        run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "typo"))), tmp_path / "out", reward=math_reward)
+        run_eval(config(model=EvalModelConfig(ckpt=str(tmp_path / "typo"))), tmp_path / "out", reward=math_reward)
     assert (tmp_path / "out" / "config.json").is_file()
-    summary = run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "right"))), tmp_path / "out",
+    summary = run_eval(config(model=EvalModelConfig(ckpt=str(tmp_path / "right"))), tmp_path / "out",
                        generator=StandIn(aime_rows), reward=math_reward)
     assert summary["problems"] == 30
     # Once results exist the settings guard them: another checkpoint into the same --out is refused.
     with pytest.raises(VtError, match="holds results of different settings"):
-        run_eval(config(model=ModelSettings(ckpt=str(tmp_path / "other"))), tmp_path / "out",
+        run_eval(config(model=EvalModelConfig(ckpt=str(tmp_path / "other"))), tmp_path / "out",
                  generator=StandIn(aime_rows), reward=math_reward)

@@ -1,4 +1,4 @@
-"""Issue 16 item 1: vt deletes only what it created (a marker it wrote), after validation, never under --validate."""
+"""`vt demo --fresh` deletes only what vt created (a marker it wrote), after validation, never under --validate."""
 import pytest
 
 from vt import VtError

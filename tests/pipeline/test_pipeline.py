@@ -13,22 +13,24 @@ import numpy as np
 import pytest
 
 from testutil import REPO, run_vt
+from vt.checkpoint.seal import sealed_steps
 from vt.config import load_config
-from vt.pipeline import STAGES, pipeline_config, validate
+from vt.recipe.runner import recipe_config, validate
+from vt.recipe.stages import STAGE_NAMES
 
 DEMO = str(REPO / "configs" / "demo.py")
 PRE_RL = ("data", "sft1", "profile", "sft2", "select")
 
 
 def test_full_config_validates_every_stage_and_names_missing_inputs(tmp_path):
-    cfg = pipeline_config(load_config(str(REPO / "configs" / "vibethinker_3b.py")), tmp_path)
+    cfg = recipe_config(load_config(str(REPO / "configs" / "vibethinker_3b.py")), tmp_path)
     cwd = os.getcwd()
     os.chdir(REPO)  # the config's paths are relative to where vt runs
     try:
         report = validate(cfg, tmp_path)
     finally:
         os.chdir(cwd)
-    assert list(report["stages"]) == [s for s in STAGES if s != "data"]
+    assert list(report["stages"]) == [s for s in STAGE_NAMES if s != "data"]
     problems = "\n".join(report["problems"])
     for missing in ("config.base_checkpoint: checkpoints/qwen2.5-coder-3b", "config.tokenizer:",
                     "config.stages.sft1.data.train: no file matches data/sft/stage1/*.jsonl",
@@ -48,7 +50,7 @@ def test_a_bad_stage_field_is_named(tmp_path):
     proc = run_vt("pipeline", "--config", DEMO, "--workdir", str(tmp_path), "--validate",
                   "--config.stages.rl_math.mgpo.gamma='x'")
     assert proc.returncode != 0 and "rl_math" in (proc.stdout + proc.stderr), proc.stdout + proc.stderr
-    cfg = pipeline_config(load_config(DEMO), tmp_path)
+    cfg = recipe_config(load_config(DEMO), tmp_path)
     assert validate(cfg, tmp_path)["problems"] == []  # the demo's inputs come from its data stage
 
 
@@ -68,7 +70,7 @@ def straight(tmp_path_factory):
 
 
 def manifests(workdir: Path) -> dict:
-    return {s: json.loads((workdir / s / "manifest.json").read_text()) for s in STAGES}
+    return {s: json.loads((workdir / s / "manifest.json").read_text()) for s in STAGE_NAMES}
 
 
 def test_demo_ci_runs_every_stage_and_accuracy_rises(straight):
@@ -97,11 +99,7 @@ def test_demo_ci_runs_every_stage_and_accuracy_rises(straight):
     # A re-run finds everything finished and skips it.
     proc = _demo(workdir)
     rerun, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and rerun.count("done, skipped") == len(STAGES), rerun[-2000:]
-
-
-def _sealed(d: Path) -> list[int]:
-    return [int(p.name) for p in d.glob("[0-9]*") if (p / "vt_checksums.json").is_file()] if d.is_dir() else []
+    assert proc.returncode == 0 and rerun.count("done, skipped") == len(STAGE_NAMES), rerun[-2000:]
 
 
 def test_kill_in_rl_stage_then_resume_equals_straight_run(straight, tmp_path):
@@ -114,21 +112,21 @@ def test_kill_in_rl_stage_then_resume_equals_straight_run(straight, tmp_path):
         shutil.copytree(ref / s, workdir / s)
     proc = _demo(workdir)
     deadline = time.time() + 600
-    while not _sealed(workdir / "rl_math" / "checkpoints"):
+    while not sealed_steps(workdir / "rl_math" / "checkpoints"):
         assert proc.poll() is None and time.time() < deadline, "rl_math saved no checkpoint"
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     assert not (workdir / "rl_math" / "manifest.json").exists()
     steps = json.loads((ref / "rl_math" / "manifest.json").read_text())["metrics"]["steps"]
-    assert max(_sealed(workdir / "rl_math" / "checkpoints")) < steps
+    assert max(sealed_steps(workdir / "rl_math" / "checkpoints")) < steps
     proc = _demo(workdir)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out[-4000:]
     assert "rl_math: resuming" in out
     a, b = manifests(ref), manifests(workdir)
     assert b["rl_math"]["resumed"]
-    for s in STAGES:
+    for s in STAGE_NAMES:
         assert a[s]["heldout"] == b[s]["heldout"], s
     assert a["eval"]["metrics"] == b["eval"]["metrics"]
     for s in ("rl_math", "long2short", "rl_code", "rl_stem", "rl_instruct"):

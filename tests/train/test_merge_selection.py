@@ -9,7 +9,7 @@ import pytest
 from testutil import run_vt
 from vt import VtError
 from vt.train.merge import merge_params, normalize_weights
-from vt.train.selection import Probe, best_per_domain, distill, engine_sampler, pass_at_k, pass_at_k_scores
+from vt.train.selection import best_per_domain, mean_pass_at_k, pass_at_k, select_and_merge
 
 
 @pytest.mark.parametrize("n,c,k", [(n, c, k) for n in range(1, 8) for c in range(n + 1) for k in range(1, n + 1)])
@@ -69,15 +69,22 @@ def test_distillation_picks_per_domain_over_real_samples(three_ckpts, tmp_path):
     """Real samples from vt.sampling's engine, a stand-in verifier (answer = first token's parity, which
     random-init models get right at different rates per domain), then choice and merge."""
     from vt.checkpoint.params import flat_params, load_model
-    from vt.sampling.engine import SamplerConfig
+    from vt.sampling.engine import Engine, Request, SamplerConfig
     rng = np.random.default_rng(0)
-    probes = [Probe(id=f"{d}{i}", domain=d, prompt_ids=tuple(int(t) for t in rng.integers(4, 100, 6)),
-                    answer=int(d == "code")) for d in ("math", "code") for i in range(4)]
-    sampler = engine_sampler(SamplerConfig(batch_size=16, max_new_tokens=2, temperature=1.0, seed=0))
-    verify = lambda probe, completion: completion[0] % 2 == probe.answer
     n, k = 8, 2
-    scorer = lambda d: pass_at_k_scores(load_model(d), probes, sampler, verify, n=n, k=k)
-    report = distill(three_ckpts, scorer, tmp_path / "merged")
+    prompts = {d: [[int(t) for t in rng.integers(4, 100, 6)] for _ in range(4)] for d in ("math", "code")}
+    sampler = SamplerConfig(batch_size=16, max_new_tokens=2, temperature=1.0, seed=0)
+
+    def scorer(ckpt):
+        engine = Engine(load_model(ckpt), sampler)
+        scores = {}
+        for d, ps in prompts.items():
+            out = engine.generate([Request(prompt_ids=p, n=n) for p in ps])
+            correct = np.array([[s.completion_ids[0] % 2 == int(d == "code") for s in row] for row in out])
+            scores[d] = mean_pass_at_k(np.ones_like(correct), correct, k)
+        return scores
+
+    report = select_and_merge(three_ckpts, scorer, tmp_path / "merged")
     scores = report["scores"]
     assert set(report["chosen"]) == {"math", "code"}
     for domain, ckpt in report["chosen"].items():

@@ -85,6 +85,15 @@ def is_sealed(directory: Path) -> bool:
     return (Path(directory) / CHECKSUM_FILE).is_file()
 
 
+def sealed_steps(checkpoint_dir: Path | str) -> list[int]:
+    """The steps, ascending, of a run's checkpoint directory (one `<step>/` each) whose writes completed: those
+    with a seal. An unsealed step directory is a save a kill interrupted; a missing directory has none."""
+    directory = Path(checkpoint_dir)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir() and is_sealed(p))
+
+
 def write_seal(directory: Path, *, hashed: bool = True, **fields) -> None:
     """Seal `directory` (all its files must be written): the checksums file appears whole (vt.io) or not at all."""
     directory = Path(directory)

@@ -24,8 +24,9 @@ from vt.data.tokenizer import load_tokenizer
 from vt.distill.scoring import Scorer, ScoringConfig
 from vt.distill.selection import DomainRule, ScoredTrace, select
 from vt.distributed import barrier, is_primary
-from vt.eval.runner import EvalConfig, ModelSettings, SamplingSettings, load_problems, read_results, run_eval
+from vt.eval.runner import EvalConfig, EvalModelConfig, load_problems, read_results, run_eval
 from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
+from vt.sampling.engine import SamplerConfig
 from vt.sharding import MeshConfig, make_process_mesh
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class SelfDistillConfig:
     dtype: str = "bfloat16"
     mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
     sources: Sources = Sources()
-    sampling: SamplingSettings = SamplingSettings(n=8)
+    sampling: SamplerConfig = SamplerConfig(n=8, top_p=0.95, max_new_tokens=32768, batch_size=256)
     scoring: ScoringConfig = ScoringConfig()
     selection: Selection = Selection()
     reward_workers: int = 2
@@ -79,7 +80,7 @@ def sample_config(cfg: SelfDistillConfig, domain: str, src: Source) -> EvalConfi
     return EvalConfig(name=f"self_distill_{domain}", data=src.data, domain=domain, limit=src.limit, ks=(1,),
                       maj_ks=(), cluster_with_math_verify=False, save_text=True, reward_workers=cfg.reward_workers,
                       progress=cfg.progress, sampling=dataclasses.replace(cfg.sampling, n=src.n),
-                      model=ModelSettings(ckpt=src.ckpt, tokenizer=cfg.tokenizer, dtype=cfg.dtype, mesh=cfg.mesh))
+                      model=EvalModelConfig(ckpt=src.ckpt, tokenizer=cfg.tokenizer, dtype=cfg.dtype, mesh=cfg.mesh))
 
 
 def verified_traces(workdir: Path, cfg: SelfDistillConfig, generators=None, rewards=None) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from vt.rewards.base import answer_region
 from vt.rewards.math_reward import boxed_answers
+from vt.rewards.stem import chosen_options
 
 VOTABLE_DOMAINS = ("math", "stem")
 
@@ -15,7 +16,6 @@ VOTABLE_DOMAINS = ("math", "stem")
 def extract_answer(domain: str, completion: str, tail_chars: int = 2000) -> str | None:
     region = answer_region(completion, tail_chars)
     if domain == "stem":
-        from vt.rewards.stem import chosen_options
         options = chosen_options(region)
         if len(options) == 1:
             return options[0]

@@ -20,6 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from vt import VtError
+from vt.checkpoint.params import load_model
+from vt.data.tokenizer import load_tokenizer
+from vt.rewards.rubric import OpenAIChatJudge
+from vt.sampling.engine import Engine, Request, SamplerConfig
 
 Messages = list[dict[str, str]]
 Teacher = Callable[[list[Messages]], list[Any]]  # list[str | BaseException]
@@ -50,7 +54,6 @@ class EngineGenerator:
 
     def generate(self, conversations: Sequence[Messages], n: int, seed: int,
                  max_new_tokens: int | None = None) -> list[list[Completion]]:
-        from vt.sampling.engine import Request
         cap = max_new_tokens or self.max_new_tokens
         requests = [Request(prompt_ids=self.tokenizer.encode_chat(list(c), add_generation_prompt=True), n=n,
                             max_new_tokens=cap) for c in conversations]
@@ -68,18 +71,10 @@ class EngineGenerator:
         return result
 
 
-def engine_generator(ckpt: str, tokenizer_path: str, *, temperature: float, top_p: float, top_k: int,
-                     max_new_tokens: int, batch_size: int, max_context: int | None = None, mesh=None,
-                     model_overrides: dict | None = None) -> EngineGenerator:
+def engine_generator(ckpt: str, tokenizer_path: str, sampler: SamplerConfig) -> EngineGenerator:
     """Load a vt checkpoint and its tokenizer into an :class:`EngineGenerator`."""
-    from vt.checkpoint.params import load_model
-    from vt.data.tokenizer import load_tokenizer
-    from vt.sampling.engine import Engine, SamplerConfig
     tok = load_tokenizer(tokenizer_path)
-    model = load_model(ckpt, mesh=mesh, **(model_overrides or {}))
-    cfg = SamplerConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_p=top_p, top_k=top_k, max_context=max_context)
-    return EngineGenerator(Engine(model, cfg, mesh=mesh, tokenizer=tok), tok, max_new_tokens)
+    return EngineGenerator(Engine(load_model(ckpt), sampler, tokenizer=tok), tok, sampler.max_new_tokens)
 
 
 def as_teacher(generator: Generator, seed: int = 0) -> Teacher:
@@ -128,11 +123,10 @@ def teacher_from_spec(spec: str, *, tokenizer: str = "", temperature: float = 1.
     if kind == "ckpt":
         if not tokenizer:
             raise VtError(f"teacher {spec!r}: a checkpoint teacher needs --tokenizer DIR")
-        gen = engine_generator(rest, tokenizer, temperature=temperature, top_p=top_p, top_k=-1,
-                               max_new_tokens=max_new_tokens, batch_size=batch_size)
+        gen = engine_generator(rest, tokenizer, SamplerConfig(temperature=temperature, top_p=top_p,
+                                                              max_new_tokens=max_new_tokens, batch_size=batch_size))
         return as_teacher(gen, seed)
     if kind == "openai":
-        from vt.rewards.rubric import OpenAIChatJudge
         parts = rest.split("|")
         if len(parts) not in (2, 3) or not all(parts[:2]):
             raise VtError(f"teacher {spec!r}: expected openai:URL|MODEL[|API_KEY_ENV]")

@@ -26,15 +26,29 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
+
+import jax
+from tqdm import tqdm
 
 from vt import VtError
+from vt.checkpoint.params import load_model
+from vt.data.sources import Malformed, record_from_dict
+from vt.data.tokenizer import build_tiny_tokenizer, load_tokenizer
+from vt.distributed import barrier, is_primary, process_count
 from vt.eval import metrics as M
 from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
-from vt.eval.generation import Generator
-from vt.validation import AT_LEAST_1, NON_NEGATIVE, Range, check_fields
-from vt.sharding import MeshConfig
+from vt.eval.clr import clr_for_rows
+from vt.eval.generation import EngineGenerator, Generator
+from vt.io import append_lines, read_complete_jsonl, read_rows
+from vt.model.config import preset
+from vt.model.qwen2 import create_model
+from vt.rewards.registry import make_reward
+from vt.sampling.engine import Engine, SamplerConfig
+from vt.sharding import MeshConfig, make_process_mesh
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +57,7 @@ _GOLD = "\x00gold"  # cluster key shared by every verified-correct answer (all e
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSettings:
+class EvalModelConfig:
     ckpt: str = ""  # vt checkpoint directory (`vt eval --ckpt` sets it)
     tokenizer: str = ""  # HF tokenizer directory
     preset: str = ""  # smoke only: random-init preset when ckpt is empty
@@ -52,23 +66,13 @@ class ModelSettings:
     mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
 
 
-@dataclasses.dataclass(frozen=True)
-class SamplingSettings:
-    n: Annotated[int, AT_LEAST_1] = 64  # samples per problem
-    temperature: Annotated[float, NON_NEGATIVE] = 1.0
-    top_p: Annotated[float, Range(gt=0, le=1)] = 0.95
-    top_k: Annotated[int, Range(ge=-1)] = -1  # -1 = off (0 is refused by the sampler)
-    max_new_tokens: Annotated[int, AT_LEAST_1] = 32768
-    max_context: Annotated[int, NON_NEGATIVE] = 0  # 0: the model's max_position_embeddings
-    batch_size: Annotated[int, AT_LEAST_1] = 256  # decode slots of the engine
-    seed: Annotated[int, NON_NEGATIVE] = 0
-
-    def __post_init__(self):
-        check_fields(self)
+# The sampler's settings that change how fast samples come, not which: left out of the results' fingerprint.
+_SAMPLER_SPEED_FIELDS = ("batch_size", "steps_per_call", "refill", "refill_min_free", "prefill_tokens",
+                         "min_prompt_bucket", "min_prefill_rows", "page_size", "kv_pages", "kv_memory_fraction")
 
 
 @dataclasses.dataclass(frozen=True)
-class ClrSettings:
+class ClrConfig:
     enabled: bool = False
     K: int = 32  # trajectories per CLR run (disjoint slices of the n samples)
     M: int = 5  # claims per trajectory
@@ -92,15 +96,15 @@ class EvalConfig:
     save_text: bool = True  # keep completion texts in results.jsonl
     reward_workers: int = 2
     progress: bool = True
-    model: ModelSettings = ModelSettings()
-    sampling: SamplingSettings = SamplingSettings()
-    clr: ClrSettings = ClrSettings()
+    model: EvalModelConfig = EvalModelConfig()
+    sampling: SamplerConfig = SamplerConfig(n=64, top_p=0.95, max_new_tokens=32768, batch_size=256)  # n per problem
+    clr: ClrConfig = ClrConfig()
 
     def __post_init__(self):
         if self.domain not in DOMAINS:
             raise VtError(f"config.domain: {self.domain!r} is not one of {DOMAINS}")
-        if self.sampling.n < 1 or self.chunk_problems < 1:
-            raise VtError("config.sampling.n and config.chunk_problems must be >= 1")
+        if self.chunk_problems < 1:
+            raise VtError(f"config.chunk_problems: must be >= 1, got {self.chunk_problems}")
         for name in ("ks", "maj_ks"):
             bad = [k for k in getattr(self, name) if not 1 <= k <= self.sampling.n]
             if bad:
@@ -119,7 +123,8 @@ def fingerprint(cfg: EvalConfig) -> dict:
     for k in ("progress", "reward_workers", "save_text", "ks", "maj_ks"):
         d.pop(k)
     d["model"] = {k: v for k, v in d["model"].items() if k in ("ckpt", "preset", "dtype")}
-    d["sampling"].pop("batch_size")
+    for k in _SAMPLER_SPEED_FIELDS:
+        d["sampling"].pop(k)
     return json.loads(json.dumps(d))
 
 
@@ -133,8 +138,6 @@ class Problem:
 
 
 def load_problems(cfg: EvalConfig) -> list[Problem]:
-    from vt.data.sources import Malformed, record_from_dict
-    from vt.io import read_rows
     problems = []
     for i, (where, row) in enumerate(read_rows(cfg.data)):
         if cfg.limit and len(problems) >= cfg.limit:
@@ -165,7 +168,6 @@ def results_path(out_dir: Path, process_index: int, process_count: int) -> Path:
 
 def read_results(out_dir: Path) -> dict[str, dict]:
     """Finished problems from every results file in `out_dir` (whatever process count wrote them)."""
-    from vt.io import read_complete_jsonl
     files = [out_dir / "results.jsonl"] + sorted(out_dir.glob("results.process-*.jsonl"))
     return {r["id"]: r for path in files for r in read_complete_jsonl(path)}
 
@@ -191,10 +193,6 @@ def _open_out(cfg: EvalConfig, out_dir: Path, primary: bool = True) -> dict[str,
 def _smoke_tokenizer(path: Path, vocab_size: int):
     """Built once per output directory: each process builds into its own temporary directory and renames it
     into place; a process that loses the race (the directory is there) uses the winner's."""
-    import os
-    import shutil
-
-    from vt.data.tokenizer import build_tiny_tokenizer, load_tokenizer
     if not path.exists():
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         build_tiny_tokenizer(tmp, vocab_size=vocab_size)
@@ -206,32 +204,24 @@ def _smoke_tokenizer(path: Path, vocab_size: int):
 
 
 def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
-    from vt.eval.generation import EngineGenerator
-    from vt.sampling.engine import Engine, SamplerConfig
-    from vt.sharding import make_process_mesh
-    m, s = cfg.model, cfg.sampling
+    """vt's sampler over cfg.model's checkpoint (or, for smoke tests, a random preset and a tiny tokenizer)."""
+    m = cfg.model
     # This process's devices: with several processes each samples its own chunks (see the module docstring).
     mesh = make_process_mesh(m.mesh)
     if m.ckpt:
-        from vt.checkpoint.params import load_model
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
     elif m.preset:
-        from vt.model.config import preset
-        from vt.model.qwen2 import create_model
         model = create_model(preset(m.preset, dtype=m.dtype, attention_impl=m.attention_impl), mesh)
     else:
         raise VtError("config.model.ckpt: no checkpoint given (vt eval --ckpt DIR)")
     if m.tokenizer:
-        from vt.data.tokenizer import load_tokenizer
         tok = load_tokenizer(m.tokenizer)
     elif m.preset:  # smoke: a tiny tokenizer built on the spot
         tok = _smoke_tokenizer(out_dir / "tokenizer", model.cfg.vocab_size)
     else:
         raise VtError("config.model.tokenizer: no tokenizer directory given")
-    sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                       top_p=s.top_p, top_k=s.top_k, seed=s.seed, max_context=s.max_context or None)
     # The tokenizer gives the engine its stop ids (its end-of-turn token); without it only Qwen's ids stop.
-    return EngineGenerator(Engine(model, sc, mesh=mesh, tokenizer=tok), tok, s.max_new_tokens)
+    return EngineGenerator(Engine(model, cfg.sampling, mesh=mesh, tokenizer=tok), tok, cfg.sampling.max_new_tokens)
 
 
 def score_problem(cfg: EvalConfig, problem: Problem, completions, reward, equivalent) -> dict:
@@ -283,12 +273,6 @@ def sample_metrics(cfg: EvalConfig, samples: list[dict], clusters: list[int | No
 
 def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None = None, reward=None) -> dict:
     """Evaluate (or finish evaluating) ``cfg`` into ``out_dir``; returns the summary."""
-    import jax
-    from tqdm import tqdm
-
-    from vt.io import append_lines
-    from vt.distributed import barrier, is_primary, process_count
-    from vt.rewards.registry import make_reward
     out_dir = Path(out_dir)
     problems = load_problems(cfg)
     count = process_count()
@@ -327,7 +311,6 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
                                   f"{len(chunk)} problems, expected {cfg.sampling.n} each")
                 rows = [score_problem(cfg, p, comps, reward, equivalent) for p, comps in zip(chunk, completions)]
                 if cfg.clr.enabled:
-                    from vt.eval.clr import clr_for_rows
                     clr_for_rows(cfg.clr, generator, chunk, rows, completions, seed)
                 for p, row in zip(chunk, rows):
                     if p.id not in done:
@@ -396,7 +379,7 @@ def write_report(cfg: EvalConfig, summary: dict, out_dir: Path) -> None:
 
 
 def plot_summary(summary: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # optional extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.5))

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Callable, Sequence
+from typing import Annotated, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -47,43 +47,38 @@ from vt.sampling.pages import PagePool, PageTables, pages_for, pool_pages, promp
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
 from vt.sharding import param_sharding, state_shardings, use_mesh
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, FieldError, Range, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplerConfig:
-    batch_size: int = 64  # decode slots B: samples generated concurrently
-    max_new_tokens: int = 256  # default per request; a Request may set its own
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # 1 = off
-    top_k: int = -1  # -1 = off
-    n: int = 1  # samples per request (a Request may set its own); they share one prefill
-    seed: int = 0
+    batch_size: Annotated[int, AT_LEAST_1] = 64  # decode slots B: samples generated concurrently
+    max_new_tokens: Annotated[int, AT_LEAST_1] = 256  # default per request; a Request may set its own
+    temperature: Annotated[float, NON_NEGATIVE] = 1.0  # 0 = greedy
+    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0  # 1 = off
+    top_k: Annotated[int, Range(ge=-1)] = -1  # -1 = off (0 is refused)
+    n: Annotated[int, AT_LEAST_1] = 1  # samples per request (a Request may set its own); they share one prefill
+    seed: Annotated[int, NON_NEGATIVE] = 0
     stop_token_ids: tuple[int, ...] | None = None  # None: tokenizer eos ids, else the Qwen ids in the vocab
     stop_strings: tuple[str, ...] = ()  # need a tokenizer; checked on the host between decode calls
-    max_context: int | None = None  # prompt + completion limit; None: the model's max_position_embeddings
-    steps_per_call: int = 64  # most decode steps per host round trip
+    max_context: Annotated[int | None, AT_LEAST_1] = None  # prompt + completion; None: the model's maximum
+    steps_per_call: Annotated[int, AT_LEAST_1] = 64  # most decode steps per host round trip
     refill: bool = True  # False: fixed batches (a batch waits for its longest sample); for comparison
-    refill_min_free: int = 0  # free slots that end a decode call while prompts wait; 0: max(1, B // 8)
-    prefill_tokens: int = 8192  # most (padded prompts x bucket length) per prefill call
-    min_prompt_bucket: int = 16
-    min_prefill_rows: int = 8  # prefill batches are padded to a power of two >= this: fewer programs to compile
-    page_size: int = 16  # tokens per KV page
-    kv_pages: int = 0  # KV pool size in pages; 0: kv_memory_fraction of the free device memory
-    kv_memory_fraction: float = 0.5  # never more pages than every slot at its longest (without memory stats: that)
+    refill_min_free: Annotated[int, NON_NEGATIVE] = 0  # free slots ending a decode call; 0: max(1, B // 8)
+    prefill_tokens: Annotated[int, AT_LEAST_1] = 8192  # most (padded prompts x bucket length) per prefill call
+    min_prompt_bucket: Annotated[int, AT_LEAST_1] = 16
+    min_prefill_rows: Annotated[int, AT_LEAST_1] = 8  # prefill rows padded to a power of two >= this: fewer programs
+    page_size: Annotated[int, AT_LEAST_1] = 16  # tokens per KV page
+    kv_pages: Annotated[int, NON_NEGATIVE] = 0  # KV pool size in pages; 0: kv_memory_fraction of the free device memory
+    kv_memory_fraction: Annotated[float, Range(gt=0, le=1)] = 0.5  # capped at every slot at its longest
 
     def __post_init__(self):
-        if not 0.0 < self.kv_memory_fraction <= 1.0:
-            raise VtError("sampler config: field 'kv_memory_fraction' must be in (0, 1], got "
-                          f"{self.kv_memory_fraction}")
-        if self.kv_pages < 0:
-            raise VtError(f"sampler config: field 'kv_pages' must be >= 0, got {self.kv_pages}")
-        for name in ("batch_size", "max_new_tokens", "n", "steps_per_call", "prefill_tokens", "min_prompt_bucket",
-                     "min_prefill_rows", "page_size"):
-            if getattr(self, name) < 1:
-                raise VtError(f"sampler config: field '{name}' must be >= 1, got {getattr(self, name)}")
+        # FieldError: a config file's sampler section names the bad field by its dotted path (vt.config)
+        check_fields(self)
         if self.stop_strings and any(not s for s in self.stop_strings):
-            raise VtError("sampler config: field 'stop_strings' holds an empty string")
-        SamplingParams(self.temperature, self.top_p, self.top_k)  # validates
+            raise FieldError(type(self).__name__, "stop_strings", "holds an empty string")
+        if self.top_k == 0:
+            raise FieldError(type(self).__name__, "top_k", "must be -1 (off) or >= 1, got 0")
 
 
 @dataclasses.dataclass(frozen=True)

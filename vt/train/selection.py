@@ -1,69 +1,35 @@
 """Diversity-Exploring Distillation (RECIPE stages 1-2): score saved checkpoints by Pass@K on per-domain probing
 sets, pick the best checkpoint per domain, merge the specialists at the parameter level.
 
-    scores = score_checkpoints(step_dirs, lambda d: pass_at_k_scores(load_model(d), probes, sampler, verify, n, k))
-    chosen = best_per_domain(scores)                 # {domain: checkpoint}
-    weights = distill(step_dirs, scorer, out_dir)    # all three, then vt.train.merge
+    report = select_and_merge(step_dirs, scorer, out_dir)  # scorer(ckpt) -> {domain: score}; vt.train.merge
 
-Unbiased pass@k (Chen et al. 2021) from n samples of which c are correct:
+The recipe's select stage (vt.recipe.stages.run_select) samples each probe n times with vt.sampling's Engine,
+verifies the samples with vt.rewards and scores a domain by `mean_pass_at_k`. Unbiased pass@k (Chen et al.
+2021) from n samples of which c are correct:
     pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n-c+1}^{n} (1 - k / i)     (1 when n - c < k)
 Selection is by pass@k, not loss and not pass@1: the report picks checkpoints that still explore many
 solution paths. The merge is a uniform average over the domain specialists (the 1.5B report): a checkpoint
 that wins d of D domains gets weight d / D.
-
-The sampler and the verifier are plain callables, so scoring works with vt.sampling's Engine and the
-vt.rewards verifiers, or with any stand-in.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from vt import VtError
-from vt.eval.metrics import pass_at_k  # noqa: F401 (one implementation, re-exported here)
+from vt.eval.metrics import pass_at_k
+from vt.train.merge import merge_checkpoints
 
 
-@dataclasses.dataclass(frozen=True)
-class Probe:
-    id: str
-    domain: str  # e.g. "math", "code", "stem"
-    prompt_ids: tuple[int, ...]  # the rendered, tokenised prompt (generation prompt included)
-    answer: Any = None  # whatever the verifier needs (ground truth, tests)
-
-
-# sampler(model, prompts, n) -> for each prompt, n completions (token id lists)
-Sampler = Callable[[Any, Sequence[Sequence[int]], int], list[list[list[int]]]]
-# verifier(probe, completion_ids) -> correct?
-Verifier = Callable[[Probe, list[int]], bool]
-
-
-def pass_at_k_scores(model, probes: Sequence[Probe], sampler: Sampler, verifier: Verifier, *, n: int,
-                     k: int) -> dict[str, float]:
-    """Mean pass@k per domain of `model` on `probes` (n samples per probe)."""
-    if not probes:
-        raise VtError("pass@k scoring: no probing problems")
-    completions = sampler(model, [p.prompt_ids for p in probes], n)
-    if len(completions) != len(probes) or any(len(c) != n for c in completions):
-        raise VtError(f"pass@k scoring: the sampler returned {[len(c) for c in completions]} completions, "
-                      f"expected {n} for each of {len(probes)} probes")
-    per_domain: dict[str, list[float]] = collections.defaultdict(list)
-    for probe, outs in zip(probes, completions):
-        correct = sum(bool(verifier(probe, list(o))) for o in outs)
-        per_domain[probe.domain].append(pass_at_k(n, correct, k))
-    return {d: float(np.mean(v)) for d, v in sorted(per_domain.items())}
-
-
-def engine_sampler(sampler_config) -> Sampler:
-    """A Sampler over vt.sampling's Engine (temperature etc. from `sampler_config`, a SamplerConfig)."""
-    def sample(model, prompts, n):
-        from vt.sampling.engine import Engine, Request
-        out = Engine(model, sampler_config).generate([Request(prompt_ids=list(p), n=n) for p in prompts])
-        return [[s.completion_ids for s in per_prompt] for per_prompt in out]
-    return sample
+def mean_pass_at_k(valid_QN: np.ndarray, correct_QN: np.ndarray, k: int) -> float:
+    """Mean over probes of pass@min(k, v) from each probe's v valid (verifier-judged) samples, c of them correct;
+    probes without a valid sample are left out (0.0 when none has one)."""
+    per = [pass_at_k(int(valid_QN[q].sum()), int(correct_QN[q].sum()), min(k, int(valid_QN[q].sum())))
+           for q in range(len(valid_QN)) if valid_QN[q].any()]
+    return sum(per) / max(1, len(per))
 
 
 def score_checkpoints(ckpt_dirs: Sequence[Path | str],
@@ -94,10 +60,9 @@ def specialist_weights(chosen: Mapping[str, Path]) -> tuple[list[Path], list[flo
     return ckpts, [counts[c] / len(chosen) for c in ckpts]
 
 
-def distill(ckpt_dirs: Sequence[Path | str], scorer: Callable[[Path], Mapping[str, float]],
+def select_and_merge(ckpt_dirs: Sequence[Path | str], scorer: Callable[[Path], Mapping[str, float]],
             out_dir: Path | str) -> dict[str, Any]:
     """Score, choose per domain, merge into `out_dir`. Returns {"scores", "chosen", "weights"}."""
-    from vt.train.merge import merge_checkpoints
     scores = score_checkpoints(ckpt_dirs, scorer)
     chosen = best_per_domain(scores)
     ckpts, weights = specialist_weights(chosen)

@@ -1,10 +1,13 @@
-"""The stages of vt.pipeline: for each, `plan` (resolve the typed config, list the user-supplied inputs; runs
-nothing, so `--validate` calls it for every stage) and `run` (do the work in the stage directory).
+"""The recipe's stages and what they share: `STAGES`, the one ordered table of `Stage` records, each with its
+`plan` (resolve the typed config, list the user-supplied inputs; runs nothing, so `--validate` calls it for every
+stage) and its `run` (do the work in the stage directory). Every other list of stage names derives from STAGES.
 
 Wiring between stages lives here and only here: which checkpoint a stage starts from, the tokenizer every
 stage shares, the profiling file SFT stage 2 and the RL stages read, the RL checkpoints self-distillation
 samples from. A stage section of the config holds its learner's own config (SftConfig, RLConfig,
 SelfDistillConfig, EvalConfig fields) plus a few pipeline fields (`enabled`, `profile_k`, ...).
+
+A new stage is one `plan_*` / `run_*` pair and one record in STAGES (and a section in the recipe configs).
 """
 from __future__ import annotations
 
@@ -13,21 +16,106 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import numpy as np
+from flax import nnx
 
 from vt import VtError
+from vt.checkpoint.params import export_to_hf, load_model
+from vt.checkpoint.seal import sealed_steps
 from vt.config import to_dataclass
-from vt.pipeline import Context, StageOutput
+from vt.data.curriculum import load_pass_rates
+from vt.data.tasks import task_corpus, task_records
+from vt.data.tokenizer import build_tiny_sentencepiece, load_tokenizer
+from vt.distill.run import DOMAINS as DISTILL_DOMAINS
+from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
+from vt.eval.runner import EvalConfig, run_eval
+from vt.io import atomic_write_json, write_jsonl
+from vt.rewards.registry import make_reward
+from vt.rl.learner import RLConfig, load_records, train_rl
+from vt.rl.profile import profile
+from vt.rl.rollouts import rollout_and_score
+from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.train.selection import mean_pass_at_k, select_and_merge
+from vt.train.sft import SftConfig, train
 
 log = logging.getLogger(__name__)
-RL_STAGES = ("rl_math", "long2short", "rl_code", "rl_stem", "rl_instruct")
+MANIFEST = "manifest.json"
+
+
+# --- the recipe's own config --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ProbeConfig:
+    """The held-out accuracy table: avg@n (n = sampler.n) of each domain's prompts after every stage that trains."""
+    data: dict = dataclasses.field(default_factory=dict)  # domain -> prompt file ({} = no table)
+    limit: int = 64  # prompts per domain (0 = all)
+    sampler: SamplerConfig = SamplerConfig(n=4, max_new_tokens=64, batch_size=256)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipeConfig:
+    name: str = "recipe"
+    base_checkpoint: str = ""  # vt checkpoint sft1 starts from ("" = random init of sft1.model.preset: demo)
+    tokenizer: str = ""  # HF tokenizer directory or SentencePiece .model, shared by every stage
+    compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off)
+    probe: ProbeConfig = ProbeConfig()
+    stages: dict = dataclasses.field(default_factory=dict)  # stage name -> its section (plan_* types it)
+
+
+@dataclasses.dataclass
+class StageOutput:
+    checkpoint: str | None = None
+    metrics: dict = dataclasses.field(default_factory=dict)
+    inputs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class Plan:
     config: Any  # the typed config(s) the stage runs with (a dataclass or a dict of them)
     inputs: list  # [(field, path, kind)] supplied by the user: checked by validation
-    extra: dict = dataclasses.field(default_factory=dict)
+
+
+class Context:
+    """What a stage sees: the config, the work directory, finished stages' manifests."""
+
+    def __init__(self, cfg: RecipeConfig, workdir: Path, dry: bool = False):
+        self.cfg, self.workdir, self.dry = cfg, workdir, dry
+
+    def section(self, stage: str) -> dict:
+        return dict(self.cfg.stages.get(stage, {}))
+
+    def enabled(self, stage: str) -> bool:
+        return stage in self.cfg.stages and bool(self.cfg.stages[stage].get("enabled", True))
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.workdir / stage
+
+    def manifest(self, stage: str) -> dict | None:
+        path = self.stage_dir(stage) / MANIFEST
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def output_of(self, stage: str) -> dict:
+        """A finished upstream stage's manifest (in a dry run: a placeholder naming the future checkpoint)."""
+        m = self.manifest(stage)
+        if m is not None:
+            if m.get("checkpoint") and not Path(m["checkpoint"]).is_absolute():
+                m["checkpoint"] = str(self.workdir / m["checkpoint"])  # manifests name their own files relatively
+            return m
+        if self.dry:
+            return {"stage": stage, "checkpoint": str(self.stage_dir(stage) / "<checkpoint>"), "metrics": {}}
+        raise VtError(f"stage {stage!r} has not finished in {self.workdir} (run it first, or without --only)")
+
+    def checkpoint_before(self, stage: str) -> str:
+        """The checkpoint `stage` starts from: the last enabled model stage before it, else the base."""
+        earlier = STAGE_NAMES[:STAGE_NAMES.index(stage)]
+        for prev in reversed(earlier):
+            if STAGE_BY_NAME[prev].trains_model and self.enabled(prev):
+                return self.output_of(prev)["checkpoint"]
+        if not self.cfg.base_checkpoint and stage != "sft1":
+            raise VtError(f"stage {stage!r}: no earlier stage trains a model and base_checkpoint is empty")
+        return self.cfg.base_checkpoint
 
 
 def _split(section: dict, pipeline_fields: dict) -> tuple[dict, dict]:
@@ -45,35 +133,30 @@ def _replace(obj, **changes):
     return obj
 
 
-def _final_step_dir(workdir: Path) -> str:
-    from vt.checkpoint.manager import CHECKSUM_FILE
-    ckpts = workdir / "checkpoints"
-    steps = sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit() and (p / CHECKSUM_FILE).is_file()) \
-        if ckpts.is_dir() else []
+def final_checkpoint(run_dir: Path) -> str:
+    """The last sealed checkpoint a learner left in `run_dir`/checkpoints."""
+    steps = sealed_steps(run_dir / "checkpoints")
     if not steps:
-        raise VtError(f"{ckpts}: the learner finished without a checkpoint")
-    return str(ckpts / str(steps[-1]))
+        raise VtError(f"{run_dir / 'checkpoints'}: the learner finished without a checkpoint")
+    return str(run_dir / "checkpoints" / str(steps[-1]))
 
 
-def sealed_steps(workdir: Path) -> list[Path]:
-    from vt.checkpoint.manager import CHECKSUM_FILE
-    ckpts = workdir / "checkpoints"
-    if not ckpts.is_dir():
-        return []
-    return [ckpts / str(s) for s in sorted(int(p.name) for p in ckpts.iterdir()
-                                           if p.name.isdigit() and (p / CHECKSUM_FILE).is_file())]
 
 
 def _dump_records(records, path: Path) -> Path:
-    from vt.io import write_jsonl
     return write_jsonl(path, ({"id": r.prompt_id, "domain": r.domain, "messages": list(r.prompt),
                                "ground_truth": r.ground_truth, "metadata": r.metadata} for r in records))
+
+
+def _load_limited(path: str, limit: int, where: str):
+    records = load_records(path, where)
+    return records[:limit] if limit else records
 
 
 # --- data (demo only) -------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class DataStage:
+class DataStageConfig:
     out: str = ""  # directory the files go to (the demo: {workdir}/data)
     seed: int = 0
     domains: tuple[str, ...] = ("math", "code", "stem", "instruct")
@@ -87,22 +170,18 @@ class DataStage:
 
 def plan_data(ctx: Context, section: dict, sdir: Path) -> Plan:
     _, rest = _split(section, {})
-    cfg = to_dataclass(DataStage, rest, "config.stages.data")
+    cfg = to_dataclass(DataStageConfig, rest, "config.stages.data")
     if not cfg.out:
         raise VtError("out: the directory for the synthetic data is not set")
     return Plan(cfg, [])
 
 
 def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.data.tasks import task_corpus, task_records
-    from vt.io import write_jsonl
-    from vt.data.tokenizer import build_tiny_sentencepiece
-    c: DataStage = plan.config
+    c: DataStageConfig = plan.config
     out = Path(c.out)
     sft = []
     for d in c.domains:
         sft += task_records(d, c.sft_per_domain, c.seed, noise=c.noise)
-    import numpy as np
     order = np.random.default_rng(c.seed).permutation(len(sft))
     write_jsonl(out / "sft.jsonl", [sft[i] for i in order])
     heldout_sft = []
@@ -128,7 +207,6 @@ def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
 # --- SFT stages -------------------------------------------------------------------------------------------------
 
 def _sft_config(ctx: Context, section: dict, stage: str, init: str, **wiring):
-    from vt.train.sft import SftConfig
     _, rest = _split(section, {})
     cfg = to_dataclass(SftConfig, rest, f"config.stages.{stage}")
     changes = {"model.init_checkpoint": init, **wiring}
@@ -160,14 +238,13 @@ def plan_sft2(ctx, section, sdir) -> Plan:
 
 
 def run_sft(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.train.sft import train
     result = train(plan.config, sdir)
     if result.status != "finished":
         raise VtError(f"SFT in {sdir} stopped ({result.status}) at step {result.step}; re-run to resume")
     metrics = {k: result.last_metrics.get(k) for k in ("loss", "eval_loss", "grad_norm") if k in result.last_metrics}
     metrics["steps"] = result.step
-    metrics["checkpoints"] = [str(p) for p in sealed_steps(sdir)]
-    return StageOutput(checkpoint=_final_step_dir(sdir), metrics=metrics,
+    metrics["checkpoints"] = [str(sdir / "checkpoints" / str(s)) for s in sealed_steps(sdir / "checkpoints")]
+    return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
                        inputs={"init_checkpoint": plan.config.model.init_checkpoint, "train": plan.config.data.train,
                                "pass_rates": plan.config.data.hard_subset.pass_rates})
 
@@ -175,21 +252,16 @@ def run_sft(ctx, plan: Plan, sdir: Path) -> StageOutput:
 # --- profiling ----------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class ProfileStage:
+class ProfileStageConfig:
     data: str = ""  # prompts to profile ("" = sft1's training data, one prompt per prompt id)
-    k: int = 8  # RECIPE: 8 rollouts per prompt
-    max_new_tokens: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    batch_size: int = 64
     prompts_per_call: int = 64
-    seed: int = 0
     limit: int = 0  # profile only the first N distinct prompts (0 = all)
+    sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)  # RECIPE: n = 8 rollouts
 
 
 def plan_profile(ctx, section, sdir) -> Plan:
     _, rest = _split(section, {})
-    cfg = to_dataclass(ProfileStage, rest, "config.stages.profile")
+    cfg = to_dataclass(ProfileStageConfig, rest, "config.stages.profile")
     inputs = [("config.stages.profile.data", cfg.data, "data")] if cfg.data else []
     if not cfg.data and not ctx.enabled("sft1"):
         raise VtError("data: empty, and sft1 (whose training data it defaults to) is disabled")
@@ -197,10 +269,7 @@ def plan_profile(ctx, section, sdir) -> Plan:
 
 
 def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.data.curriculum import load_pass_rates
-    from vt.rl.learner import load_records
-    from vt.rl.profile import profile
-    c: ProfileStage = plan.config
+    c: ProfileStageConfig = plan.config
     data = c.data or ctx.cfg.stages["sft1"]["data"]["train"]
     seen, records = set(), []
     for r in load_records(data, "profile.data"):
@@ -210,9 +279,10 @@ def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
     prompts = _dump_records(records, sdir / "prompts.jsonl")
     ckpt = ctx.checkpoint_before("profile")
     out = sdir / "pass_rates.jsonl"
-    profile(Path(ckpt), Path(ctx.cfg.tokenizer), str(prompts), out, k=c.k, temperature=c.temperature, top_p=c.top_p,
-            max_new_tokens=c.max_new_tokens, batch_size=c.batch_size, prompts_per_call=c.prompts_per_call,
-            seed=c.seed, progress=False)
+    s = c.sampler
+    profile(Path(ckpt), Path(ctx.cfg.tokenizer), str(prompts), out, k=s.n, temperature=s.temperature, top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens, batch_size=s.batch_size, prompts_per_call=c.prompts_per_call,
+            seed=s.seed, progress=False)
     rates = load_pass_rates(out)
     vals = [r.pass_rate for r in rates.values()]
     return StageOutput(metrics={"prompts": len(vals), "mean_pass_rate": sum(vals) / max(1, len(vals)),
@@ -223,93 +293,72 @@ def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
 # --- Pass@K selection and merge -----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class SelectStage:
+class SelectStageConfig:
     pools: tuple[str, ...] = ("sft2",)  # SFT stages whose periodic checkpoints are the candidates
     probes: dict = dataclasses.field(default_factory=dict)  # domain -> probing prompts (verifiable)
-    n: int = 8  # samples per probe
-    k: int = 4  # Pass@K (RECIPE: selection by pass@k, not pass@1 or loss)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 4096
-    batch_size: int = 64
+    k: int = 4  # Pass@K from sampler.n samples per probe (RECIPE: selection by pass@k, not pass@1 or loss)
     limit: int = 0  # probes per domain (0 = all)
-    seed: int = 0
+    sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)
 
 
 def plan_select(ctx, section, sdir) -> Plan:
     _, rest = _split(section, {})
-    cfg = to_dataclass(SelectStage, rest, "config.stages.select")
+    cfg = to_dataclass(SelectStageConfig, rest, "config.stages.select")
     bad = [p for p in cfg.pools if p not in ("sft1", "sft2") or not ctx.enabled(p)]
     if bad or not cfg.pools:
         raise VtError(f"pools: {list(cfg.pools)}: need enabled SFT stages among sft1, sft2")
     if not cfg.probes:
         raise VtError("probes: no probing set (domain -> prompt file)")
-    if not 1 <= cfg.k <= cfg.n:
-        raise VtError(f"k={cfg.k} must be in [1, n={cfg.n}]")
+    if not 1 <= cfg.k <= cfg.sampler.n:
+        raise VtError(f"k={cfg.k} must be in [1, sampler.n={cfg.sampler.n}]")
     return Plan(cfg, [(f"config.stages.select.probes.{d}", p, "data") for d, p in cfg.probes.items()])
 
 
 class _Verifier:
     """Engine + rewards for a set of domains, reused across checkpoints (weights swapped in place)."""
 
-    def __init__(self, ctx: Context, domains, sampler_cfg):
-        from vt.data.tokenizer import load_tokenizer
-        from vt.rewards.registry import make_reward
+    def __init__(self, ctx: Context, domains, sampler: SamplerConfig):
         self.tokenizer = load_tokenizer(ctx.cfg.tokenizer)
         self.rewards = {d: make_reward(d) for d in domains}
-        self.sampler_cfg, self.engine = sampler_cfg, None
+        self.sampler, self.engine = sampler, None
 
     def load(self, ckpt: str) -> None:
-        from flax import nnx
-
-        from vt.checkpoint.params import load_model
-        from vt.sampling.engine import Engine
         model = load_model(ckpt)
         if self.engine is None:
-            self.engine = Engine(model, self.sampler_cfg, tokenizer=self.tokenizer)
+            self.engine = Engine(model, self.sampler, tokenizer=self.tokenizer)
         else:
             self.engine.update_weights(nnx.state(model))
 
-    def score(self, records, domain: str, n: int, seed: int):
-        from vt.rl.rollouts import rollout_and_score
+    def score(self, records, domain: str, seed: int):
+        """sampler.n verified samples of each record."""
         return rollout_and_score(self.engine, self.tokenizer, records, {domain: self.rewards[domain]},
-                                 group_size=n, seed=seed, max_prompt_tokens=1 << 30, domain=domain)
+                                 group_size=self.sampler.n, seed=seed, max_prompt_tokens=1 << 30, domain=domain)
 
     def close(self):
         for r in self.rewards.values():
             r.close()
 
 
-def _load_limited(path: str, limit: int, where: str):
-    from vt.rl.learner import load_records
-    records = load_records(path, where)
-    return records[:limit] if limit else records
-
-
 def run_select(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.sampling.engine import SamplerConfig
-    from vt.train.selection import distill, pass_at_k
-    c: SelectStage = plan.config
-    candidates = [p for pool in c.pools for p in sealed_steps(ctx.stage_dir(pool))]
+    c: SelectStageConfig = plan.config
+    candidates = [ctx.stage_dir(pool) / "checkpoints" / str(step) for pool in c.pools
+                  for step in sealed_steps(ctx.stage_dir(pool) / "checkpoints")]
     if not candidates:
         raise VtError(f"select: no checkpoints in {list(c.pools)}")
     probes = {d: _load_limited(p, c.limit, f"select.probes.{d}") for d, p in sorted(c.probes.items())}
-    v = _Verifier(ctx, probes, SamplerConfig(batch_size=c.batch_size, max_new_tokens=c.max_new_tokens,
-                                             temperature=c.temperature, top_p=c.top_p, seed=c.seed))
+    v = _Verifier(ctx, probes, c.sampler)
 
     def scorer(ckpt: Path) -> dict[str, float]:
         v.load(str(ckpt))
         out = {}
         for i, (d, recs) in enumerate(probes.items()):
-            s = v.score(recs, d, c.n, seed=c.seed * 1000 + i)
-            per = [pass_at_k(int(s.valid[q].sum()), int(s.correct[q].sum()), min(c.k, int(s.valid[q].sum())))
-                   for q in range(len(recs)) if s.valid[q].any()]
-            out[d] = sum(per) / max(1, len(per))
+            s = v.score(recs, d, seed=c.sampler.seed * 1000 + i)
+            out[d] = mean_pass_at_k(s.valid, s.correct, c.k)
         log.info("select: %s %s", ckpt, out)
         return out
 
     try:
-        report = distill(candidates, scorer, sdir / "merged")
+        report = select_and_merge(candidates, scorer, sdir / "merged")
     finally:
         v.close()
     return StageOutput(checkpoint=str(sdir / "merged"), metrics=report,
@@ -323,7 +372,6 @@ RL_FIELDS = {"profile_k": 8, "profile_max_new_tokens": 0}
 
 def plan_rl(stage: str):
     def plan(ctx, section, sdir) -> Plan:
-        from vt.rl.learner import RLConfig
         own, rest = _split(section, dict(RL_FIELDS))
         cfg = to_dataclass(RLConfig, rest, f"config.stages.{stage}")
         wiring = {"model.init_checkpoint": ctx.checkpoint_before(stage), "data.tokenizer": ctx.cfg.tokenizer}
@@ -340,17 +388,14 @@ def plan_rl(stage: str):
 
 
 def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.rl.learner import train_rl
     cfg = plan.config["rl"]
     metrics: dict[str, Any] = {}
     if plan.config["profile_k"] > 0:  # RECIPE: drop prompts the phase's start always or never solves
-        from vt.rl.profile import profile
         r = cfg.rollout
         profile(Path(cfg.model.init_checkpoint), Path(cfg.data.tokenizer), cfg.data.train, Path(cfg.data.profile),
                 k=plan.config["profile_k"], domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
                 max_new_tokens=plan.config["profile_max_new_tokens"] or r.max_new_tokens, batch_size=r.batch_size,
                 max_prompt_tokens=cfg.data.max_prompt_tokens, seed=r.seed, progress=False)
-        from vt.data.curriculum import load_pass_rates
         rates = load_pass_rates(cfg.data.profile)
         if rates and all(r.pass_rate in (0.0, 1.0) for r in rates.values()):
             # Every group would have zero advantage: there is nothing to learn, so the checkpoint passes on.
@@ -372,28 +417,30 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
                        prompts_dropped=steps[-1].get("prompts_dropped", 0))
     metrics["steps"] = result.step
     metrics["eval_history"] = result.eval_history
-    return StageOutput(checkpoint=_final_step_dir(sdir), metrics=metrics,
+    return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
                        inputs={"init_checkpoint": cfg.model.init_checkpoint, "train": cfg.data.train,
                                "profile": cfg.data.profile})
 
 
 # --- self-distillation --------------------------------------------------------------------------------------------
 
+# The RL stage whose checkpoint teaches each domain, first enabled wins (math: after Long2Short).
+TEACHER_STAGES = {"math": ("long2short", "rl_math"), "code": ("rl_code",), "stem": ("rl_stem",)}
+
+
 def _teacher(ctx: Context, domain: str) -> str:
-    stages = {"math": ("long2short", "rl_math"), "code": ("rl_code",), "stem": ("rl_stem",)}[domain]
-    for s in stages:
+    for s in TEACHER_STAGES[domain]:
         if ctx.enabled(s):
             return ctx.output_of(s)["checkpoint"]
     return ""
 
 
 def plan_self_distill(ctx, section, sdir) -> Plan:
-    from vt.distill.run import DOMAINS, SelfDistillConfig
     _, rest = _split(section, {})
     dcfg = to_dataclass(SelfDistillConfig, rest.pop("distill", {}), "config.stages.self_distill.distill")
     student = ctx.checkpoint_before("self_distill")
     changes = {"student": student, "tokenizer": ctx.cfg.tokenizer}
-    for d in DOMAINS:
+    for d in DISTILL_DOMAINS:
         if getattr(dcfg.sources, d).data:
             changes[f"sources.{d}.ckpt"] = _teacher(ctx, d)
     dcfg = _replace(dcfg, **changes)
@@ -402,51 +449,28 @@ def plan_self_distill(ctx, section, sdir) -> Plan:
     if rest:
         raise VtError(f"unknown field(s) {sorted(rest)} (expected enabled, distill, sft)")
     inputs = [(f"config.stages.self_distill.distill.sources.{d}.data", getattr(dcfg.sources, d).data, "data")
-              for d in DOMAINS if getattr(dcfg.sources, d).ckpt]
+              for d in DISTILL_DOMAINS if getattr(dcfg.sources, d).ckpt]
     if not inputs:
         raise VtError("distill.sources: no domain has both prompts and an enabled RL stage")
     return Plan({"distill": dcfg, "sft": sft}, inputs)
 
 
-def _generator(ckpt: str, tokenizer_path: str, s, dtype: str):
-    """vt.eval's EngineGenerator over an Engine that stops on the tokenizer's end-of-turn ids.
-
-    (vt.eval.runner.build_generator builds its Engine without the tokenizer, so with a tokenizer whose
-    <|im_end|> is not Qwen's id 151645, like the demo's, no sample would ever stop.)"""
-    from vt.checkpoint.params import load_model
-    from vt.data.tokenizer import load_tokenizer
-    from vt.eval.generation import EngineGenerator
-    from vt.sampling.engine import Engine, SamplerConfig
-    tok = load_tokenizer(tokenizer_path)
-    sc = SamplerConfig(batch_size=s.batch_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                       top_p=s.top_p, top_k=s.top_k, seed=s.seed, max_context=s.max_context or None,
-                       stop_token_ids=tuple(tok.eos_token_ids))
-    return EngineGenerator(Engine(load_model(ckpt, dtype=dtype), sc, tokenizer=tok), tok, s.max_new_tokens)
-
-
 def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.distill.run import DOMAINS
-    from vt.distill.run import run_self_distill as distill
-    from vt.train.sft import train
     d = plan.config["distill"]
-    generators = {dom: _generator(getattr(d.sources, dom).ckpt, d.tokenizer, d.sampling, d.dtype)
-                  for dom in DOMAINS if getattr(d.sources, dom).ckpt}
-    report = distill(d, sdir / "distill", generators=generators)
+    report = distill_traces(d, sdir / "distill")
     result = train(plan.config["sft"], sdir / "sft")
     if result.status != "finished":
         raise VtError(f"SFT in {sdir / 'sft'} stopped ({result.status}); re-run to resume")
-    return StageOutput(checkpoint=_final_step_dir(sdir / "sft"),
+    return StageOutput(checkpoint=final_checkpoint(sdir / "sft"),
                        metrics={"selection": report, "sft_steps": result.step,
                                 "sft_loss": result.last_metrics.get("loss")},
-                       inputs={"student": plan.config["distill"].student,
-                               "teachers": {d: getattr(plan.config["distill"].sources, d).ckpt
-                                            for d in ("math", "code", "stem")}})
+                       inputs={"student": d.student,
+                               "teachers": {dom: getattr(d.sources, dom).ckpt for dom in DISTILL_DOMAINS}})
 
 
 # --- evaluation and export ----------------------------------------------------------------------------------------
 
 def plan_eval(ctx, section, sdir) -> Plan:
-    from vt.eval.runner import EvalConfig
     _, rest = _split(section, {})
     benchmarks = rest.pop("benchmarks", {})
     if rest:
@@ -463,18 +487,16 @@ def plan_eval(ctx, section, sdir) -> Plan:
 
 
 def run_eval_stage(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.eval.runner import run_eval
     metrics = {}
     for name, cfg in plan.config.items():
-        gen = _generator(cfg.model.ckpt, cfg.model.tokenizer, cfg.sampling, cfg.model.dtype)
-        summary = run_eval(cfg, sdir / name, generator=gen)
+        summary = run_eval(cfg, sdir / name)
         metrics[name] = {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     ckpt = next(iter(plan.config.values())).model.ckpt
     return StageOutput(metrics=metrics, inputs={"checkpoint": ckpt})
 
 
 @dataclasses.dataclass(frozen=True)
-class ExportStage:
+class ExportStageConfig:
     dtype: str = "bfloat16"  # safetensors dtype
     check_transformers: bool = False  # load the export with transformers and compare greedy text with vt's
     check_prompts: int = 8  # prompts from the probe data (first of each domain in turn)
@@ -483,16 +505,14 @@ class ExportStage:
 
 def plan_export(ctx, section, sdir) -> Plan:
     _, rest = _split(section, {})
-    cfg = to_dataclass(ExportStage, rest, "config.stages.export")
+    cfg = to_dataclass(ExportStageConfig, rest, "config.stages.export")
     if cfg.check_transformers and not ctx.cfg.probe.data:
         raise VtError("check_transformers needs prompts: config.probe.data is empty")
     return Plan(cfg, [])
 
 
 def run_export(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    from vt.checkpoint.params import load_model
-    from vt.checkpoint.params import export_to_hf
-    c: ExportStage = plan.config
+    c: ExportStageConfig = plan.config
     ckpt = ctx.checkpoint_before("export")
     hf = sdir / "hf"
     tok = Path(ctx.cfg.tokenizer)
@@ -506,16 +526,11 @@ def run_export(ctx, plan: Plan, sdir: Path) -> StageOutput:
     return StageOutput(metrics=metrics, inputs={"checkpoint": ckpt}, checkpoint=None)
 
 
-def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -> dict:
+def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStageConfig, out: Path) -> dict:
     """vt's sampler at temperature 0 and transformers' generate(do_sample=False) on the exported weights: the
     same token ids, hence the same text (both decoded with the pipeline's tokenizer)."""
-    import numpy as np
-    import torch
+    import torch  # optional heavy extras: only this check needs them
     from transformers import AutoModelForCausalLM
-
-    from vt.checkpoint.params import load_model
-    from vt.data.tokenizer import load_tokenizer
-    from vt.sampling.engine import Engine, Request, SamplerConfig
     tok = load_tokenizer(ctx.cfg.tokenizer)
     per_domain = {d: _load_limited(p, c.check_prompts, f"probe.data.{d}")
                   for d, p in sorted(ctx.cfg.probe.data.items())}
@@ -541,7 +556,6 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
         rows.append({"id": r.id, "domain": r.domain, "prompt": r.prompt[-1]["content"], "same": same,
                      "vt": tok.decode(mine, skip_special_tokens=True),
                      "transformers": tok.decode(theirs, skip_special_tokens=True)})
-    from vt.io import write_jsonl
     write_jsonl(out, rows)
     if matches != len(rows):
         bad = next(r for r in rows if not r["same"])
@@ -555,30 +569,52 @@ def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStage, out: Path) -
 
 def heldout_accuracy(ctx: Context, ckpt: str, sdir: Path) -> dict[str, float]:
     """avg@n correctness per probe domain (binary: every test / constraint met), samples saved for inspection."""
-    from vt.sampling.engine import SamplerConfig
     p = ctx.cfg.probe
     data = {d: _load_limited(path, p.limit, f"probe.data.{d}") for d, path in sorted(p.data.items())}
-    v = _Verifier(ctx, data, SamplerConfig(batch_size=p.batch_size, max_new_tokens=p.max_new_tokens,
-                                           temperature=p.temperature, top_p=p.top_p, seed=p.seed))
+    v = _Verifier(ctx, data, p.sampler)
     acc, rows = {}, []
     try:
         v.load(ckpt)
         for i, (d, recs) in enumerate(data.items()):
-            s = v.score(recs, d, p.n, seed=p.seed * 1000 + i)
+            s = v.score(recs, d, seed=p.sampler.seed * 1000 + i)
             acc[d] = float(s.correct[s.valid].mean()) if s.valid.any() else float("nan")
             for q in range(min(4, len(recs))):
                 rows.append({"domain": d, "prompt": recs[q].prompt[-1]["content"],
                              "samples": [x.text for x in s.samples[q][:2]], "correct": s.correct[q][:2].tolist()})
     finally:
         v.close()
-    from vt.io import write_jsonl
     write_jsonl(sdir / "heldout_samples.jsonl", rows)
     return acc
 
 
-PLANS = {"data": plan_data, "sft1": plan_sft1, "profile": plan_profile, "sft2": plan_sft2, "select": plan_select,
-         **{s: plan_rl(s) for s in RL_STAGES}, "self_distill": plan_self_distill, "eval": plan_eval,
-         "export": plan_export}
-RUNS = {"data": run_data, "sft1": run_sft, "profile": run_profile, "sft2": run_sft, "select": run_select,
-        **{s: run_rl for s in RL_STAGES}, "self_distill": run_self_distill, "eval": run_eval_stage,
-        "export": run_export}
+# --- the table --------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str  # its config section (config.stages.<name>) and work directory (<workdir>/<name>/)
+    plan: Callable[[Context, dict, Path], Plan]
+    run: Callable[[Context, Plan, Path], StageOutput]
+    trains_model: bool  # its output is a model checkpoint: the next training stage starts from it
+    # What its config section holds besides `enabled`: a config dataclass, or {key: dataclass} for a section of
+    # several (dict[str, X]: a mapping of X configs). The plan types it; tests check every field is declared.
+    section: Any
+
+
+# In order. Each stage's checkpoint feeds the next stage that trains (a disabled stage passes its input through).
+STAGES: tuple[Stage, ...] = (
+    Stage("data", plan_data, run_data, False, DataStageConfig),  # demo only: synthetic tasks and their tokenizer
+    Stage("sft1", plan_sft1, run_sft, True, SftConfig),
+    Stage("profile", plan_profile, run_profile, False, ProfileStageConfig),
+    Stage("sft2", plan_sft2, run_sft, True, SftConfig),
+    Stage("select", plan_select, run_select, True, SelectStageConfig),
+    Stage("rl_math", plan_rl("rl_math"), run_rl, True, RLConfig),  # each RL section also: RL_FIELDS
+    Stage("long2short", plan_rl("long2short"), run_rl, True, RLConfig),
+    Stage("rl_code", plan_rl("rl_code"), run_rl, True, RLConfig),
+    Stage("rl_stem", plan_rl("rl_stem"), run_rl, True, RLConfig),
+    Stage("self_distill", plan_self_distill, run_self_distill, True, {"distill": SelfDistillConfig, "sft": SftConfig}),
+    Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
+    Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
+    Stage("export", plan_export, run_export, False, ExportStageConfig),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+STAGE_BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+import time
 from pathlib import Path
 
 from vt import VtError
-from vt.pipeline import STAGES
 from vt.validation import check_output_path
 
-DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.py"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
 
 
 def register(subparsers) -> None:
@@ -37,10 +39,11 @@ def register(subparsers) -> None:
 
 
 def _common(p) -> None:
-    # choices: a misspelt stage is a usage error at once, --validate included
-    p.add_argument("--from", dest="from_stage", metavar="STAGE", choices=STAGES,
+    # Stage names are checked by the handler, first thing, --validate included (the table of stages lives in
+    # vt.recipe.stages, which imports the learners: too heavy for `vt --help`).
+    p.add_argument("--from", dest="from_stage", metavar="STAGE",
                    help="discard STAGE and later stages, run them again")
-    p.add_argument("--only", metavar="STAGE", choices=STAGES,
+    p.add_argument("--only", metavar="STAGE",
                    help="run only STAGE again (earlier stages must be finished)")
     p.add_argument("--validate", action="store_true",
                    help="resolve every stage config and check every input path; run nothing")
@@ -49,14 +52,15 @@ def _common(p) -> None:
 def _run(spec: str, args, before_run=None) -> int:
     """Load and check the config; under --validate report and stop; else run, calling `before_run` once every
     flag and input is checked (vt demo --fresh: only then is the old work directory deleted)."""
-    import logging
-
     from vt.config import load_config
-    from vt.pipeline import main_stream, pipeline_config, print_validation, run_pipeline, validate
+    from vt.recipe.report import print_validation
+    from vt.recipe.runner import check_stage_flag, recipe_config, run_pipeline, validate
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    check_stage_flag("--from", args.from_stage)
+    check_stage_flag("--only", args.only)
     check_output_path(args.workdir, "--workdir", directory=True)
-    cfg = pipeline_config(load_config(spec, args.config_overrides), args.workdir)
-    out = main_stream()
+    cfg = recipe_config(load_config(spec, args.config_overrides), args.workdir)
+    out = _unbuffered_stdout
     if args.validate:
         out(f"validating {spec} (work directory {args.workdir})")
         return 0 if print_validation(validate(cfg, args.workdir.absolute()), out) else 1
@@ -64,13 +68,15 @@ def _run(spec: str, args, before_run=None) -> int:
     return 0
 
 
+def _unbuffered_stdout(line: str) -> None:  # no buffering surprises when piped (make demo | tee)
+    print(line, file=sys.stdout, flush=True)
+
+
 def run_pipeline_cmd(args: argparse.Namespace) -> int:
     return _run(args.config, args)
 
 
 def run_demo_cmd(args: argparse.Namespace) -> int:
-    import time
-
     from vt.checkpoint.io import remove_created_dir
     if not DEMO_CONFIG.is_file():
         raise VtError(f"{DEMO_CONFIG}: the demo config is missing (vt demo runs from a source checkout)")

@@ -1,0 +1,27 @@
+"""What config files share: variant parsing and the sampler section."""
+import dataclasses
+
+import ml_collections
+
+from vt.sampling.engine import SamplerConfig
+
+
+def parse_arg(arg: str | None, *variants: str) -> str:
+    """The variant after `file.py:` ("" for none); ValueError (named by vt.config.load_config) for any other."""
+    arg = arg or ""
+    if arg and arg not in variants:
+        raise ValueError(f"unknown variant {arg!r}; known: {', '.join(variants) or '(none)'}")
+    return arg
+
+
+def sampler(**values) -> ml_collections.ConfigDict:
+    """A sampler section: every vt.sampling.SamplerConfig field (documented there) at its default, `values` set.
+
+    Every field is declared, so each can be overridden from the command line; a new sampler setting needs only
+    its SamplerConfig field."""
+    c = ml_collections.ConfigDict(dataclasses.asdict(SamplerConfig()))
+    for name, value in values.items():
+        if name not in c:
+            raise KeyError(f"SamplerConfig has no field {name!r}")
+        c[name] = value
+    return c

@@ -1,0 +1,125 @@
+"""What a recipe run reports: the held-out accuracy table (`table.md`, printed after each stage that trains),
+`summary.json`, `plot.png` (RL reward and held-out accuracy) and `tb/` (the same, for TensorBoard; every learner
+writes its own `tb/` in its stage directory), and the `--validate` printout."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from vt.io import atomic_write_json
+from vt.recipe.stages import RecipeConfig
+
+log = logging.getLogger(__name__)
+
+
+def table_rows(manifests: list[dict]) -> tuple[list[str], list[tuple[str, dict, float]]]:
+    domains = sorted({d for m in manifests for d in m.get("heldout", {})})
+    rows = [(m["stage"], m.get("heldout", {}), m.get("wall_s", 0.0)) for m in manifests if m.get("heldout")]
+    return domains, rows
+
+
+def format_table(manifests: list[dict], cfg: RecipeConfig | None = None) -> str:
+    domains, rows = table_rows(manifests)
+    head = "| stage | " + " | ".join(domains) + " | mean | stage s |"
+    sampler = cfg.probe.sampler if cfg else None
+    lines = ["held-out accuracy (avg@n per domain)" + (f", {sampler.n} samples/prompt at T={sampler.temperature}"
+                                                       if sampler else ""),
+             head, "|" + "---|" * (len(domains) + 3)]
+    for stage, acc, wall in rows:
+        vals = [acc.get(d) for d in domains]
+        mean = sum(v for v in vals if v is not None) / max(1, sum(v is not None for v in vals))
+        lines.append(f"| {stage} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) +
+                     f" | {mean:.3f} | {wall:.0f} |")
+    return "\n".join(lines)
+
+
+def rl_curves(workdir: Path, manifests: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(stage, metrics rows with a reward) for every stage that logged RL steps, in order."""
+    out = []
+    for m in manifests:
+        path = workdir / m["stage"] / "metrics.jsonl"
+        if path.is_file():
+            rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            rows = [r for r in rows if "reward_mean" in r]
+            if rows:
+                out.append((m["stage"], rows))
+    return out
+
+
+def write_outputs(workdir: Path, cfg: RecipeConfig, manifests: list[dict], out) -> None:
+    table = format_table(manifests, cfg)
+    (workdir / "table.md").write_text(table + "\n")
+    summary = {"stages": [{k: m.get(k) for k in ("stage", "wall_s", "checkpoint", "heldout", "metrics")}
+                          for m in manifests],
+               "total_wall_s": round(sum(m.get("wall_s", 0.0) for m in manifests), 1)}
+    atomic_write_json(workdir / "summary.json", summary)
+    try:
+        plot(workdir, manifests)
+        write_tensorboard(workdir, manifests)
+    except ImportError as e:  # matplotlib / tensorboardX are optional for a headless run
+        log.warning("plots skipped: %s", e)
+    out(table)
+    out(f"[pipeline] total {summary['total_wall_s']:.0f} s of stage time; results in {workdir}")
+
+
+def plot(workdir: Path, manifests: list[dict]) -> Path:
+    import matplotlib  # optional extra
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    offset = 0
+    for stage, rows in rl_curves(workdir, manifests):
+        xs = [offset + r["step"] for r in rows]
+        a.plot(xs, [r["reward_mean"] for r in rows], label=stage)
+        offset = xs[-1] if xs else offset
+    a.set_xlabel("RL step (stages concatenated)")
+    a.set_ylabel("mean reward of the rollouts")
+    a.set_title("RL training reward")
+    if a.lines:
+        a.legend(fontsize=8)
+    domains, rows = table_rows(manifests)
+    for d in domains:
+        b.plot(range(len(rows)), [acc.get(d, float("nan")) for _, acc, _ in rows], marker="o", label=d)
+    b.set_xticks(range(len(rows)), [s for s, _, _ in rows], rotation=35, ha="right", fontsize=8)
+    b.set_ylabel("held-out accuracy")
+    b.set_ylim(0, 1)
+    b.set_title("held-out accuracy after each stage")
+    if domains:
+        b.legend(fontsize=8)
+    fig.tight_layout()
+    path = workdir / "plot.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_tensorboard(workdir: Path, manifests: list[dict]) -> None:
+    from tensorboardX import SummaryWriter  # optional extra
+    shutil.rmtree(workdir / "tb", ignore_errors=True)
+    w = SummaryWriter(str(workdir / "tb"))
+    _, rows = table_rows(manifests)
+    for i, (stage, acc, _) in enumerate(rows):
+        for d, v in acc.items():
+            w.add_scalar(f"heldout_accuracy/{d}", v, i)
+    offset = 0
+    for stage, rl_rows in rl_curves(workdir, manifests):
+        for r in rl_rows:
+            w.add_scalar("rl/reward_mean", r["reward_mean"], offset + r["step"])
+            if "accuracy" in r:
+                w.add_scalar("rl/accuracy", r["accuracy"], offset + r["step"])
+        offset += rl_rows[-1]["step"]
+    w.close()
+
+
+def print_validation(report: dict, out=print) -> bool:
+    for stage in report["stages"]:
+        out(f"  {stage}: config ok")
+    if report["problems"]:
+        out(f"{len(report['problems'])} problem(s):")
+        for p in report["problems"]:
+            out(f"  {p}")
+        return False
+    out("all inputs present; every stage config is valid")
+    return True
