@@ -45,7 +45,7 @@ def rl_section(train, domain, steps, *, long2short=0.0, max_new_tokens=65536, ev
     c = ml_collections.ConfigDict()
     c.enabled = True
     c.profile_k = 8  # RECIPE: drop prompts the phase's start solves always or never (8 rollouts each)
-    c.profile_max_new_tokens = 0  # 0 = rollout.max_new_tokens
+    c.profile_max_new_tokens = 0  # 0 = rollout.sampler.max_new_tokens
     c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen2.5-coder-3b"  # ignored: the starting checkpoint's model_config.json wins
     c.model.init_checkpoint = ""  # set by the pipeline: the previous stage's checkpoint
@@ -65,13 +65,14 @@ def rl_section(train, domain, steps, *, long2short=0.0, max_new_tokens=65536, ev
     c.rollout = ml_collections.ConfigDict()
     c.rollout.group_size = 16  # RECIPE / team scripts: G = 16
     c.rollout.prompts_per_step = 64  # 64 prompts per step
-    c.rollout.temperature = 1.0
-    c.rollout.top_p = 1.0
-    c.rollout.top_k = -1
-    c.rollout.max_new_tokens = max_new_tokens  # RECIPE: one long 64K window throughout
-    c.rollout.batch_size = 1024  # decode slots
-    c.rollout.steps_per_call = 64
-    c.rollout.seed = 0
+    c.rollout.sampler = ml_collections.ConfigDict()  # vt.sampling.SamplerConfig (defaults for the rest)
+    c.rollout.sampler.temperature = 1.0
+    c.rollout.sampler.top_p = 1.0
+    c.rollout.sampler.top_k = -1
+    c.rollout.sampler.max_new_tokens = max_new_tokens  # RECIPE: one long 64K window throughout
+    c.rollout.sampler.batch_size = 1024  # decode slots
+    c.rollout.sampler.steps_per_call = 64
+    c.rollout.sampler.seed = 0
     c.mgpo = ml_collections.ConfigDict()
     c.mgpo.gamma = 1.0  # not published; 0 = GRPO
     c.mgpo.eps_low = 0.2

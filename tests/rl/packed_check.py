@@ -57,7 +57,7 @@ def config(aggregation: str, pack: bool, tokens_per_micro_batch: int, mesh=(1, 1
         "model": {"preset": "tiny"},
         "mgpo": {"aggregation": aggregation, "kl_coef": KL_COEF, "long2short_lambda": L2S, "is_cap": IS_CAP,
                  "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "mini_batches": mini_batches},
-        "rollout": {"temperature": TEMPERATURE},
+        "rollout": {"sampler": {"temperature": TEMPERATURE}},
         "train": {"tokens_per_micro_batch": tokens_per_micro_batch, "pack_rows": pack},
         "mesh": {"data": mesh[0], "fsdp": mesh[1], "tensor": mesh[2]}})
 
@@ -77,7 +77,7 @@ class Setup:
         # pi_old: the policy before the step's first update (what later mini-batches see), here another random
         # model, so ratios are far from 1 (clipping on) and J does not cancel to ~0 within groups.
         self.old_params = jax.tree.map(lambda r, p: 0.7 * p + 0.3 * r, self.ref_params, self.params)
-        self.logps = make_token_logps(self.md, mesh, TEMPERATURE)
+        self.logps = make_token_logps(self.md, sh.params, mesh, TEMPERATURE)
         self.step = make_rl_step(self.md, optimizer, schedule, sh, mesh, temperature=TEMPERATURE, eps_low=EPS_LOW,
                                  eps_high=EPS_HIGH, kl_coef=KL_COEF, is_cap=IS_CAP)
 

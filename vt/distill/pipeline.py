@@ -155,8 +155,9 @@ def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict],
     mesh = None
     if student is None:
         from vt.checkpoint import load_model
-        from vt.sharding import make_process_mesh
-        mesh = make_process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
+        from vt.distributed import process_mesh
+        mesh = process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
+        mesh = None if mesh.size == 1 else mesh  # one device: nothing to shard
         student = load_model(cfg.student, mesh=mesh, dtype=cfg.dtype)
     scores = score_traces(workdir, traces, Scorer(student, cfg.scoring, mesh), tokenizer, progress=cfg.progress)
     scored = [ScoredTrace(t["id"], t["domain"], scores[t["id"]]["length"], scores[t["id"]]["s_lp"]) for t in traces]

@@ -208,10 +208,11 @@ def _smoke_tokenizer(path: Path, vocab_size: int):
 def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
     from vt.eval.generation import EngineGenerator
     from vt.sampling import Engine, SamplerConfig
-    from vt.sharding import make_process_mesh
+    from vt.distributed import process_mesh
     m, s = cfg.model, cfg.sampling
     # This process's devices: with several processes each samples its own chunks (see the module docstring).
-    mesh = make_process_mesh(m.mesh)
+    mesh = process_mesh(m.mesh)
+    mesh = None if mesh.size == 1 else mesh  # one device: nothing to shard
     if m.ckpt:
         from vt.checkpoint import load_model
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
