@@ -118,7 +118,7 @@ def padded_reference(md: ModelDef, params: dict, old_params: dict, ref_params: d
         logp, old, ref, mask = logp_of(p, batch), logp_of(old_p, batch), logp_of(ref_p, batch), batch["mask"]
         is_w = obj.truncated_importance_weight(old, batch["sampler_logp"], IS_CAP)
         J, _ = obj.clipped_surrogate(logp, old, batch["adv"][aggregation], mask, eps_low=EPS_LOW,
-                                     eps_high=EPS_HIGH, aggregation=aggregation, is_weight_NT=is_w)
+                                     eps_high=EPS_HIGH, aggregation=aggregation, is_weight_YT=is_w)
         kl = obj.aggregate(obj.kl_to_reference(logp, ref), mask, aggregation)
         return -J + KL_COEF * kl
 

@@ -1,7 +1,7 @@
 """RL on several processes (hosts): each one samples, verifies and scores its own share of the rollouts.
 
-The learner is one SPMD program over the global mesh; rollouts are not. With P processes, every RL step's Q
-prompts are split into P consecutive slices of Q/P prompts (whole groups: the G samples of a prompt stay on
+The learner is one SPMD program over the global mesh; rollouts are not. With P processes, every RL step's E
+prompts are split into P consecutive slices of E/P prompts (whole groups: the C samples of a prompt stay on
 one host, so group statistics and advantages need no communication). Each process
 
   1. samples its slice with its own sampler on its own devices (vt.distributed.process_mesh), holding a full copy of the
@@ -13,6 +13,8 @@ one host, so group statistics and advantages need no communication). Each proces
 Sample j of prompt i draws from (seed, i, j) with i the prompt's index in the whole step
 (Engine.generate(first_request=...)), so a split step samples what a single process would; metrics are
 gathered from every process (vt.distributed.allgather) and written by process 0.
+
+Letters: P processes, E prompts of a step, C completions per prompt (as vt.rl.objectives).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     result = train_rl(to_dataclass(RLConfig, load_config("configs/mgpo_math.py")), workdir)
 
-One RL step: Q prompts -> G samples each from the current policy (vt.sampling, log-probs kept) -> verifier
+One RL step: E prompts -> C samples each from the current policy (vt.sampling, log-probs kept) -> verifier
 rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt.rl.objectives) -> pi_old and
 truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
 surrogate -> the new weights pushed into the sampler in place.
@@ -15,14 +15,19 @@ memory a pass needs. Per-token objective weights make the sums the same per-sequ
 as one padded row per sample; metrics tokens_real / tokens_computed / padding_fraction count the waste.
 
 Determinism: prompts of step s are a fixed function of (data.seed, s) and the sampler's randomness a fixed
-function of (rollout seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
+function of (rollout.sampler.seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
 
-Several processes (hosts): each samples, verifies and scores its own Q/P prompts on its own devices and feeds
+Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
 
-Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json.
+Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json. The loop (set-up, resume,
+preemption, cadence, the non-finite halt) is vt.train.loop's, shared with SFT; a step here is one RL step of
+`mgpo.mini_batches` optimiser updates.
+
+RL shape letters (distinct from the model's B, T, N, G, ... of vt.model.qwen2): E prompts, C completions
+(responses) per prompt, Y = E * C completions, T tokens per row.
 """
 from __future__ import annotations
 
@@ -73,7 +78,7 @@ class RLData:
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    group_size: int = 16  # O responses per prompt
+    group_size: int = 16  # C completions per prompt
     prompts_per_step: int = 64  # E prompts per RL step
     # The sampler, as vt.sampling configures it. Its temperature is also the learner's: pi is scored at the
     # temperature it was sampled at. Its seed keys the rollouts ((seed, step, request, sample): exact resume)
@@ -93,7 +98,7 @@ class MgpoSection:
     kl_coef: float = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
     long2short_lambda: float = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
     mini_batches: int = 1  # optimiser updates per RL batch
-    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to N extra rounds
+    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to that many extra rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +152,14 @@ def drop_trivial(records, profile_path: str):
     return kept, len(records) - len(kept)
 
 
-def prompts_for_step(n_records: int, step: int, Q: int, seed: int) -> np.ndarray:
+def prompts_for_step(n_records: int, step: int, E: int, seed: int) -> np.ndarray:
     """Indices of step `step`'s prompts: consecutive slices of per-epoch permutations (deterministic)."""
-    start = step * Q
+    start = step * E
     out = []
-    while len(out) < Q:
+    while len(out) < E:
         epoch, offset = divmod(start + len(out), n_records)
         perm = np.random.default_rng([seed, epoch]).permutation(n_records)
-        out.extend(perm[offset: offset + Q - len(out)].tolist())
+        out.extend(perm[offset: offset + E - len(out)].tolist())
     return np.asarray(out)
 
 
@@ -213,32 +218,32 @@ class Learner:
                                  domain=self.cfg.data.domain, first_request=first_request)
 
     def rollout_batch(self, step: int) -> Scored:
-        """This process's groups of step `step` (all Q on one process, Q/P each on P). With dynamic sampling,
+        """This process's groups of step `step` (all E on one process, E/P each on P). With dynamic sampling,
         groups whose rewards are all equal (no signal) are replaced by groups of extra prompts, drawn from a
         second deterministic stream keyed by (step, round, process), so a resumed run draws the same ones; if
         the rounds run out the batch is topped up with zero-variance groups (advantage 0), keeping the
         learner's shapes fixed."""
         cfg = self.cfg
-        Q, G, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
-        mine = process_slice(Q, "rollout.prompts_per_step")
-        n, Q = len(self.records), mine.stop - mine.start
+        E, C, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
+        mine = process_slice(E, "rollout.prompts_per_step")
+        n, E = len(self.records), mine.stop - mine.start
         idx = prompts_for_step(n, step, cfg.rollout.prompts_per_step, cfg.data.seed)[mine]
-        scored = self.rollout([self.records[i] for i in idx], step, G, first_request=mine.start)
+        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start)
         if rounds <= 0:
             return scored
         keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
             np.flatnonzero(~scored.informative()))]
         for r in range(rounds):
             have = sum(len(k.prompts) for k in keep)
-            if have >= Q:
+            if have >= E:
                 break
             stream = (step * rounds + r) * jax.process_count() + jax.process_index()
-            idx = prompts_for_step(n, stream, Q - have, cfg.data.seed + 1)
-            extra = self.rollout([self.records[i] for i in idx], step, G, seed_offset=2 + r, first_request=mine.start)
+            idx = prompts_for_step(n, stream, E - have, cfg.data.seed + 1)
+            extra = self.rollout([self.records[i] for i in idx], step, C, seed_offset=2 + r, first_request=mine.start)
             keep.append(extra.select(np.flatnonzero(extra.informative())))
             spare.append(extra.select(np.flatnonzero(~extra.informative())))
         out = Scored.concat(keep + spare)
-        return out.select(range(Q))
+        return out.select(range(E))
 
     def evaluate(self, state: TrainState, step: int) -> float:
         """Mean verified reward over the held-out prompts (split over processes in consecutive runs)."""
@@ -329,7 +334,7 @@ class Learner:
 
 
 def step_advantages(s: Scored, m: MgpoSection) -> tuple[np.ndarray, np.ndarray]:
-    """(w(q) * A_i [Q, G], w(q) [Q]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
+    """(w(q) * A_i [E, C], w(q) [E]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
     rewards = s.rewards
     if m.long2short_lambda > 0:
         rewards = np.asarray(long2short(np.where(s.correct, 1.0, s.rewards), s.lengths, m.long2short_lambda))
@@ -364,19 +369,19 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
     Returns them, each mini-batch's group indices, and the step's token counts: real (sample slots) and
     computed (row slots), all processes, one pass."""
     m, t = cfg.mgpo, cfg.train
-    Q, G = adv.shape
-    if Q % m.mini_batches:
+    E, C = adv.shape
+    if E % m.mini_batches:
         raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide the prompt groups of a process "
-                      f"(rollout.prompts_per_step / processes = {Q}): a mini-batch keeps whole groups")
-    k = Q // m.mini_batches
-    order = np.random.default_rng([cfg.rollout.sampler.seed, step]).permutation(Q) if m.mini_batches > 1 else np.arange(Q)
+                      f"(rollout.prompts_per_step / processes = {E}): a mini-batch keeps whole groups")
+    k = E // m.mini_batches
+    order = np.random.default_rng([cfg.rollout.sampler.seed, step]).permutation(E) if m.mini_batches > 1 else np.arange(E)
     groups = [order[i * k:(i + 1) * k] for i in range(m.mini_batches)]
     minis = []
     for g in groups:
         rows = build_rows(s.select(g), T, pack=t.pack_rows)
         rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
         used = rows["sample"] >= 0
-        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * G)
+        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * C)
         minis.append((rows, completion))
     # One collective for the whole step: each mini-batch's completion tokens, rows and real slots, per process.
     counts = allgather(np.array([[c.sum(), len(r["tokens"]), np.count_nonzero(r["sample"] >= 0)]
@@ -385,7 +390,7 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
     sh = row_sharding(mesh)
     out, computed = [], 0
     for i, (rows, completion) in enumerate(minis):
-        weights = obj.objective_weights(completion, m.aggregation, k * G * jax.process_count(),
+        weights = obj.objective_weights(completion, m.aggregation, k * C * jax.process_count(),
                                         int(completion_tokens[i]))
         rows["weight"] = per_token(weights, rows["sample"]) * rows["mask"]
         micro, start = [], 0
