@@ -70,6 +70,7 @@ def get_config(arg=None):
     c.train.eval_every = 200  # steps between held-out evaluations (and always at the end)
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
     c.train.progress = True  # tqdm progress bar
+    c.train.compilation_cache = ""  # JAX persistent compilation cache directory ("" = off)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 200  # save every N steps: the candidate pool for Diversity-Exploring Distillation

@@ -11,7 +11,9 @@ from vt.validation import check_output_path
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="run or resume SFT or RL from a config (configs/sft_stage1.py, configs/mgpo_math.py, ...)",
-                              description="Run SFT (configs/sft_*.py) or MGPO RL (configs/mgpo_*.py, long2short.py, instruct_rl.py); "
+                              description="Run the learner the config's top-level `learner` field names: SFT (learner = 'sft': "
+                                          "configs/sft_*.py) or MGPO RL (learner = 'rl': configs/mgpo_*.py, "
+                                          "long2short.py, instruct_rl.py); "
                                           "a workdir with checkpoints resumes from the newest one. "
                                           "Override any field with --config.key=value. On SIGTERM it saves a "
                                           f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume).")
