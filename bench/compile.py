@@ -62,45 +62,41 @@ def compile_sft(args, cfg, mesh):
 def _rl_batch(args, mesh, with_step_keys: bool):
     import jax
     import numpy as np
-    from vt.rl.step import batch_shardings
+    from vt.rl.step import row_sharding
     N, T = args.rl_rows, args.rl_seq
     keys = ["tokens", "targets", "positions", "segment_ids"]
     if with_step_keys:
         keys += ["mask", "sampler_logp", "old_logp", "adv", "weight"]  # per token (packed rows)
     floats = {"mask", "sampler_logp", "old_logp", "adv", "weight"}
-    sh = batch_shardings(mesh, keys)
-    return {k: jax.ShapeDtypeStruct((N, T), np.float32 if k in floats else np.int32, sharding=sh[k]) for k in keys}
+    sh = row_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct((N, T), np.float32 if k in floats else np.int32, sharding=sh) for k in keys}
 
 
 def compile_rl_logps(args, cfg, mesh):
     from vt.rl.step import make_token_logps
-    from vt.sharding import use_mesh
     md, _, _, sh, abstract = _train_setup(cfg, mesh)
-    logps = make_token_logps(md, mesh, temperature=1.0)
+    logps = make_token_logps(md, sh.params, mesh, temperature=1.0)
     batch = _rl_batch(args, mesh, with_step_keys=False)
 
     def build():
-        with use_mesh(mesh):
-            return logps.jitted.lower(abstract.params, batch).compile()
+        return logps.lower(abstract.params, batch).compile()
     return _timed(build)
 
 
 def compile_rl_step(args, cfg, mesh):
     import jax
     from vt.rl.step import make_rl_step
-    from vt.sharding import use_mesh
     md, optimizer, schedule, sh, abstract = _train_setup(cfg, mesh)
     step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.28,
                         kl_coef=0.0, is_cap=2.0)
     batch = _rl_batch(args, mesh, with_step_keys=True)
 
     def build():  # one micro-batch's gradient accumulation (the memory-heavy program) plus the optimiser apply
-        with use_mesh(mesh):
-            progs = step.programs
-            acc = jax.eval_shape(progs["zeros"], abstract.params)
-            compiled = progs["accumulate"].lower(abstract.params, acc, batch).compile()
-            progs["apply"].lower(abstract, acc).compile()
-            return compiled
+        progs = step.programs
+        acc = jax.eval_shape(progs["zeros"].jitted, abstract.params)
+        compiled = progs["accumulate"].lower(abstract.params, acc, batch).compile()
+        progs["apply"].lower(abstract, acc).compile()
+        return compiled
     return _timed(build)
 
 
@@ -187,7 +183,7 @@ def compile_init_train_state(args, cfg, mesh):
     md, optimizer, _, sh, abstract = _train_setup(cfg, mesh)
 
     def build():
-        return jax.jit(lambda p: init_train_state(p, optimizer, sh, seed=0), in_shardings=(sh.params,),
+        return jax.jit(lambda p: init_train_state(p, optimizer, sh), in_shardings=(sh.params,),
                        out_shardings=sh).lower(abstract.params).compile()
     return _timed(build)
 

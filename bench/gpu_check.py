@@ -75,7 +75,8 @@ def check_sft(args, mesh, out: dict) -> Row:
     from vt.train.metrics import model_flops_per_token
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
-    from vt.train.step import batch_sharding, device_batch, make_train_step
+    from vt.distributed import global_batch
+    from vt.train.step import as_microbatches, batch_sharding, make_train_step
 
     cfg = model_cfg(args, param_dtype="float32", dtype="bfloat16", remat_policy=args.remat,
                     attention_impl=args.attention)
@@ -85,13 +86,13 @@ def check_sft(args, mesh, out: dict) -> Row:
     optimizer, schedule = make_optimizer(OptimConfig(lr=1e-5), 1000)
     md = ModelDef(cfg)
     sh = train_state_shardings(md, optimizer, mesh)
-    state = init_train_state(flat_params(create_model(cfg, mesh, seed=0)), optimizer, sh, seed=0)
+    state = init_train_state(flat_params(create_model(cfg, mesh, seed=0)), optimizer, sh)
     t0 = time.perf_counter()
     step = make_train_step(md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh), mesh, A, B // A, T)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    batch = device_batch({k: v.reshape(A, B // A, T) for k, v in random_rows(rng, cfg.vocab_size, (B, T)).items()},
-                         batch_sharding(mesh))
+    rows = {k: v.reshape(A, B // A, T) for k, v in random_rows(rng, cfg.vocab_size, (B, T)).items()}
+    batch = global_batch(as_microbatches(rows), batch_sharding(mesh), row_axis=1)
     state, m = _block(step(state, batch))  # first run: allocation and autotuning
     times = []
     for _ in range(args.steps):
@@ -145,7 +146,7 @@ def check_sampler(args, mesh) -> Row:
 
 def check_rl(args, mesh, sft) -> Row:
     import numpy as np
-    from vt.rl.step import batch_shardings, make_rl_step, make_token_logps
+    from vt.rl.step import make_rl_step, make_token_logps, row_sharding
     from vt.train.metrics import model_flops_per_token
 
     md, optimizer, schedule, sh, state = sft
@@ -161,8 +162,8 @@ def check_rl(args, mesh, sft) -> Row:
              "segment_ids": r["segment_ids"], "mask": mask, "adv": adv * mask,
              "weight": (mask / (N * mask.sum(1, keepdims=True))).astype(np.float32)}
     import jax
-    batch = jax.device_put(batch, batch_shardings(mesh, batch))
-    logps = make_token_logps(md, mesh, temperature=1.0)
+    batch = jax.device_put(batch, row_sharding(mesh))
+    logps = make_token_logps(md, sh.params, mesh, temperature=1.0)
     rl_step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.2,
                            kl_coef=0.0, is_cap=2.0)
 

@@ -27,7 +27,7 @@ split compares like with like; `--vt-reward verifier` keeps vt's real math verif
 processes) instead. Tunix gets the Python check as its reward_fns.
 
 Timing: each framework runs `--warmup + --steps + 1` RL steps through its own learner loop (vt:
-vt.rl.learner's _Learner.run; Tunix: GRPOLearner.train). A step's time is from its start to the next step's
+vt.rl.learner's Learner.run; Tunix: GRPOLearner.train). A step's time is from its start to the next step's
 start (so loop overhead counts; the first `--warmup` steps, which compile, and the last step, which vt
 follows with a checkpoint save, are left out); a run's figure is the median over its timed steps, and the
 table shows, per framework, the run with the lowest median step time of `--rounds` runs, interleaved with the
@@ -49,7 +49,7 @@ What still differs, by each framework's design (both as they run by default):
   - vt's sampler returns per-token log-probs (return_logprobs is off in Tunix's default GRPO rollout).
   - vt writes metrics.jsonl + TensorBoard every step; Tunix runs without a metrics backend.
   - Tunix decodes the Q*G rows as one batch in an on-device loop that ends once every row has stopped (or at
-    max_new); vt decodes them in Q*G slots (rollout.batch_size) with rl_helpers' steps_per_call=8 decode steps
+    max_new); vt decodes them in Q*G slots (rollout.sampler.batch_size) with rl_helpers' steps_per_call=8 decode steps
     per host round trip.
 
 Tunix runs in its own virtualenv (bench/.venv-tunix, as bench/train_step.py uses; never in .venv), in a
@@ -138,7 +138,7 @@ def prepare(args, tmp: Path) -> tuple[dict, dict]:
 def run_vt(args, task: dict, workdir: Path) -> dict:
     from rl_helpers import metrics, rl_config
     from vt.rewards.base import RewardFunction, failed, passed
-    from vt.rl.learner import _Learner
+    from vt.rl.learner import Learner
 
     class PythonReward(RewardFunction):
         """python_reward behind vt's reward-function contract."""
@@ -155,12 +155,12 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
         "data.eval": "", "mgpo.gamma": 0.0, "mgpo.kl_coef": 0.0, "mgpo.eps_low": EPS_CLIP, "mgpo.eps_high": EPS_CLIP,
         "mgpo.aggregation": "seq_mean", "mgpo.mini_batches": 1,
         "rollout.group_size": args.group, "rollout.prompts_per_step": args.prompts,
-        "rollout.max_new_tokens": args.max_new, "rollout.batch_size": args.prompts * args.group,
-        "rollout.temperature": 1.0,
+        "rollout.sampler.max_new_tokens": args.max_new, "rollout.sampler.batch_size": args.prompts * args.group,
+        "rollout.sampler.temperature": 1.0,
         "optim.lr": LR, "optim.final_lr": LR, "optim.weight_decay": WD, "optim.clip_norm": CLIP,
         "train.steps": total, "train.progress": False})
     workdir.mkdir(parents=True, exist_ok=True)
-    learner = _Learner(cfg, workdir)  # train_rl(cfg, workdir) is this plus config.json; we swap the rewards first
+    learner = Learner(cfg, workdir)  # train_rl(cfg, workdir) is this plus config.json; we swap the rewards first
     if args.vt_reward == "python":
         for r in learner.rewards.values():
             r.close()
@@ -405,7 +405,7 @@ def long_tail_workload(args) -> dict:
 
 
 def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
-    """vt's learner step (vt.rl.learner.learner_batches + the update, as _Learner.train_on runs them with one
+    """vt's learner step (vt.rl.learner.learner_batches + the update, as Learner.train_on runs them with one
     update per batch and no KL: GRPO) on the scripted rollouts, tiny model, fp32, one CPU device."""
     import jax
     import numpy as np
@@ -432,7 +432,7 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     md = ModelDef(model_cfg)
     optimizer, schedule = make_optimizer(cfg.optim, 1000)
     sh = train_state_shardings(md, optimizer, mesh)
-    state = init_train_state(flat_params(create_model(model_cfg, mesh, seed=0)), optimizer, sh, 0)
+    state = init_train_state(flat_params(create_model(model_cfg, mesh, seed=0)), optimizer, sh)
     update = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=EPS_CLIP, eps_high=EPS_CLIP,
                           kl_coef=0.0, is_cap=cfg.mgpo.is_cap)
     samples = [[Sample(work["completions"][q * G + g], work["logprobs"][q * G + g], "stop") for g in range(G)]

@@ -60,7 +60,8 @@ def run_vt(a, args) -> float:
     from vt.sharding import MeshConfig, make_mesh
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
-    from vt.train.step import batch_sharding, device_batch, make_train_step
+    from vt.distributed import global_batch
+    from vt.train.step import as_microbatches, batch_sharding, make_train_step
 
     cfg = preset(args.preset)
     mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
@@ -68,7 +69,7 @@ def run_vt(a, args) -> float:
     opt, sched = make_optimizer(OptimConfig(lr=LR, final_lr=LR, warmup_frac=0.0, weight_decay=WD, clip_norm=CLIP),
                                 args.steps + args.warmup)
     sh = train_state_shardings(md, opt, mesh)
-    state = init_train_state(flat_params(create_model(cfg, mesh)), opt, sh, 0)
+    state = init_train_state(flat_params(create_model(cfg, mesh)), opt, sh)
     step = make_train_step(md, opt, sched, sh, abstract_train_state(md, opt, sh), mesh, 1, args.batch, args.seq)
     b_sh = batch_sharding(mesh)
     times, pending = [], None
@@ -78,7 +79,7 @@ def run_vt(a, args) -> float:
                  "loss_mask": np.ones((args.batch, args.seq), np.float32),
                  "segment_ids": np.ones((args.batch, args.seq), np.int32),
                  "positions": np.broadcast_to(np.arange(args.seq, dtype=np.int32), (args.batch, args.seq))}
-        state, metrics = step(state, device_batch(batch, b_sh))
+        state, metrics = step(state, global_batch(as_microbatches(batch), b_sh, row_axis=1))
         if pending is not None:  # as the learner does: read the previous step's metrics
             jax.device_get(pending)
             now = time.perf_counter()

@@ -54,9 +54,9 @@ def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
     c.data.eval = ""  # the pipeline's held-out table measures every stage the same way
     c.rollout.group_size = group
     c.rollout.prompts_per_step = prompts
-    c.rollout.max_new_tokens = 40
-    c.rollout.batch_size = 128
-    c.rollout.steps_per_call = 40
+    c.rollout.sampler.max_new_tokens = 40
+    c.rollout.sampler.batch_size = 128
+    c.rollout.sampler.steps_per_call = 40
     c.mesh.fsdp = 1
     c.optim.lr = lr
     c.optim.final_lr = lr

@@ -21,7 +21,7 @@ def get_config(arg=None):
     if smoke:
         c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "code.jsonl")
         c.data.domain = "code"
-        c.rollout.max_new_tokens = 32
+        c.rollout.sampler.max_new_tokens = 32
         return c
     c.model.init_checkpoint = "runs/long2short/final"  # the previous phase (math RL -> Long2Short)
     c.data.train = "data/rl/code.parquet"  # prompts with unit tests (stdin/stdout or call-based)

@@ -23,6 +23,7 @@ SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
 def get_config(arg=None):
     variant = parse_arg(arg, "smoke")
     c = ml_collections.ConfigDict()
+    c.learner = "rl"  # `vt train` runs the RL learner (vt.rl.learner.RLConfig) on this config
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen2.5-coder-3b"  # architecture when init_checkpoint is empty (tests only)
@@ -44,15 +45,28 @@ def get_config(arg=None):
     c.data.seed = 0  # prompt order
 
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.group_size = 16  # G: the team's public scripts
+    c.rollout.group_size = 16  # responses per prompt: the team's public scripts
     c.rollout.prompts_per_step = 64  # prompts per RL step: the team's public scripts
-    c.rollout.temperature = 1.0  # on-policy sampling at T = 1
-    c.rollout.top_p = 1.0  # no nucleus truncation during RL (the learner's pi is the full softmax)
-    c.rollout.top_k = -1  # off
-    c.rollout.max_new_tokens = 65536 - 2048  # one long window throughout (RECIPE: 64K, no 16K -> 32K curriculum)
-    c.rollout.batch_size = 256  # decode slots; slot refill keeps them busy through the length tail
-    c.rollout.steps_per_call = 64  # decode steps per host round trip
-    c.rollout.seed = 0  # sampler randomness is a function of (seed, step, request, sample): exact resume
+    c.rollout.sampler = sampler = ml_collections.ConfigDict()  # vt.sampling.SamplerConfig
+    sampler.batch_size = 256  # decode slots; slot refill keeps them busy through the length tail
+    sampler.max_new_tokens = 65536 - 2048  # one long window throughout (RECIPE: 64K, no 16K -> 32K curriculum)
+    sampler.temperature = 1.0  # on-policy sampling at T = 1 (the learner scores pi at this temperature)
+    sampler.top_p = 1.0  # no nucleus truncation during RL (the learner's pi is the full softmax)
+    sampler.top_k = -1  # off
+    sampler.n = 1  # samples per request: the learner sets its own (rollout.group_size, train.eval_samples)
+    sampler.seed = 0  # sampler randomness is a function of (seed, step, request, sample): exact resume
+    sampler.stop_token_ids = None  # None: the tokenizer's end-of-sequence ids
+    sampler.stop_strings = ()  # none
+    sampler.max_context = None  # None: the model's max_position_embeddings
+    sampler.steps_per_call = 64  # decode steps per host round trip
+    sampler.refill = True  # refill finished slots with waiting prompts
+    sampler.refill_min_free = 0  # free slots that end a decode call while prompts wait; 0: max(1, slots / 8)
+    sampler.prefill_tokens = 8192  # most (padded prompts x bucket length) per prefill call
+    sampler.min_prompt_bucket = 16  # shortest prompt bucket
+    sampler.min_prefill_rows = 8  # prefill batches padded to a power of two >= this
+    sampler.page_size = 16  # tokens per KV page
+    sampler.kv_pages = 0  # KV pool in pages; 0: kv_memory_fraction of the free device memory
+    sampler.kv_memory_fraction = 0.5
 
     c.mgpo = ml_collections.ConfigDict()
     c.mgpo.gamma = 1.0  # w(q) = exp(-gamma * D_ME(p || 0.5)); not published; 0 = GRPO
@@ -91,6 +105,7 @@ def get_config(arg=None):
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
     c.train.tokens_per_micro_batch = 65536  # row slots per learner forward/backward (all devices); gradients accumulated
     c.train.pack_rows = True  # first-fit pack samples into rows; False: one padded row per sample
+    c.train.compilation_cache = ""  # JAX persistent compilation cache directory ("" = off)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 50  # save every N RL steps
@@ -121,9 +136,9 @@ def smoke(c, data_file: str, domain: str):
     c.data.profile = ""
     c.rollout.group_size = 4
     c.rollout.prompts_per_step = 4
-    c.rollout.max_new_tokens = 16
-    c.rollout.batch_size = 16
-    c.rollout.steps_per_call = 16
+    c.rollout.sampler.max_new_tokens = 16
+    c.rollout.sampler.batch_size = 16
+    c.rollout.sampler.steps_per_call = 16
     c.optim.lr = 1e-4
     c.optim.final_lr = 1e-4
     c.train.steps = 2

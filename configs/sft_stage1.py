@@ -19,6 +19,7 @@ from configs.common import parse_arg
 def get_config(arg=None):
     variant = parse_arg(arg, "smoke")
     c = ml_collections.ConfigDict()
+    c.learner = "sft"  # `vt train` runs the SFT learner (vt.train.sft.SftConfig) on this config
 
     c.model = ml_collections.ConfigDict()
     c.model.preset = "qwen2.5-coder-3b"  # architecture; init_checkpoint's model_config.json takes precedence
@@ -28,7 +29,7 @@ def get_config(arg=None):
     c.model.remat_policy = "full"  # recompute each layer in the backward pass: long packed rows fit in memory
     c.model.attention_impl = "jax"  # jax.nn.dot_product_attention: the backend picks its fused kernel
     c.model.loss_chunk = 512  # positions per loss chunk: live fp32 logits are rows x 512 x vocab, not x seq_len
-    c.model.seed = 0  # the state's RNG (and random init when init_checkpoint is empty)
+    c.model.seed = 0  # random init when init_checkpoint is empty
 
     c.data = ml_collections.ConfigDict()
     c.data.kind = "chat"  # vt.data chat pipeline: chat template, assistant-only loss, first-fit packing
@@ -72,6 +73,7 @@ def get_config(arg=None):
     c.train.eval_every = 200  # steps between held-out evaluations (and always at the end)
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
     c.train.progress = True  # tqdm progress bar
+    c.train.compilation_cache = ""  # JAX persistent compilation cache directory ("" = off)
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 200  # save every N steps: the candidate pool for Diversity-Exploring Distillation

@@ -37,7 +37,7 @@ def rl_stage(c, domain, train, steps, *, eval_data=""):
     """One MGPO phase (RECIPE stage 3/5): its stage config `c` plus the pipeline's fields and the recipe's sizes."""
     c.enabled = True
     c.profile_k = 8  # RECIPE: drop prompts the phase's start solves always or never (8 rollouts each)
-    c.profile_max_new_tokens = 0  # 0 = rollout.max_new_tokens
+    c.profile_max_new_tokens = 0  # 0 = rollout.sampler.max_new_tokens
     c.model.init_checkpoint = ""  # set by the pipeline: the previous stage's checkpoint
     c.data.train = train  # prompts with verifiable references
     c.data.eval = eval_data  # held-out prompts for the learner's own accuracy curve ("" = none)
@@ -45,8 +45,8 @@ def rl_stage(c, domain, train, steps, *, eval_data=""):
     c.data.tokenizer = ""  # set by the pipeline
     c.data.profile = ""  # set by the pipeline when profile_k > 0
     c.data.max_prompt_tokens = 4096
-    c.rollout.max_new_tokens = 65536  # RECIPE: one long 64K window throughout
-    c.rollout.batch_size = 1024  # decode slots
+    c.rollout.sampler.max_new_tokens = 65536  # RECIPE: one long 64K window throughout
+    c.rollout.sampler.batch_size = 1024  # decode slots
     c.train.steps = steps  # not published
     c.train.eval_every = 20
     c.train.eval_samples = 4

@@ -20,21 +20,34 @@ VT_DISTRIBUTED=off skips 2 and 3 (e.g. a one-off single-process tool inside an s
 Only process 0 writes metrics and logs (`is_primary()`); checkpoints are written by all processes together
 (Orbax), and `barrier(name)` lines processes up around the few filesystem steps that must happen once.
 
-Also here: the persistent compilation cache (`enable_compilation_cache`) and the one documented list of XLA
-flags for NVIDIA GPUs (`NVIDIA_XLA_FLAGS`, printed for shell scripts by `python -m vt.distributed nvidia-env`).
+Also the one home of the multi-process helpers every learner and tool shares:
+  - `process_mesh(cfg)`: a mesh over this process's own devices (per-process sampling, evaluation, scoring);
+  - `allgather(x)`: a host value from every process, in process order;
+  - `global_batch(host_rows, shardings)`: global arrays whose rows are every process's host rows;
+  - `MeshProgram`: a function compiled ahead of time on a mesh (the one place a jitted call enters the mesh);
+  - `enable_compilation_cache(dir)`: the persistent compilation cache;
+and the one documented list of XLA flags for NVIDIA GPUs (`NVIDIA_XLA_FLAGS`, printed for shell scripts by
+`python -m vt.distributed nvidia-env`).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import glob
+import math
 import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
 from vt import VtError
+from vt.sharding import MESH_AXES, MeshConfig, use_mesh
 
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"  # read by jax.distributed itself as well
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -102,7 +115,6 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     if method == "single":
         _INFO = DistributedInfo("single", 0, 1)
         return _INFO
-    import jax
     # Cross-process collectives between CPU devices (the local rehearsal of a pod) need an implementation;
     # GPU and TPU bring their own (NCCL, ICI) and ignore this.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -121,14 +133,12 @@ def is_primary() -> bool:
     """True on process 0: the one process that writes metrics, logs and single-writer files."""
     if process_count() == 1:
         return True
-    import jax
     return jax.process_index() == 0
 
 
 def process_count() -> int:
-    if (_INFO is not None and _INFO.method == "single") or "jax" not in sys.modules:
-        return 1  # without jax imported there is no jax.distributed either
-    import jax
+    if _INFO is not None and _INFO.method == "single":
+        return 1  # started as one process: no need to start a backend to ask
     return jax.process_count()
 
 
@@ -136,7 +146,6 @@ def barrier(name: str) -> None:
     """Wait until every process reaches the barrier called `name` (no-op with one process)."""
     if process_count() == 1:
         return
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
 
 
@@ -168,11 +177,101 @@ def enable_compilation_cache(directory: str | os.PathLike, *, min_compile_time_s
     next run of the same shapes skips XLA compilation. Programs that compile faster than `min_compile_time_s`
     are not worth a file. Same as setting JAX_COMPILATION_CACHE_DIR (which jax reads itself) before start-up;
     on a pod point every host at the same shared directory."""
-    import jax
     if not str(directory).startswith("gs://"):
         Path(directory).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
+
+
+# --- several processes: the mesh of one, gathers, the global batch -----------------------------------------------
+
+def process_mesh(cfg: MeshConfig) -> Mesh:
+    """A mesh over this process's own devices (same axis names as the learner's), for work each process does on
+    its own: sampling its share of the rollouts, evaluation, scoring.
+
+    The config's shape when it fits this process's devices (an axis of -1 takes all of them, otherwise the first
+    data * fsdp * tensor). A shape that does not fit is a mesh spanning several processes (a learner's): then
+    every local device, keeping its tensor-parallel width when that divides them (long contexts need the KV
+    cache split over heads) and the rest along fsdp (weights sharded, slots split over data x fsdp)."""
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    n, sizes = len(local), [cfg.data, cfg.fsdp, cfg.tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise VtError(f"mesh: sizes must be positive with at most one -1, got data={cfg.data} fsdp={cfg.fsdp} "
+                      f"tensor={cfg.tensor}")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes and n % fixed == 0:
+        sizes[sizes.index(-1)] = n // fixed
+    elif -1 in sizes or fixed > n:
+        tensor = cfg.tensor if cfg.tensor > 0 and n % cfg.tensor == 0 else 1
+        sizes = [1, n // tensor, tensor]
+    # Devices in id order, built directly: LocalReplicas lays every process's devices out the same way.
+    devices = np.array(local[:math.prod(sizes)]).reshape(sizes)
+    return Mesh(devices, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def allgather(x) -> np.ndarray:
+    """[P, *x.shape]: the host value x from every process, in process order (x[None] on one process)."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    return np.asarray(multihost_utils.process_allgather(x))
+
+
+def global_batch(host_rows: dict[str, np.ndarray], shardings: NamedSharding | dict[str, NamedSharding],
+                 row_axis: int = 0) -> dict[str, jax.Array]:
+    """Global arrays whose rows (axis `row_axis`) are every process's `host_rows`, process by process: each
+    process passes only its own share of the global batch. `shardings`: one for every key, or one per key."""
+    count = jax.process_count()
+
+    def put(k, v):
+        sh = shardings[k] if isinstance(shardings, dict) else shardings
+        shape = list(v.shape)
+        shape[row_axis] *= count
+        return jax.make_array_from_process_local_data(sh, v, tuple(shape))
+    return {k: put(k, v) for k, v in host_rows.items()}
+
+
+# --- compiled programs ----------------------------------------------------------------------------------------------
+
+class MeshProgram:
+    """`fn` jitted with explicit in/out shardings (and donation), compiled ahead of time on `mesh` once per
+    argument signature (tree structure, shapes, dtypes) and cached: the one way vt runs a jitted function on a
+    mesh. The mesh is entered only while tracing, where the model's activation constraints resolve against it;
+    the compiled executable runs without it. An argument whose sharding differs from `in_shardings` is an
+    error from the executable, never a silent retrace.
+
+        step = MeshProgram(train_step, mesh, in_shardings=(state_sh, batch_sh), out_shardings=..., donate_argnums=(0,))
+        step.compile(abstract_state, abstract_batch)   # optional: compile before the first call
+        state, metrics = step(state, batch)
+    """
+
+    def __init__(self, fn: Callable, mesh: Mesh, *, in_shardings: Any, out_shardings: Any,
+                 donate_argnums: tuple[int, ...] = ()):
+        self.mesh = mesh
+        self.jitted = jax.jit(fn, in_shardings=in_shardings, out_shardings=out_shardings,
+                              donate_argnums=donate_argnums)
+        self._compiled: dict = {}
+
+    @staticmethod
+    def _signature(args) -> tuple:
+        leaves, treedef = jax.tree.flatten(args)
+        return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+    def lower(self, *args):
+        """Trace and lower for `args` (arrays or ShapeDtypeStructs) on the mesh (bench/compile.py times this)."""
+        with use_mesh(self.mesh):
+            return self.jitted.lower(*args)
+
+    def compile(self, *args):
+        """The executable for `args`' signature (arrays or ShapeDtypeStructs), compiled now if not yet."""
+        key = self._signature(args)
+        exe = self._compiled.get(key)
+        if exe is None:
+            exe = self._compiled[key] = self.lower(*args).compile()
+        return exe
+
+    def __call__(self, *args):
+        return self.compile(*args)(*args)
 
 
 # --- NVIDIA GPUs: the one place for XLA flags -------------------------------------------------------------------

@@ -78,15 +78,6 @@ def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | No
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=auto, devices=devices)
 
 
-def make_process_mesh(cfg: MeshConfig) -> Mesh | None:
-    """A mesh over this process's own devices for per-process work (evaluation, scoring): all of them when an
-    axis is -1, else the first data*fsdp*tensor. None when that is a single device (no sharding needed)."""
-    local = jax.local_devices()
-    sizes = (cfg.data, cfg.fsdp, cfg.tensor)
-    mesh = make_mesh(cfg, devices=local if -1 in sizes else local[:math.prod(sizes)])
-    return None if mesh.size == 1 else mesh
-
-
 def logical_to_spec(axes: Sequence[str | None], where: str = "array") -> P:
     """PartitionSpec for logical axis names, rejecting names without a rule and mesh axes used twice."""
     spec, used = [], set()

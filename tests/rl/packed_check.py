@@ -58,7 +58,7 @@ def config(aggregation: str, pack: bool, tokens_per_micro_batch: int, mesh=(1, 1
         "model": {"preset": "tiny"},
         "mgpo": {"aggregation": aggregation, "kl_coef": KL_COEF, "long2short_lambda": L2S, "is_cap": IS_CAP,
                  "eps_low": EPS_LOW, "eps_high": EPS_HIGH, "mini_batches": mini_batches},
-        "rollout": {"temperature": TEMPERATURE},
+        "rollout": {"sampler": {"temperature": TEMPERATURE}},
         "train": {"tokens_per_micro_batch": tokens_per_micro_batch, "pack_rows": pack},
         "mesh": {"data": mesh[0], "fsdp": mesh[1], "tensor": mesh[2]}})
 
@@ -78,7 +78,7 @@ class Setup:
         # pi_old: the policy before the step's first update (what later mini-batches see), here another random
         # model, so ratios are far from 1 (clipping on) and J does not cancel to ~0 within groups.
         self.old_params = jax.tree.map(lambda r, p: 0.7 * p + 0.3 * r, self.ref_params, self.params)
-        self.logps = make_token_logps(self.md, mesh, TEMPERATURE)
+        self.logps = make_token_logps(self.md, sh.params, mesh, TEMPERATURE)
         self.step = make_rl_step(self.md, optimizer, schedule, sh, mesh, temperature=TEMPERATURE, eps_low=EPS_LOW,
                                  eps_high=EPS_HIGH, kl_coef=KL_COEF, is_cap=IS_CAP)
 
@@ -119,7 +119,7 @@ def padded_reference(md: ModelDef, params: dict, old_params: dict, ref_params: d
         logp, old, ref, mask = logp_of(p, batch), logp_of(old_p, batch), logp_of(ref_p, batch), batch["mask"]
         is_w = obj.truncated_importance_weight(old, batch["sampler_logp"], IS_CAP)
         J, _ = obj.clipped_surrogate(logp, old, batch["adv"][aggregation], mask, eps_low=EPS_LOW,
-                                     eps_high=EPS_HIGH, aggregation=aggregation, is_weight_NT=is_w)
+                                     eps_high=EPS_HIGH, aggregation=aggregation, is_weight_YT=is_w)
         kl = obj.aggregate(obj.kl_to_reference(logp, ref), mask, aggregation)
         return -J + KL_COEF * kl
 

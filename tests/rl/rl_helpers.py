@@ -42,16 +42,19 @@ def rl_config(task: dict, **overrides) -> RLConfig:
         "model": {"init_checkpoint": str(task["ckpt"])},
         "data": {"train": str(root / "rl.jsonl"), "eval": str(root / "eval.jsonl"), "tokenizer": str(task["tok"]),
                  "domain": "math"},
-        "rollout": {"group_size": 8, "prompts_per_step": 16, "max_new_tokens": 8, "batch_size": 64,
-                    "steps_per_call": 8},
+        "rollout": {"group_size": 8, "prompts_per_step": 16,
+                    "sampler": {"max_new_tokens": 8, "batch_size": 64, "steps_per_call": 8}},
         "mgpo": {"gamma": 1.0},
         "optim": {"lr": 1e-3, "final_lr": 1e-3, "warmup_frac": 0.0},
         "train": {"steps": 30, "eval_every": 10, "eval_samples": 4, "progress": False},
         "checkpoint": {"every": 1000, "keep": 2, "async_save": False},
     }
     for key, value in overrides.items():
-        section, field = key.split(".")
-        cfg.setdefault(section, {})[field] = value
+        *sections, field = key.split(".")
+        group = cfg
+        for section in sections:
+            group = group.setdefault(section, {})
+        group[field] = value
     return to_dataclass(RLConfig, cfg)
 
 

@@ -58,7 +58,7 @@ def test_surrogate_gradient_matches_finite_differences():
     is_w = truncated_importance_weight(old, old + 0.05 * rng.randn(N, T), cap=2.0)
     for agg in ("seq_mean", "token_mean"):
         f = lambda lp: clipped_surrogate(lp, old, adv, mask, eps_low=0.2, eps_high=0.28, aggregation=agg,  # noqa
-                                         is_weight_NT=is_w)[0]
+                                         is_weight_YT=is_w)[0]
         x = old + 0.1 * jnp.asarray(rng.randn(N, T))  # ratios near, some beyond, the clip range
         x = jnp.asarray(x, jnp.float64) if jax.config.jax_enable_x64 else x
         g = np.asarray(jax.grad(f)(x))
@@ -111,7 +111,7 @@ def test_kl_k3_nonnegative_and_zero_at_equality():
 def test_verifier_errors_are_left_out_not_zeroed():
     r = np.array([[1.0, 0.0, 0.0, 1.0, 0.0]])
     valid = np.array([[True, True, True, True, False]])
-    a = np.asarray(group_advantages(r, valid_QG=valid))
+    a = np.asarray(group_advantages(r, valid_EC=valid))
     np.testing.assert_allclose(a[0, :4], np.asarray(group_advantages(r[:, :4]))[0], rtol=1e-6)
     assert a[0, 4] == 0.0
     assert float(group_accuracy(r, valid)[0]) == 0.5  # not 0.4: the unknown one is not counted as wrong

@@ -61,20 +61,21 @@ def train(args) -> None:
     from vt.checkpoint.params import flat_params, load_model, save_model
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
-    from vt.train.step import batch_sharding, device_batch, make_train_step
+    from vt.distributed import global_batch
+    from vt.train.step import as_microbatches, batch_sharding, make_train_step
 
     cfg = preset("tiny")
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     optimizer, schedule = make_optimizer(OptimConfig(lr=1e-3, final_lr=1e-4, warmup_frac=0.0, weight_decay=0.01), STEPS)
     md = ModelDef(cfg)
     sh = train_state_shardings(md, optimizer, mesh)
-    state = init_train_state(flat_params(create_model(cfg, mesh, seed=0)), optimizer, sh, seed=0)
+    state = init_train_state(flat_params(create_model(cfg, mesh, seed=0)), optimizer, sh)
     step = make_train_step(md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh), mesh,
                            ACCUM, GLOBAL_ROWS // ACCUM, SEQ)
     losses, norms = [], []
     batches = local_batches(cfg.vocab_size)
     for _ in range(STEPS):
-        state, m = step(state, device_batch(next(batches), batch_sharding(mesh)))
+        state, m = step(state, global_batch(as_microbatches(next(batches)), batch_sharding(mesh), row_axis=1))
         losses.append(float(m["loss"]))
         norms.append(float(m["grad_norm"]))
     params = gather(state.params)
@@ -100,11 +101,12 @@ def restore(args) -> None:
 
 
 def restore_train_state(args, mesh) -> None:
-    """A learner checkpoint (params + AdamW moments + RNG) restored onto `mesh` with the run's own config."""
+    """A learner checkpoint (params + AdamW moments) restored onto `mesh` with the run's own config."""
     from vt.checkpoint.manager import CheckpointManager
     from vt.config import load_config, to_dataclass
     from vt.train.optim import make_optimizer
-    from vt.train.sft import SftConfig, resolve_model_config
+    from vt.train.loop import resolve_model_config
+    from vt.train.sft import SftConfig
     from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
 
     workdir, step = args.train_state.rsplit(":", 1)
@@ -119,7 +121,7 @@ def restore_train_state(args, mesh) -> None:
         manager.close()
     leaves = {f"opt/{i}": v for i, v in enumerate(jax.tree.leaves(r.opt_state)) if getattr(v, "ndim", 0) >= 1}
     write(args.train_state_out, {**{f"param/{k}": v for k, v in gather(r.params).items()}, **gather(leaves),
-                                 "rng": r.rng, "step": r.step})
+                                 "step": r.step})
 
 
 def main() -> int:

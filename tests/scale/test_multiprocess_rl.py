@@ -29,7 +29,7 @@ from testutil import REPO
 
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 OVERRIDES = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.train.steps=3",
-             "--config.mgpo.kl_coef=0.01", "--config.rollout.max_new_tokens=24", "--config.checkpoint.every=3",
+             "--config.mgpo.kl_coef=0.01", "--config.rollout.sampler.max_new_tokens=24", "--config.checkpoint.every=3",
              "--config.train.peak_flops=1e12"]
 GRAD_RTOL = 1e-5
 LOSS_ATOL = 1e-7

@@ -56,7 +56,7 @@ def test_chunking_bounds_the_compiled_memory():
 def test_bad_chunk_is_an_error():
     from vt import VtError
     from vt.train.losses import token_logps
-    from vt.train.sft import ModelSection
+    from vt.train.loop import ModelSection
     with pytest.raises(VtError, match="model.loss_chunk"):
         ModelSection(loss_chunk=0)
     with pytest.raises(ValueError, match="chunk"):

@@ -81,3 +81,23 @@ def test_synthetic_sft_drives_heldout_loss_down(tmp_path):
     assert first > 5.5  # ~log(512) at init
     # log(48) = 3.87 is the best a model can do without learning the translation table; we must beat it clearly
     assert evals[-1][1] < 1.2 and evals[-1][1] < evals[0][1]
+
+
+def test_vt_train_dispatches_on_the_learner_field(tmp_path):
+    """`vt train` picks the learner by the config's top-level `learner` field: every SFT and RL config names
+    its own, a config without one (or naming another learner than its dataclass) is refused by name."""
+    from testutil import run_vt
+    from vt.rl.learner import RLConfig
+    for spec, learner in (("sft_stage1", "sft"), ("sft_stage2", "sft"), ("mgpo_math", "rl"), ("mgpo_code", "rl"),
+                          ("mgpo_stem", "rl"), ("long2short", "rl"), ("instruct_rl", "rl")):
+        assert load_config(str(REPO / "configs" / f"{spec}.py")).learner == learner, spec
+    bare = tmp_path / "bare.py"
+    bare.write_text("import ml_collections\n\n\ndef get_config(arg=None):\n"
+                    "    c = ml_collections.ConfigDict()\n    c.model = ml_collections.ConfigDict()\n"
+                    "    c.model.preset = 'tiny'\n    return c\n")
+    proc = run_vt("train", "--config", str(bare), "--workdir", str(tmp_path / "w"))
+    assert proc.returncode == 2 and "top-level field `learner` is None" in proc.stderr, proc.stderr
+    with pytest.raises(VtError, match=r"config learner='rl': this config is read by the 'sft' learner"):
+        to_dataclass(SftConfig, {"learner": "rl"})
+    with pytest.raises(VtError, match=r"config learner='sft': this config is read by the 'rl' learner"):
+        to_dataclass(RLConfig, {"learner": "sft"})

@@ -4,7 +4,7 @@ Each step directory `DIR/<step>/` holds
     params/             the flat parameter dict, exactly as in a model checkpoint (vt.checkpoint.params)
     model_config.json   so `load_model(DIR/<step>)` and `vt convert orbax-to-hf DIR/<step> ...` work on it
     opt_state/          the optimiser state (sharded like the params)
-    meta/               JSON: step and the RNG key
+    meta/               JSON: the step (older checkpoints also hold an unused RNG key, ignored on restore)
     data/               the data iterator's state: one file per logical data shard, shard_<s>-of-<S>.json,
                         written by the process that owns the shard and read by whichever process owns it at
                         restore (so a run resumes on another process count; vt.data.shards); an iterator
@@ -37,12 +37,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 
 from vt import VtError
 from vt.checkpoint.io import reader_error
+from vt.checkpoint.params import CONFIG_FILE, load_model_config
 from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files,  # noqa: F401
                                 read_seal, write_seal)
+from vt.data.shards import STATE_KEY, is_sharded_state
 from vt.model.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -72,7 +75,6 @@ class Restored:
     step: int
     params: dict
     opt_state: Any
-    rng: np.ndarray
     meta: dict
 
 
@@ -122,9 +124,6 @@ class CheckpointManager:
     """Save/restore full train states under `directory`. Single writer per directory."""
 
     def __init__(self, directory: Path | str, cfg: CheckpointConfig, model_cfg: ModelConfig):
-        import orbax.checkpoint as ocp
-        from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
-
         if cfg.best_mode not in ("min", "max"):
             raise VtError(f"checkpoint.best_mode={cfg.best_mode!r}: expected 'min' or 'max'")
         if cfg.keep < 1:
@@ -211,15 +210,13 @@ class CheckpointManager:
     def save(self, step: int, state, data_iterator=None, metrics: dict | None = None) -> bool:
         """Start saving `state` (a TrainState) as `step`; returns at once when async. `metrics` (scalars) feed
         the best-checkpoint policy. A step that already exists is not saved again."""
-        import orbax.checkpoint as ocp
-
         if step in self._mgr.all_steps():
             return False
         self._seal_committed(saving=step)  # a sync save (or a missed callback) leaves its predecessor to seal
         items = dict(
             params=ocp.args.PyTreeSave(state.params),
             opt_state=ocp.args.PyTreeSave(state.opt_state),
-            meta=ocp.args.JsonSave({"step": int(step), "rng": np.asarray(jax.device_get(state.rng)).tolist()}),
+            meta=ocp.args.JsonSave({"step": int(step)}),
         )
         if data_iterator is not None:
             items["data"] = _data_args()[0](data_iterator)
@@ -286,7 +283,6 @@ class CheckpointManager:
     # --- restore ------------------------------------------------------------------------------------------------
     def _check_same_model(self, d: Path, step: int) -> None:
         """A resume with another model (size) is named as such, before Orbax's tree-mismatch text."""
-        from vt.checkpoint.params import CONFIG_FILE, load_model_config
         if not (d / CONFIG_FILE).is_file():
             return  # verification names the missing file
         stored = architecture(load_model_config(d))
@@ -299,9 +295,7 @@ class CheckpointManager:
 
     def restore(self, step: int, abstract_state, data_iterator=None) -> Restored:
         """Verify the seal of `step`, then restore params and optimiser state straight into the shardings of
-        `abstract_state` (ShapeDtypeStructs), the RNG, and the data iterator's position (in place)."""
-        import orbax.checkpoint as ocp
-
+        `abstract_state` (ShapeDtypeStructs), and the data iterator's position (in place)."""
         d = self.step_dir(step)
         self._check_same_model(d, step)
         def target(tree):
@@ -323,8 +317,8 @@ class CheckpointManager:
         meta = dict(out["meta"])
         if meta.get("step") != step:
             raise VtError(f"checkpoint step {step} ({d}): meta says step {meta.get('step')}")
-        return Restored(step=step, params=out["params"], opt_state=out["opt_state"],
-                        rng=np.asarray(meta["rng"], np.uint32), meta=meta)
+        # Checkpoints written before TrainState lost its unused RNG still hold meta["rng"]: ignored.
+        return Restored(step=step, params=out["params"], opt_state=out["opt_state"], meta=meta)
 
 
 # --- the data iterator's state ------------------------------------------------------------------------------------
@@ -344,7 +338,6 @@ class DataStateHandler:
     save/restore with its own iterator; processes own disjoint shards, so no file is written twice."""
 
     def save(self, directory, item=None, args=None):
-        from vt.data.shards import STATE_KEY, is_sharded_state
         item = item or args.item
         state = item.get_state()
         if not is_sharded_state(state):
@@ -355,7 +348,6 @@ class DataStateHandler:
             (directory / _shard_file(shard, n)).write_text(json.dumps(shard_state, indent=1))
 
     def restore(self, directory, item=None, args=None):
-        from vt.data.shards import STATE_KEY, is_sharded_state
         item = item or args.item
         template = item.get_state()  # which shards this process owns now
         sharded = is_sharded_state(template)
@@ -395,8 +387,6 @@ class DataStateHandler:
 @functools.cache
 def _data_args():
     """(save args, restore args) classes for DataStateHandler, registered with Orbax on first use."""
-    import orbax.checkpoint as ocp
-
     @ocp.args.register_with_handler(DataStateHandler, for_save=True)
     @dataclasses.dataclass
     class DataStateSave(ocp.args.CheckpointArgs):

@@ -23,11 +23,11 @@ from vt.checkpoint.params import load_model
 from vt.data.tokenizer import load_tokenizer
 from vt.distill.scoring import Scorer, ScoringConfig
 from vt.distill.selection import DomainRule, ScoredTrace, select
-from vt.distributed import barrier, is_primary
+from vt.distributed import barrier, is_primary, process_mesh
 from vt.eval.runner import EvalConfig, EvalModelConfig, load_problems, read_results, run_eval
 from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
 from vt.sampling.engine import SamplerConfig
-from vt.sharding import MeshConfig, make_process_mesh
+from vt.sharding import MeshConfig
 
 log = logging.getLogger(__name__)
 DOMAINS = ("math", "code", "stem")
@@ -155,7 +155,8 @@ def _score_and_select(cfg: SelfDistillConfig, workdir: Path, traces: list[dict],
         tokenizer = load_tokenizer(cfg.tokenizer)
     mesh = None
     if student is None:
-        mesh = make_process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
+        mesh = process_mesh(cfg.mesh)  # process 0's own devices: the others do not take part in scoring
+        mesh = None if mesh.size == 1 else mesh  # one device: nothing to shard
         student = load_model(cfg.student, mesh=mesh, dtype=cfg.dtype)
     scores = score_traces(workdir, traces, Scorer(student, cfg.scoring, mesh), tokenizer, progress=cfg.progress)
     scored = [ScoredTrace(t["id"], t["domain"], scores[t["id"]]["length"], scores[t["id"]]["s_lp"]) for t in traces]

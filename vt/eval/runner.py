@@ -38,7 +38,7 @@ from vt import VtError
 from vt.checkpoint.params import load_model
 from vt.data.sources import Malformed, record_from_dict
 from vt.data.tokenizer import build_tiny_tokenizer, load_tokenizer
-from vt.distributed import barrier, is_primary, process_count
+from vt.distributed import barrier, is_primary, process_count, process_mesh
 from vt.eval import metrics as M
 from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
 from vt.eval.clr import clr_for_rows
@@ -48,7 +48,7 @@ from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.rewards.registry import make_reward
 from vt.sampling.engine import Engine, SamplerConfig
-from vt.sharding import MeshConfig, make_process_mesh
+from vt.sharding import MeshConfig
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,8 @@ def build_generator(cfg: EvalConfig, out_dir: Path) -> Generator:
     """vt's sampler over cfg.model's checkpoint (or, for smoke tests, a random preset and a tiny tokenizer)."""
     m = cfg.model
     # This process's devices: with several processes each samples its own chunks (see the module docstring).
-    mesh = make_process_mesh(m.mesh)
+    mesh = process_mesh(m.mesh)
+    mesh = None if mesh.size == 1 else mesh  # one device: nothing to shard
     if m.ckpt:
         model = load_model(m.ckpt, mesh=mesh, dtype=m.dtype, attention_impl=m.attention_impl)
     elif m.preset:

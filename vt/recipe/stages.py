@@ -391,7 +391,7 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
     cfg = plan.config["rl"]
     metrics: dict[str, Any] = {}
     if plan.config["profile_k"] > 0:  # RECIPE: drop prompts the phase's start always or never solves
-        r = cfg.rollout
+        r = cfg.rollout.sampler
         profile(Path(cfg.model.init_checkpoint), Path(cfg.data.tokenizer), cfg.data.train, Path(cfg.data.profile),
                 k=plan.config["profile_k"], domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
                 max_new_tokens=plan.config["profile_max_new_tokens"] or r.max_new_tokens, batch_size=r.batch_size,

@@ -1,18 +1,20 @@
 """RL on several processes (hosts): each one samples, verifies and scores its own share of the rollouts.
 
-The learner is one SPMD program over the global mesh; rollouts are not. With P processes, every RL step's Q
-prompts are split into P consecutive slices of Q/P prompts (whole groups: the G samples of a prompt stay on
+The learner is one SPMD program over the global mesh; rollouts are not. With P processes, every RL step's E
+prompts are split into P consecutive slices of E/P prompts (whole groups: the C samples of a prompt stay on
 one host, so group statistics and advantages need no communication). Each process
 
-  1. samples its slice with its own sampler on its own devices (`local_mesh`), holding a full copy of the
+  1. samples its slice with its own sampler on its own devices (vt.distributed.process_mesh), holding a full copy of the
      weights (`LocalReplicas`: the learner's sharded params, gathered once per step by one collective and
      viewed as arrays over the local mesh, no trip through the host);
   2. runs the verifiers on its own samples (rewards are computed where the samples are);
-  3. contributes its token rows to the global learner batch (`global_rows`).
+  3. contributes its token rows to the global learner batch (vt.distributed.global_batch).
 
 Sample j of prompt i draws from (seed, i, j) with i the prompt's index in the whole step
 (Engine.generate(first_request=...)), so a split step samples what a single process would; metrics are
-gathered from every process (`allgather`) and written by process 0.
+gathered from every process (vt.distributed.allgather) and written by process 0.
+
+Letters: P processes, E prompts of a step, C completions per prompt (as vt.rl.objectives).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from vt import VtError
-from vt.sharding import MESH_AXES, MeshConfig
+from vt.sharding import MESH_AXES
 
 
 def process_slice(n: int, what: str) -> slice:
@@ -34,27 +36,13 @@ def process_slice(n: int, what: str) -> slice:
     return slice(p * k, (p + 1) * k)
 
 
-def _local_shape(cfg: MeshConfig, n: int) -> tuple[int, ...]:
-    """The sampler's mesh on one process's n devices: the learner's tensor-parallel width when it fits (long
-    contexts need the KV cache split over heads), every other device along fsdp (weights sharded, slots split
-    over data x fsdp by the logical rules)."""
-    tensor = cfg.tensor if cfg.tensor > 0 and n % cfg.tensor == 0 else 1
-    return (1, n // tensor, tensor)
-
-
 def _devices_of(process: int) -> list:
     return sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
 
 
-def local_mesh(cfg: MeshConfig) -> Mesh:
-    """A mesh over this process's devices only (same axis names as the learner's)."""
-    devices = _devices_of(jax.process_index())
-    auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return Mesh(np.array(devices).reshape(_local_shape(cfg, len(devices))), MESH_AXES, axis_types=auto)
-
-
 class LocalReplicas:
-    """Global (learner-sharded) arrays -> the same values as arrays over this process's `local_mesh`.
+    """Global (learner-sharded) arrays -> the same values as arrays over this process's own mesh
+    (vt.distributed.process_mesh: its devices in id order).
 
     One jitted identity reshards the tree onto a mesh of every device shaped (replica, *local), replicated
     along `replica` (one replica per process) and laid out inside each process as the local sharding asks;
@@ -64,7 +52,8 @@ class LocalReplicas:
     def __init__(self, local: Mesh):
         self.local = local
         count = jax.process_count()
-        grid = np.stack([np.array(_devices_of(p)).reshape(local.devices.shape) for p in range(count)])
+        grid = np.stack([np.array(_devices_of(p)[:local.devices.size]).reshape(local.devices.shape)
+                         for p in range(count)])
         auto = (jax.sharding.AxisType.Auto,) * (1 + len(MESH_AXES))
         self.replica_mesh = Mesh(grid, ("replica", *MESH_AXES), axis_types=auto)
         self._fns: dict = {}
@@ -82,19 +71,3 @@ class LocalReplicas:
         out = [jax.make_array_from_single_device_arrays(x.shape, s, [sh.data for sh in x.addressable_shards])
                for x, s in zip(gathered, local_sh)]
         return jax.tree.unflatten(treedef, out)
-
-
-def allgather(x) -> np.ndarray:
-    """[P, *x.shape]: x from every process in process order (x[None] on one process)."""
-    x = np.asarray(x)
-    if jax.process_count() == 1:
-        return x[None]
-    from jax.experimental import multihost_utils
-    return np.asarray(multihost_utils.process_allgather(x))
-
-
-def global_rows(host: dict[str, np.ndarray], shardings: dict[str, NamedSharding]) -> dict[str, jax.Array]:
-    """Global arrays whose rows are every process's `host` rows (leading axis), process by process."""
-    count = jax.process_count()
-    return {k: jax.make_array_from_process_local_data(shardings[k], v, (v.shape[0] * count, *v.shape[1:]))
-            for k, v in host.items()}

@@ -2,7 +2,7 @@
 
     result = train_rl(to_dataclass(RLConfig, load_config("configs/mgpo_math.py")), workdir)
 
-One RL step: Q prompts -> G samples each from the current policy (vt.sampling, log-probs kept) -> verifier
+One RL step: E prompts -> C samples each from the current policy (vt.sampling, log-probs kept) -> verifier
 rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt.rl.objectives) -> pi_old and
 truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
 surrogate -> the new weights pushed into the sampler in place.
@@ -15,48 +15,60 @@ memory a pass needs. Per-token objective weights make the sums the same per-sequ
 as one padded row per sample; metrics tokens_real / tokens_computed / padding_fraction count the waste.
 
 Determinism: prompts of step s are a fixed function of (data.seed, s) and the sampler's randomness a fixed
-function of (rollout seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
+function of (rollout.sampler.seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
 
-Several processes (hosts): each samples, verifies and scores its own Q/P prompts on its own devices and feeds
+Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
 
-Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json.
+Workdir: checkpoints/<step>/ (model checkpoints too), metrics.jsonl, tb/, config.json. The loop (set-up, resume,
+preemption, cadence, the non-finite halt) is vt.train.loop's, shared with SFT; a step here is one RL step of
+`mgpo.mini_batches` optimiser updates.
+
+RL shape letters (distinct from the model's B, T, N, G, ... of vt.model.qwen2): E prompts, C completions
+(responses) per prompt, Y = E * C completions, T tokens per row.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from vt import VtError
-from vt.checkpoint.manager import CheckpointConfig, CheckpointManager
+from vt.checkpoint.manager import CheckpointConfig
+from vt.data.curriculum import load_pass_rates
+from vt.data.sources import Malformed, open_source
+from vt.data.tokenizer import load_tokenizer
+from vt.distributed import allgather, global_batch, process_mesh
+from vt.rewards.registry import make_reward
+from vt.rewards.shaping import long2short
 from vt.rl import objectives as obj
-from vt.rl.hosts import LocalReplicas, allgather, global_rows, local_mesh, process_slice
+from vt.rl.hosts import LocalReplicas, process_slice
 from vt.rl.rollouts import Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
-from vt.rl.step import ROW_KEYS, batch_shardings, make_rl_step, make_token_logps
-from vt.sharding import MeshConfig, make_mesh, state_shardings
-from vt.train.metrics import MetricsWriter, model_flops_per_token, peak_flops_per_device
-from vt.train.optim import OptimConfig, make_optimizer
-from vt.train.sft import ModelSection, _Preemption, initial_params, resolve_model_config, restored_state
-from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
+from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
+from vt.sampling.engine import Engine, SamplerConfig
+from vt.sharding import MeshConfig, state_shardings
+from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, initial_params, resolve_model_config,
+                           run_loop, write_run_config)
+from vt.train.metrics import model_flops_per_token
+from vt.train.optim import OptimConfig
+from vt.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLData:
-    train: str = ""  # prompt records (vt.data.open_source spec: verl parquet, JSONL, ...)
+    train: str = ""  # prompt records (vt.data.sources.open_source spec: verl parquet, JSONL, ...)
     eval: str = ""  # held-out prompts for accuracy ("" = none)
     domain: str = ""  # reward domain for every record; "" = each record's own `domain`
     tokenizer: str = ""  # HF tokenizer directory or SentencePiece model
@@ -67,15 +79,12 @@ class RLData:
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    group_size: int = 16  # G responses per prompt
-    prompts_per_step: int = 64  # Q prompts per RL step
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 4096
-    batch_size: int = 256  # decode slots of the sampler
-    steps_per_call: int = 64  # decode steps per host round trip
-    seed: int = 0
+    group_size: int = 16  # C completions per prompt
+    prompts_per_step: int = 64  # E prompts per RL step
+    # The sampler, as vt.sampling configures it. Its temperature is also the learner's: pi is scored at the
+    # temperature it was sampled at. Its seed keys the rollouts ((seed, step, request, sample): exact resume)
+    # and the mini-batch order; `n` is set per request by the learner (group_size, train.eval_samples).
+    sampler: SamplerConfig = SamplerConfig(batch_size=256, max_new_tokens=4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +99,7 @@ class MgpoSection:
     kl_coef: float = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
     long2short_lambda: float = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
     mini_batches: int = 1  # optimiser updates per RL batch
-    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to N extra rounds
+    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to that many extra rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +115,12 @@ class RLTrain:
     # footprint whatever the step's lengths (a mini-batch's last micro-batch: the rows left; micro_batch_sizes).
     tokens_per_micro_batch: int = 65536
     pack_rows: bool = True  # first-fit pack samples into rows (segment ids); False: one sample per padded row
+    compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
+    learner: str = "rl"  # which learner reads this config (`vt train` dispatches on it)
     model: ModelSection = ModelSection()
     data: RLData = RLData()
     rollout: Rollout = Rollout()
@@ -120,18 +131,11 @@ class RLConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     rewards: dict = dataclasses.field(default_factory=dict)  # domain -> reward constructor options
 
-
-@dataclasses.dataclass
-class RLResult:
-    step: int
-    status: str
-    last_metrics: dict[str, Any]
-    eval_history: list[tuple[int, float]]
+    def __post_init__(self):
+        check_learner(self, "rl")
 
 
 def load_records(spec: str, where: str):
-    from vt.data.sources import open_source
-    from vt.data.sources import Malformed
     source = open_source(spec)
     records = [source[i] for i in range(len(source))]
     bad = [r for r in records if isinstance(r, Malformed)]
@@ -144,29 +148,27 @@ def load_records(spec: str, where: str):
 
 def drop_trivial(records, profile_path: str):
     """RECIPE: before an RL phase, drop prompts the starting checkpoint always or never solves."""
-    from vt.data.curriculum import load_pass_rates
     rates = load_pass_rates(profile_path)
     kept = [r for r in records if r.prompt_id in rates and 0.0 < rates[r.prompt_id].pass_rate < 1.0]
     return kept, len(records) - len(kept)
 
 
-def prompts_for_step(n_records: int, step: int, Q: int, seed: int) -> np.ndarray:
+def prompts_for_step(n_records: int, step: int, E: int, seed: int) -> np.ndarray:
     """Indices of step `step`'s prompts: consecutive slices of per-epoch permutations (deterministic)."""
-    start = step * Q
+    start = step * E
     out = []
-    while len(out) < Q:
+    while len(out) < E:
         epoch, offset = divmod(start + len(out), n_records)
         perm = np.random.default_rng([seed, epoch]).permutation(n_records)
-        out.extend(perm[offset: offset + Q - len(out)].tolist())
+        out.extend(perm[offset: offset + E - len(out)].tolist())
     return np.asarray(out)
 
 
-class _Learner:
-    def __init__(self, cfg: RLConfig, workdir: Path):
-        from vt.data.tokenizer import load_tokenizer
-        from vt.rewards.registry import make_reward
-        from vt.sampling.engine import Engine, SamplerConfig
+class Learner:
+    """MGPO: batches from rollouts of the current policy, `mgpo.mini_batches` optimiser updates per step (the
+    loop: vt.train.loop)."""
 
+    def __init__(self, cfg: RLConfig, workdir: Path):
         self.cfg, self.workdir = cfg, workdir
         if cfg.mgpo.aggregation not in obj.AGGREGATIONS:
             raise VtError(f"config mgpo.aggregation={cfg.mgpo.aggregation!r}: expected one of {obj.AGGREGATIONS}")
@@ -185,35 +187,24 @@ class _Learner:
         domains = {cfg.data.domain} if cfg.data.domain else {r.domain for r in self.records + self.eval_records}
         self.rewards = {d: make_reward(d, **cfg.rewards.get(d, {})) for d in sorted(domains)}
 
-        self.mesh = make_mesh(cfg.mesh)
+        self.model_cfg = resolve_model_config(cfg.model)
+        self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches)
+        self.mesh, self.md = s.mesh, s.md
         # One process: the sampler shares the learner's mesh. Several: each samples on its own devices.
-        self.sampler_mesh = self.mesh if jax.process_count() == 1 else local_mesh(cfg.mesh)
+        self.sampler_mesh = s.mesh if jax.process_count() == 1 else process_mesh(cfg.mesh)
         self.replicas = None if jax.process_count() == 1 else LocalReplicas(self.sampler_mesh)
         self._sampler_sh = None
-        self.model_cfg = resolve_model_config(cfg.model)
-        self.md = ModelDef(self.model_cfg)
-        self.optimizer, self.schedule = make_optimizer(cfg.optim, cfg.train.steps * cfg.mgpo.mini_batches)
-        self.sh = train_state_shardings(self.md, self.optimizer, self.mesh)
-        self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
-        self.ckpt = CheckpointManager(workdir / "checkpoints", cfg.checkpoint, self.model_cfg)
-        r, m = cfg.rollout, cfg.mgpo
-        self.logps = make_token_logps(self.md, self.mesh, r.temperature, loss_chunk=cfg.model.loss_chunk)
-        self.update = make_rl_step(self.md, self.optimizer, self.schedule, self.sh, self.mesh,
-                                   temperature=r.temperature, eps_low=m.eps_low, eps_high=m.eps_high,
+        m, temperature = cfg.mgpo, cfg.rollout.sampler.temperature
+        self.logps = make_token_logps(s.md, s.sh.params, s.mesh, temperature, loss_chunk=cfg.model.loss_chunk)
+        self.update = make_rl_step(s.md, s.optimizer, s.schedule, s.sh, s.mesh,
+                                   temperature=temperature, eps_low=m.eps_low, eps_high=m.eps_high,
                                    kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
-        self.sampler_cfg = SamplerConfig(batch_size=r.batch_size, max_new_tokens=r.max_new_tokens,
-                                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                         steps_per_call=r.steps_per_call, seed=r.seed)
-        self._engine_cls = Engine
         self.engine = None
         self.ref_params = None
-        peak = peak_flops_per_device(cfg.train.peak_flops)
-        self.peak_total = peak * jax.device_count() if peak else None
 
     def sampler_weights(self, params):
         """The learner's params as the sampler's nnx.State: the same arrays on one process, a full local copy
         per process on several (a collective: every process calls this at the same point)."""
-        from flax import nnx
         state = nnx.state(self.md.bind(params))
         if self.replicas is None:
             return state
@@ -221,50 +212,41 @@ class _Learner:
             self._sampler_sh = state_shardings(state, self.sampler_mesh)
         return self.replicas(state, self._sampler_sh)
 
-    def initial_state(self) -> TrainState:
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            r = self.ckpt.restore(latest, self.abstract)
-            log.info("resumed from %s", self.ckpt.step_dir(latest))
-            return restored_state(r, latest * self.cfg.mgpo.mini_batches, self.sh)
-        return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer, self.sh,
-                                self.cfg.model.seed)
-
     def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0) -> Scored:
-        seed = int(np.random.default_rng([self.cfg.rollout.seed, seed_offset, step]).integers(2**31))
+        seed = int(np.random.default_rng([self.cfg.rollout.sampler.seed, seed_offset, step]).integers(2**31))
         return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
                                  domain=self.cfg.data.domain, first_request=first_request)
 
     def rollout_batch(self, step: int) -> Scored:
-        """This process's groups of step `step` (all Q on one process, Q/P each on P). With dynamic sampling,
+        """This process's groups of step `step` (all E on one process, E/P each on P). With dynamic sampling,
         groups whose rewards are all equal (no signal) are replaced by groups of extra prompts, drawn from a
         second deterministic stream keyed by (step, round, process), so a resumed run draws the same ones; if
         the rounds run out the batch is topped up with zero-variance groups (advantage 0), keeping the
         learner's shapes fixed."""
         cfg = self.cfg
-        Q, G, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
-        mine = process_slice(Q, "rollout.prompts_per_step")
-        n, Q = len(self.records), mine.stop - mine.start
+        E, C, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
+        mine = process_slice(E, "rollout.prompts_per_step")
+        n, E = len(self.records), mine.stop - mine.start
         idx = prompts_for_step(n, step, cfg.rollout.prompts_per_step, cfg.data.seed)[mine]
-        scored = self.rollout([self.records[i] for i in idx], step, G, first_request=mine.start)
+        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start)
         if rounds <= 0:
             return scored
         keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
             np.flatnonzero(~scored.informative()))]
         for r in range(rounds):
             have = sum(len(k.prompts) for k in keep)
-            if have >= Q:
+            if have >= E:
                 break
             stream = (step * rounds + r) * jax.process_count() + jax.process_index()
-            idx = prompts_for_step(n, stream, Q - have, cfg.data.seed + 1)
-            extra = self.rollout([self.records[i] for i in idx], step, G, seed_offset=2 + r, first_request=mine.start)
+            idx = prompts_for_step(n, stream, E - have, cfg.data.seed + 1)
+            extra = self.rollout([self.records[i] for i in idx], step, C, seed_offset=2 + r, first_request=mine.start)
             keep.append(extra.select(np.flatnonzero(extra.informative())))
             spare.append(extra.select(np.flatnonzero(~extra.informative())))
         out = Scored.concat(keep + spare)
-        return out.select(range(Q))
+        return out.select(range(E))
 
-    def evaluate(self, step: int) -> float:
+    def evaluate(self, state: TrainState, step: int) -> float:
         """Mean verified reward over the held-out prompts (split over processes in consecutive runs)."""
         t = self.cfg.train
         recs = self.eval_records[: t.eval_prompts]
@@ -309,63 +291,42 @@ class _Learner:
         train_tokens = metrics["tokens_real"]
         T = int(metrics.pop("row_length"))
         out["train_tokens_per_s"] = train_tokens / max(train_s, 1e-9)
-        if self.peak_total:
+        if self.setup.peak_total:
             flops = model_flops_per_token(self.model_cfg, T) * train_tokens
-            out["mfu"] = flops / max(train_s, 1e-9) / self.peak_total
+            out["mfu"] = flops / max(train_s, 1e-9) / self.setup.peak_total
         return out
 
-    def run(self) -> RLResult:
+    def run(self) -> TrainResult:
         cfg = self.cfg
-        state = self.initial_state()
-        start = int(jax.device_get(state.step)) // cfg.mgpo.mini_batches
+        state, start = self.setup.initial_state(updates_per_step=cfg.mgpo.mini_batches)
         if cfg.mgpo.kl_coef:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
-        self.engine = self._engine_cls((self.md.graphdef, self.sampler_weights(state.params)), self.sampler_cfg,
-                                       mesh=self.sampler_mesh, tokenizer=self.tokenizer)
-        writer = MetricsWriter(self.workdir, total_steps=cfg.train.steps, start_step=start,
-                               progress=cfg.train.progress)
-        history, last, status, step = [], {}, "finished", start
-        try:
-            with _Preemption() as preempt:
-                if self.eval_records and start == 0:
-                    history.append((0, self.evaluate(0)))
-                    writer.write(0, {"eval_accuracy": history[-1][1]})
-                for step in range(start, cfg.train.steps):
-                    t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
-                    scored = self.rollout_batch(step)
-                    t1 = time.perf_counter()
-                    state, metrics = self.train_on(state, scored)
-                    if not metrics.pop("finite"):
-                        self.ckpt.wait()
-                        raise VtError(f"non-finite loss or gradient at RL step {step + 1}: run halted; no "
-                                      f"checkpoint after step {self.ckpt.latest_step()} was written")
-                    self.engine.update_weights(self.sampler_weights(state.params))
-                    t2 = time.perf_counter()
-                    metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
-                                                   t2 - t1))
-                    metrics.update(rollout_metrics(scored, sorted(self.rewards)), time_rollout_s=t1 - t0,
-                                   time_train_s=t2 - t1,
-                                   time_sample_s=scored.time_sample_s, time_reward_s=scored.time_reward_s,
-                                   prompts_dropped=self.dropped)
-                    done = step + 1
-                    final = done == cfg.train.steps or preempt.requested
-                    if self.eval_records and (final or (cfg.train.eval_every and done % cfg.train.eval_every == 0)):
-                        metrics["eval_accuracy"] = self.evaluate(done)
-                        history.append((done, metrics["eval_accuracy"]))
-                    writer.write(done, metrics)
-                    last = metrics
-                    if final or done % cfg.checkpoint.every == 0:
-                        self.ckpt.save(done, state, None, metrics=metrics)
-                    step = done
-                    if preempt.requested:
-                        status = "preempted"
-                        break
-        finally:
-            self.ckpt.close()
-            writer.close()
+        self.engine = Engine((self.md.graphdef, self.sampler_weights(state.params)), cfg.rollout.sampler,
+                             mesh=self.sampler_mesh, tokenizer=self.tokenizer)
+
+        def step_fn(state, step):
+            t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
+            scored = self.rollout_batch(step)
+            t1 = time.perf_counter()
+            state, metrics = self.train_on(state, scored)
+            if metrics["finite"]:  # else the loop halts the run: nothing to sample with
+                self.engine.update_weights(self.sampler_weights(state.params))
+            t2 = time.perf_counter()
+            metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
+                                           t2 - t1))
+            metrics.update(rollout_metrics(scored, sorted(self.rewards)), time_rollout_s=t1 - t0,
+                           time_train_s=t2 - t1, time_sample_s=scored.time_sample_s,
+                           time_reward_s=scored.time_reward_s, prompts_dropped=self.dropped)
+            return state, metrics
+
+        def close():
             for r in self.rewards.values():
                 r.close()
-        return RLResult(step=step, status=status, last_metrics=last, eval_history=history)
+
+        return run_loop(self.setup, state, start, cfg.train.steps, step_fn,
+                        evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
+                        eval_every=cfg.train.eval_every, eval_at_start=True, progress=cfg.train.progress,
+                        close=close)
 
     def initial_reference(self, state: TrainState):
         """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
@@ -374,10 +335,9 @@ class _Learner:
 
 
 def step_advantages(s: Scored, m: MgpoSection) -> tuple[np.ndarray, np.ndarray]:
-    """(w(q) * A_i [Q, G], w(q) [Q]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
+    """(w(q) * A_i [E, C], w(q) [E]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
     rewards = s.rewards
     if m.long2short_lambda > 0:
-        from vt.rewards.shaping import long2short
         rewards = np.asarray(long2short(np.where(s.correct, 1.0, s.rewards), s.lengths, m.long2short_lambda))
     adv, w = obj.mgpo_advantages(rewards, s.correct, m.gamma, m.adv_eps, m.std_ddof, s.valid)
     return np.asarray(adv), np.asarray(w)
@@ -402,35 +362,36 @@ def micro_batch_sizes(T: int, rows: int, tokens_per_micro_batch: int, mesh) -> l
 def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig, mesh
                     ) -> tuple[list[list[dict]], list[np.ndarray], dict[str, float]]:
     """This process's groups as `mgpo.mini_batches` mini-batches (whole groups each; with several, a
-    permutation of the groups keyed by (rollout.seed, step)), each a list of micro-batches: global arrays of
+    permutation of the groups keyed by (rollout.sampler.seed, `step`: the optimiser updates before this RL
+    step, state.step)), each a list of micro-batches: global arrays of
     rows [b, T] (vt.rl.rollouts.build_rows, packed or padded as train.pack_rows says; b: micro_batch_sizes)
     with per-token advantages and objective weights (objectives.objective_weights over the whole mini-batch,
     all processes). Every process makes the same micro-batches of the same shapes (empty rows fill them up).
     Returns them, each mini-batch's group indices, and the step's token counts: real (sample slots) and
     computed (row slots), all processes, one pass."""
     m, t = cfg.mgpo, cfg.train
-    Q, G = adv.shape
-    if Q % m.mini_batches:
+    E, C = adv.shape
+    if E % m.mini_batches:
         raise VtError(f"config mgpo.mini_batches={m.mini_batches} must divide the prompt groups of a process "
-                      f"(rollout.prompts_per_step / processes = {Q}): a mini-batch keeps whole groups")
-    k = Q // m.mini_batches
-    order = np.random.default_rng([cfg.rollout.seed, step]).permutation(Q) if m.mini_batches > 1 else np.arange(Q)
+                      f"(rollout.prompts_per_step / processes = {E}): a mini-batch keeps whole groups")
+    k = E // m.mini_batches
+    order = np.random.default_rng([cfg.rollout.sampler.seed, step]).permutation(E) if m.mini_batches > 1 else np.arange(E)
     groups = [order[i * k:(i + 1) * k] for i in range(m.mini_batches)]
     minis = []
     for g in groups:
         rows = build_rows(s.select(g), T, pack=t.pack_rows)
         rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
         used = rows["sample"] >= 0
-        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * G)
+        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * C)
         minis.append((rows, completion))
     # One collective for the whole step: each mini-batch's completion tokens, rows and real slots, per process.
     counts = allgather(np.array([[c.sum(), len(r["tokens"]), np.count_nonzero(r["sample"] >= 0)]
                                  for r, c in minis], np.int64))
     completion_tokens, real = counts[..., 0].sum(0), counts[..., 2].sum()
-    sh = batch_shardings(mesh, ROW_KEYS)
+    sh = row_sharding(mesh)
     out, computed = [], 0
     for i, (rows, completion) in enumerate(minis):
-        weights = obj.objective_weights(completion, m.aggregation, k * G * jax.process_count(),
+        weights = obj.objective_weights(completion, m.aggregation, k * C * jax.process_count(),
                                         int(completion_tokens[i]))
         rows["weight"] = per_token(weights, rows["sample"]) * rows["mask"]
         micro, start = [], 0
@@ -438,7 +399,7 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
             part = {key: rows[key][start:start + b] for key in ROW_KEYS}
             part = {key: np.concatenate([v, np.zeros((b - len(v), T), v.dtype)]) if len(v) < b else v
                     for key, v in part.items()}
-            micro.append(global_rows(part, sh))
+            micro.append(global_batch(part, sh))
             start += b
             computed += b * jax.process_count() * T
         out.append(micro)
@@ -474,10 +435,9 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
     return out
 
 
-def train_rl(cfg: RLConfig, workdir: Path | str) -> RLResult:
+def train_rl(cfg: RLConfig, workdir: Path | str) -> TrainResult:
     """Run (or resume) MGPO in `workdir` until `train.steps`, a SIGTERM, or a non-finite step."""
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
-    return _Learner(cfg, workdir).run()
+    write_run_config(cfg, workdir)
+    return Learner(cfg, workdir).run()

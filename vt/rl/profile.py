@@ -14,7 +14,16 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
+from tqdm import tqdm
+
 from vt import VtError
+from vt.checkpoint.params import load_model
+from vt.data.tokenizer import load_tokenizer
+from vt.rewards.registry import make_reward
+from vt.rl.learner import load_records
+from vt.rl.rollouts import rollout_and_score
+from vt.sampling.engine import Engine, SamplerConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +51,6 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
             temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 4096, batch_size: int = 64,
             prompts_per_call: int = 64, max_prompt_tokens: int = 4096, seed: int = 0, progress: bool = True) -> int:
     """Profile every prompt of `data` not yet in `out`; returns how many were added."""
-    import numpy as np
-
-    from vt.checkpoint.params import load_model
-    from vt.data.tokenizer import load_tokenizer
-    from vt.rewards.registry import make_reward
-    from vt.rl.learner import load_records
-    from vt.rl.rollouts import rollout_and_score
-    from vt.sampling.engine import Engine, SamplerConfig
-
     out = Path(out)
     seen = done_ids(out, k)
     records = [r for r in load_records(data, "--data") if str(r.prompt_id) not in seen]
@@ -64,7 +64,6 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
     rewards = {d: make_reward(d) for d in domains}
     bar = None
     if progress:
-        from tqdm import tqdm
         bar = tqdm(total=len(records), desc="profile", dynamic_ncols=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,6 +1,9 @@
-"""From prompts to a scored, learner-ready RL batch: sample G responses, verify, shape, build token rows.
+"""From prompts to a scored, learner-ready RL batch: sample C responses, verify, shape, build token rows.
 
 Host-side and framework-light: the device work is the sampler's (vt.sampling) and the learner's (vt.rl.step).
+
+RL shape letters (distinct from the model's B, T, N, G, ... of vt.model.qwen2): E prompts, C completions
+(responses) per prompt, Y = E * C completions, T tokens per row, W rows of a learner batch.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ def prompt_ids(record: Record, tokenizer, max_prompt_tokens: int) -> list[int]:
 
 @dataclasses.dataclass
 class Scored:
-    """G samples for each of Q prompts with their verdicts. Arrays are [Q, G]."""
+    """C samples for each of E prompts with their verdicts. Arrays are [E, C]."""
     prompts: list[list[int]]
     samples: list[list[Sample]]
     correct: np.ndarray  # bool: reward == 1 (binary correctness: what p(q) counts)
@@ -46,7 +49,7 @@ class Scored:
     time_reward_s: float = 0.0
 
     def informative(self) -> np.ndarray:
-        """[Q] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
+        """[E] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
         out = np.zeros(len(self.prompts), bool)
         for q in range(len(self.prompts)):
             r = self.rewards[q][self.valid[q]]
@@ -78,15 +81,15 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
     samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
                               first_request=first_request)
     t1 = time.perf_counter()
-    Q, G = len(records), group_size
-    scores = np.zeros((Q, G), np.float32)
-    valid = np.zeros((Q, G), bool)
+    E, C = len(records), group_size
+    scores = np.zeros((E, C), np.float32)
+    valid = np.zeros((E, C), bool)
     domains = [domain or r.domain for r in records]
     for d in sorted(set(domains)):
         if d not in rewards:
             raise VtError(f"records of domain {d!r} but no reward configured for it (have {sorted(rewards)})")
-        rows = [q for q in range(Q) if domains[q] == d]
-        recs = [reward_record(records[q]) for q in rows for _ in range(G)]
+        rows = [q for q in range(E) if domains[q] == d]
+        recs = [reward_record(records[q]) for q in rows for _ in range(C)]
         texts = [s.text if s.text is not None else tokenizer.decode(s.completion_ids, skip_special_tokens=True)
                  for q in rows for s in samples[q]]
         try:
@@ -94,8 +97,8 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
         except RewardSpecError as e:  # a data bug: name the record that carries it
             raise VtError(f"{records[rows[0]].where or records[rows[0]].id} (batch of domain {d}): {e}") from None
         s, v = scores_and_mask(results)
-        scores[rows] = s.reshape(len(rows), G)
-        valid[rows] = v.reshape(len(rows), G)
+        scores[rows] = s.reshape(len(rows), C)
+        valid[rows] = v.reshape(len(rows), C)
     lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
     truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
@@ -113,8 +116,8 @@ def bucket_length(n: int, lo: int = 16) -> int:
 
 
 def sample_lengths(scored: Scored, max_len: int) -> np.ndarray:
-    """[N = Q*G] slots each sample takes in a row: prompt + completion less one (the last token is only a
-    target), cut at max_len. Samples in order q*G + g."""
+    """[Y = E*C] slots each sample takes in a row: prompt + completion less one (the last token is only a
+    target), cut at max_len. Samples in order q*C + g."""
     return np.array([min(len(p) + len(s.completion_ids) - 1, max_len)
                      for p, group in zip(scored.prompts, scored.samples) for s in group], np.int64)
 
@@ -128,14 +131,14 @@ ROW_FIELDS = ("tokens", "targets", "positions", "segment_ids", "mask", "sampler_
 
 
 def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, np.ndarray]:
-    """Token rows [R, T = length] holding every sample (prompt + completion) of `scored`:
+    """Token rows [W, T = length] holding every sample (prompt + completion) of `scored`:
 
     pack=True   first-fit packed (vt.data.packing.pack_lengths): several samples per row, told apart by
-                segment ids 1..k, positions restarting at 0 for each; R is about the real tokens / T.
-    pack=False  padded: sample i alone in row i, right-padded (R = N).
+                segment ids 1..k, positions restarting at 0 for each; W is about the real tokens / T.
+    pack=False  padded: sample i alone in row i, right-padded (W = Y).
 
     Slot t predicts targets[t]; `mask` is 1 where that target is a completion token, `sampler_logp` holds the
-    sampler's log-prob of it, and `sample` the index (q*G + g) of the sample in the slot (-1 on padding), by
+    sampler's log-prob of it, and `sample` the index (q*C + g) of the sample in the slot (-1 on padding), by
     which per-sample values become per-token ones (`per_token`). Samples longer than T are cut (T >= the
     batch_length of every process's samples, so none is)."""
     pairs = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
@@ -173,7 +176,7 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, n
     return {k: out[k] for k in ROW_FIELDS}
 
 
-def per_token(values_N: np.ndarray, sample: np.ndarray, dtype=np.float32) -> np.ndarray:
-    """Per-sample values [N] spread over each sample's slots of `sample` (build_rows' field); 0 on padding."""
-    values = np.asarray(values_N)
+def per_token(values_Y: np.ndarray, sample: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Per-sample values [Y] spread over each sample's slots of `sample` (build_rows' field); 0 on padding."""
+    values = np.asarray(values_Y)
     return np.where(sample >= 0, values[np.maximum(sample, 0)] if values.size else 0, 0).astype(dtype)

@@ -3,6 +3,8 @@
     token_logps(params, micro_batch) -> logp [b, T]        log pi(target) at every slot (no gradient)
     rl_step(state, micro_batches) -> (state, metrics)      one optimiser update on the MGPO objective, donated
 
+Shape letters: b rows of a micro-batch, T row length (slots); a row holds one or more samples.
+
 A micro-batch is b token rows of length T (vt.rl.rollouts.build_rows: packed rows hold several samples, told
 apart by segment ids, positions restarting per sample), with `mask` on completion targets, per-token `adv`
 (w(q) * A_i of the slot's sample), per-token `weight` (the token's share of J: objectives.objective_weights,
@@ -11,11 +13,12 @@ before this batch's first update). With one update per batch pi_old is the curre
 be left out: the step then takes it as stop_gradient(logp), saving a forward pass. The truncated importance
 weight min(pi_old / pi_sampler, C) is a constant computed from old_logp and sampler_logp.
 
-One update = the gradients of its micro-batches summed (gradient accumulation): J and the KL term are sums
-of weight * per-token value, so the sum over micro-batches (and over processes' rows) is the mini-batch's
-per-sequence or per-token mean, whatever the layout. Each micro-batch is one call of a function compiled
-once per [b, T] (the learner keeps b * T at its token budget): a step may have any number of micro-batches
-without compiling again.
+One update = the gradients of its micro-batches summed (gradient accumulation, the SFT step's
+vt.train.step.accumulate_gradients) and applied by the SFT step's vt.train.step.apply_update: J and the KL term
+are sums of weight * per-token value, so the sum over micro-batches (and over processes' rows) is the
+mini-batch's per-sequence or per-token mean, whatever the layout. Each micro-batch is one call of a program
+compiled ahead of time once per [b, T] (vt.distributed.MeshProgram; the learner keeps b * T at its token
+budget): a step may have any number of micro-batches without compiling again.
 Logits are divided by the sampling temperature before the softmax, so pi is the distribution that was sampled;
 log-probs are computed from the hidden states in sequence chunks of `loss_chunk` positions.
 """
@@ -26,10 +29,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vt.distributed import MeshProgram
 from vt.rl.objectives import kl_to_reference, surrogate_per_token, truncated_importance_weight
-from vt.sharding import logical_to_spec, use_mesh
+from vt.sharding import logical_to_spec
 from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.state import ModelDef, TrainState
+from vt.train.step import accumulate_gradients, apply_update, zero_accumulator
 
 # What the host sends per micro-batch; the learner adds old_logp and ref_logp (token_logps) on device.
 ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "adv", "weight", "sampler_logp")
@@ -37,27 +42,24 @@ ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "adv", "wei
 TOKEN_MEAN_METRICS = ("clip_fraction", "ratio_mean", "is_weight_mean", "is_weight_capped", "mismatch_kl", "entropy")
 
 
-def batch_shardings(mesh: Mesh, keys) -> dict[str, NamedSharding]:
-    rows = NamedSharding(mesh, logical_to_spec(("batch", "sequence")))
-    return {k: rows for k in keys}
+def row_sharding(mesh: Mesh) -> NamedSharding:
+    """[b, T] rows of a micro-batch: split over data x fsdp (every key of a micro-batch is sharded alike)."""
+    return NamedSharding(mesh, logical_to_spec(("batch", "sequence")))
 
 
 def _logps(md: ModelDef, params, batch, temperature: float, loss_chunk: int, with_entropy: bool = False):
-    # In sequence chunks from the hidden states: no float32 [N, T, V] logits (vt.train.losses.token_logps).
+    # In sequence chunks from the hidden states: no float32 [b, T, V] logits (vt.train.losses.token_logps).
     return md.token_logps(params, batch["tokens"], batch["positions"], batch["segment_ids"], batch["targets"],
                           temperature=temperature, chunk=loss_chunk, with_entropy=with_entropy)
 
 
-def make_token_logps(md: ModelDef, mesh: Mesh, temperature: float, loss_chunk: int = DEFAULT_LOSS_CHUNK):
-    @jax.jit
+def make_token_logps(md: ModelDef, param_sh, mesh: Mesh, temperature: float,
+                     loss_chunk: int = DEFAULT_LOSS_CHUNK) -> MeshProgram:
+    """token_logps(params, micro_batch) -> log pi(target) [b, T]: pi_old and the KL reference."""
     def token_logps(params, batch):
         return _logps(md, params, batch, temperature, loss_chunk)
-
-    def run(params, batch):
-        with use_mesh(mesh):
-            return token_logps(params, batch)
-    run.jitted = token_logps
-    return run
+    return MeshProgram(token_logps, mesh, in_shardings=(param_sh, row_sharding(mesh)),
+                       out_shardings=row_sharding(mesh))
 
 
 def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule, state_sh: TrainState, mesh: Mesh,
@@ -85,56 +87,45 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
         m["completion_tokens"] = jnp.sum(mask)
         return loss, m
 
-    def accumulate(params, acc, batch):
-        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-        new = {"grads": grads, "loss": loss, **m}
-        return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, new)
-
-    scalar_keys = ["loss", "objective", *(["kl_ref"] if kl_coef else []), *TOKEN_MEAN_METRICS, "completion_tokens"]
+    metric_keys = ["objective", *(["kl_ref"] if kl_coef else []), *TOKEN_MEAN_METRICS, "completion_tokens"]
 
     def zeros(params):
-        return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params),
-                **{k: jnp.zeros((), jnp.float32) for k in scalar_keys}}
+        return zero_accumulator(params, metric_keys)
+
+    def accumulate(params, acc, batch):
+        return accumulate_gradients(loss_fn, params, acc, batch)
 
     def apply(state: TrainState, acc):
-        grads, loss = acc["grads"], acc["loss"]
-        grad_norm = optax.global_norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         opt_state=opt_state, rng=state.rng)
-        # A non-finite update is not applied; the host halts the run on `finite = 0` before any save.
-        new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
-        m = {k: v for k, v in acc.items() if k not in ("grads", "completion_tokens")}
+        new, out = apply_update(optimizer, schedule, state, acc["grads"], acc["loss"])
+        m = {k: acc[k] for k in metric_keys if k != "completion_tokens"}
         for k in TOKEN_MEAN_METRICS:
             m[k] = m[k] / jnp.maximum(acc["completion_tokens"], 1.0)
-        return new, {**m, "loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
+        return new, m | out
 
     replicated = NamedSharding(mesh, P())
-    acc_sh = {"grads": state_sh.params, **{k: replicated for k in scalar_keys}}
-    zeros_jit = jax.jit(zeros, out_shardings=acc_sh)
-    accumulate_jit = jax.jit(accumulate, out_shardings=acc_sh, donate_argnums=(1,))
-    apply_jit = jax.jit(apply, out_shardings=(state_sh, replicated), donate_argnums=(0,))
+    acc_sh = {"grads": state_sh.params, "loss": replicated, **{k: replicated for k in metric_keys}}
+    zeros_prog = MeshProgram(zeros, mesh, in_shardings=(state_sh.params,), out_shardings=acc_sh)
+    accumulate_prog = MeshProgram(accumulate, mesh, in_shardings=(state_sh.params, acc_sh, row_sharding(mesh)),
+                                  out_shardings=acc_sh, donate_argnums=(1,))
+    apply_prog = MeshProgram(apply, mesh, in_shardings=(state_sh, acc_sh), out_shardings=(state_sh, replicated),
+                             donate_argnums=(0,))
 
     def accumulated(params, micro_batches):
         if not micro_batches:
             raise ValueError("rl_step needs at least one micro-batch")
-        with use_mesh(mesh):
-            acc = zeros_jit(params)
-            for mb in micro_batches:  # each shape [b, T] compiles once
-                acc = accumulate_jit(params, acc, mb)
+        acc = zeros_prog(params)
+        for mb in micro_batches:  # each shape [b, T] compiles once
+            acc = accumulate_prog(params, acc, mb)
         return acc
 
     def run(state: TrainState, micro_batches):
         """One update on the summed gradients of `micro_batches` (dicts of [b, T] arrays)."""
-        acc = accumulated(state.params, micro_batches)
-        with use_mesh(mesh):
-            return apply_jit(state, acc)
+        return apply_prog(state, accumulated(state.params, micro_batches))
 
     def gradients(params, micro_batches):
         """(summed gradients, summed loss) of `micro_batches`, nothing updated (tests)."""
         acc = accumulated(params, micro_batches)
         return acc["grads"], acc["loss"]
     run.gradients = gradients
-    run.programs = {"zeros": zeros_jit, "accumulate": accumulate_jit, "apply": apply_jit}  # AOT (bench/compile.py)
+    run.programs = {"zeros": zeros_prog, "accumulate": accumulate_prog, "apply": apply_prog}  # bench/compile.py
     return run

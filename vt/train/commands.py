@@ -11,7 +11,9 @@ from vt.validation import check_output_path
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="run or resume SFT or RL from a config (configs/sft_stage1.py, configs/mgpo_math.py, ...)",
-                              description="Run SFT (configs/sft_*.py) or MGPO RL (configs/mgpo_*.py, long2short.py, instruct_rl.py); "
+                              description="Run the learner the config's top-level `learner` field names: SFT (learner = 'sft': "
+                                          "configs/sft_*.py) or MGPO RL (learner = 'rl': configs/mgpo_*.py, "
+                                          "long2short.py, instruct_rl.py); "
                                           "a workdir with checkpoints resumes from the newest one. "
                                           "Override any field with --config.key=value. On SIGTERM it saves a "
                                           f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume).")
@@ -31,7 +33,13 @@ def register(subparsers) -> None:
     m.set_defaults(func=run_merge)
 
 
+# The learners `vt train` runs, by the config's top-level `learner` field: module and entry function, named
+# rather than imported so that vt.train does not depend on vt.rl (which builds on vt.train).
+LEARNERS = {"sft": ("vt.train.sft", "SftConfig", "train"), "rl": ("vt.rl.learner", "RLConfig", "train_rl")}
+
+
 def run_train(args: argparse.Namespace) -> int:
+    import importlib
     import logging
 
     from vt.config import load_config, to_dataclass
@@ -40,19 +48,18 @@ def run_train(args: argparse.Namespace) -> int:
     logging.getLogger("vt").setLevel(logging.INFO)
     check_output_path(args.workdir, "--workdir", directory=True)
     raw = load_config(args.config, args.config_overrides)
-    if "rollout" in raw:  # an RL config (configs/mgpo_*.py, long2short.py, instruct_rl.py)
-        from vt.rl.learner import RLConfig, train_rl
-        result = train_rl(to_dataclass(RLConfig, raw), args.workdir)
-        acc = f", held-out accuracy {result.eval_history[-1][1]:.3f}" if result.eval_history else ""
-        print(f"{result.status} at step {result.step}{acc}; checkpoints in {args.workdir / 'checkpoints'}")
-        return EXIT_PREEMPTED if result.status == "preempted" else 0
-    from vt.train.sft import SftConfig, train
-    cfg = to_dataclass(SftConfig, raw)
-    result = train(cfg, args.workdir)
-    loss = result.last_metrics.get("loss")
-    tail = f", loss {loss:.4f}" if loss is not None else ""
-    if "eval_loss" in result.last_metrics:
-        tail += f", eval_loss {result.last_metrics['eval_loss']:.4f}"
+    learner = raw.get("learner")
+    if learner not in LEARNERS:
+        raise VtError(f"{args.config}: top-level field `learner` is {learner!r}; expected one of "
+                      f"{', '.join(map(repr, LEARNERS))} (which learner reads the config)")
+    module_name, config_name, entry_name = LEARNERS[learner]
+    module = importlib.import_module(module_name)
+    result = getattr(module, entry_name)(to_dataclass(getattr(module, config_name), raw), args.workdir)
+    m = result.last_metrics
+    tail = f", loss {m['loss']:.4f}" if "loss" in m else ""
+    for key in ("eval_loss", "eval_accuracy"):
+        if key in m:
+            tail += f", {key} {m[key]:.4f}"
     print(f"{result.status} at step {result.step}{tail}; checkpoints in {args.workdir / 'checkpoints'}")
     return EXIT_PREEMPTED if result.status == "preempted" else 0
 

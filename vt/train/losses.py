@@ -9,6 +9,8 @@ Log-probs are computed in chunks of the sequence, never as float32 logits [B, T,
 one 4096-token row's logits alone are 2.5 GB, and autodiff would keep them (and their softmax) for the backward
 pass. `token_logps` scans over chunks of `chunk` positions with the chunk body under `jax.checkpoint`, so the
 forward holds one chunk's logits [B, chunk, V] at a time and the backward recomputes them chunk by chunk.
+
+Shape letters as in vt.model.qwen2 (B rows, T positions, D hidden, V vocabulary), plus J chunks of U positions.
 """
 from __future__ import annotations
 
@@ -38,41 +40,41 @@ def token_logps(x_BTD: jax.Array, head_DV: jax.Array, targets_BT: jax.Array, *, 
     B, T, D = x_BTD.shape
     Vp = head_DV.shape[1]
     dt = jnp.dtype(dtype)
-    C = min(chunk, T)
-    n = -(-T // C)
-    if n * C != T:  # pad to whole chunks; the padded positions' log-probs are cut off below
-        x_BTD = jnp.pad(x_BTD, ((0, 0), (0, n * C - T), (0, 0)))
-        targets_BT = jnp.pad(targets_BT, ((0, 0), (0, n * C - T)))
-    x_NBCD = x_BTD.reshape(B, n, C, D).swapaxes(0, 1)
-    t_NBC = targets_BT.astype(jnp.int32).reshape(B, n, C).swapaxes(0, 1)
+    U = min(chunk, T)
+    n = -(-T // U)
+    if n * U != T:  # pad to whole chunks; the padded positions' log-probs are cut off below
+        x_BTD = jnp.pad(x_BTD, ((0, 0), (0, n * U - T), (0, 0)))
+        targets_BT = jnp.pad(targets_BT, ((0, 0), (0, n * U - T)))
+    x_JBUD = x_BTD.reshape(B, n, U, D).swapaxes(0, 1)
+    t_JBU = targets_BT.astype(jnp.int32).reshape(B, n, U).swapaxes(0, 1)
     # Gathered over fsdp once, outside the loop (split over vocab only), not once per chunk.
     head = constrain(head_DV.astype(dt), (None, "vocab"))
     vocab_V = jnp.arange(Vp, dtype=jnp.int32)
 
-    def one_chunk(x_BCD, t_BC):
-        x_BCD = constrain(x_BCD, ("batch", "sequence", "act_embed"))
-        logits = jnp.einsum("bcd,dv->bcv", x_BCD.astype(dt), head, preferred_element_type=jnp.float32)
+    def one_chunk(x_BUD, t_BU):
+        x_BUD = constrain(x_BUD, ("batch", "sequence", "act_embed"))
+        logits = jnp.einsum("bud,dv->buv", x_BUD.astype(dt), head, preferred_element_type=jnp.float32)
         logits = constrain(logits, ("batch", "sequence", "act_vocab"))
         if temperature not in (0.0, 1.0):
             logits = logits / temperature
         logits = jnp.where(vocab_V < vocab_size, logits, -jnp.inf)
-        lse_BC = jax.nn.logsumexp(logits, axis=-1)
+        lse_BU = jax.nn.logsumexp(logits, axis=-1)
         # A masked sum instead of a gather: elementwise over the vocabulary, so it stays split over tensor.
-        target_BC = jnp.sum(jnp.where(vocab_V == t_BC[..., None], logits, 0.0), axis=-1)
-        logp_BC = target_BC - lse_BC
+        target_BU = jnp.sum(jnp.where(vocab_V == t_BU[..., None], logits, 0.0), axis=-1)
+        logp_BU = target_BU - lse_BU
         if not with_entropy:
-            return logp_BC, None
-        logp_all = jax.lax.stop_gradient(logits - lse_BC[..., None])
-        ent_BC = -jnp.sum(jnp.where(vocab_V < vocab_size, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
-        return logp_BC, ent_BC
+            return logp_BU, None
+        logp_all = jax.lax.stop_gradient(logits - lse_BU[..., None])
+        ent_BU = -jnp.sum(jnp.where(vocab_V < vocab_size, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
+        return logp_BU, ent_BU
 
     # Remat per chunk: the backward pass keeps only each chunk's inputs and recomputes its logits. A row that fits
     # in one chunk skips it: keeping that one chunk's logits costs what the chunk size already allows, and
     # recomputing the head matmul would only slow short rows down.
     body = jax.checkpoint(one_chunk, prevent_cse=False) if n > 1 else one_chunk
-    _, (logp_NBC, ent_NBC) = jax.lax.scan(lambda _, xs: (None, body(*xs)), None, (x_NBCD, t_NBC))
-    unchunk = lambda a_NBC: a_NBC.swapaxes(0, 1).reshape(B, n * C)[:, :T]  # noqa: E731
-    return (unchunk(logp_NBC), unchunk(ent_NBC)) if with_entropy else unchunk(logp_NBC)
+    _, (logp_JBU, ent_JBU) = jax.lax.scan(lambda _, xs: (None, body(*xs)), None, (x_JBUD, t_JBU))
+    unchunk = lambda a_JBU: a_JBU.swapaxes(0, 1).reshape(B, n * U)[:, :T]  # noqa: E731
+    return (unchunk(logp_JBU), unchunk(ent_JBU)) if with_entropy else unchunk(logp_JBU)
 
 
 def masked_nll_sum(logp_BT: jax.Array, mask_BT: jax.Array, axis=None) -> tuple[jax.Array, jax.Array]:

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vt import VtError
+from vt.checkpoint.io import atomic_output_dir
+from vt.checkpoint.params import flat_params, load_model, load_model_config, write_model_entries
 
 # Fields that must agree between merged checkpoints (dtypes, attention and remat settings may differ).
 _ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -60,9 +62,6 @@ def _accumulate(acc, p, w, where):
 def merge_checkpoints(ckpt_dirs: Sequence[Path | str], out_dir: Path | str,
                       weights: Sequence[float] | None = None) -> list[float]:
     """Write the weighted average of `ckpt_dirs` (vt model checkpoints or learner step dirs) to `out_dir`."""
-    from vt.checkpoint.io import atomic_output_dir
-    from vt.checkpoint.params import flat_params, load_model, load_model_config, write_model_entries
-
     w = normalize_weights(weights, len(ckpt_dirs))
     cfgs = [load_model_config(d) for d in ckpt_dirs]
     for d, c in zip(ckpt_dirs[1:], cfgs[1:]):

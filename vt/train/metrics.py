@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from tqdm import tqdm
 
 from vt.model.config import ModelConfig, param_count
 
@@ -53,7 +54,6 @@ class MetricsWriter:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(str(Path(workdir) / "tb"), purge_step=start_step + 1 if start_step else None)
         if progress:
-            from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:

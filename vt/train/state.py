@@ -26,10 +26,9 @@ from vt.train.losses import DEFAULT_LOSS_CHUNK, token_logps
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class TrainState:
-    step: jax.Array  # int32 []: optimiser updates applied so far
+    step: jax.Array  # int32 []: optimiser updates applied so far (an RL step applies mgpo.mini_batches of them)
     params: dict[str, jax.Array]
     opt_state: Any
-    rng: jax.Array  # uint32 [2] raw key data, advanced once per step (SFT draws nothing from it; RL does)
 
 
 class ModelDef:
@@ -84,27 +83,25 @@ def opt_state_shardings(abstract_opt_state, param_shardings: dict[str, NamedShar
     return jax.tree_util.tree_map_with_path(one, abstract_opt_state)
 
 
-def _init_fn(optimizer: optax.GradientTransformation, seed: int):
+def _init_fn(optimizer: optax.GradientTransformation):
     def init(params):
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                          rng=jax.random.key_data(jax.random.key(seed)))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
     return init
 
 
 def train_state_shardings(model_def: ModelDef, optimizer, mesh: Mesh) -> TrainState:
-    abstract = jax.eval_shape(_init_fn(optimizer, 0), model_def.abstract_params())
+    abstract = jax.eval_shape(_init_fn(optimizer), model_def.abstract_params())
     p_sh = model_def.param_shardings(mesh)
     return TrainState(step=_replicated(mesh), params=p_sh,
-                      opt_state=opt_state_shardings(abstract.opt_state, p_sh, abstract.params, mesh),
-                      rng=_replicated(mesh))
+                      opt_state=opt_state_shardings(abstract.opt_state, p_sh, abstract.params, mesh))
 
 
 def abstract_train_state(model_def: ModelDef, optimizer, shardings: TrainState) -> TrainState:
     """ShapeDtypeStructs with shardings: the restore target of a checkpoint."""
-    abstract = jax.eval_shape(_init_fn(optimizer, 0), model_def.abstract_params())
+    abstract = jax.eval_shape(_init_fn(optimizer), model_def.abstract_params())
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
 
 
-def init_train_state(params: dict[str, jax.Array], optimizer, shardings: TrainState, seed: int) -> TrainState:
+def init_train_state(params: dict[str, jax.Array], optimizer, shardings: TrainState) -> TrainState:
     """Fresh optimiser state around `params`, created directly in its sharding."""
-    return jax.jit(_init_fn(optimizer, seed), in_shardings=(shardings.params,), out_shardings=shardings)(params)
+    return jax.jit(_init_fn(optimizer), in_shardings=(shardings.params,), out_shardings=shardings)(params)

@@ -1,18 +1,25 @@
-"""The jitted pure train and eval steps.
+"""The jitted pure train and eval steps, and the update tail both learners share.
 
     train_step(state, batch) -> (state, metrics)    compiled once (AOT) with explicit shardings, state donated
 
 `batch` holds int32/float32 arrays shaped [A, b, T] (A micro-batches of b packed rows; A = 1 without gradient
 accumulation): input_ids, targets, loss_mask, segment_ids, positions (vt.data.packing). Gradients of the
-micro-batches are summed in fp32 under `lax.scan`; each micro-batch's loss is divided by the token count of
-the whole step, so the result is the per-token mean over the global batch (vt.train.losses).
+micro-batches are summed in fp32 under `lax.scan` (`accumulate_gradients`); each micro-batch's loss is divided
+by the token count of the whole step, so the result is the per-token mean over the global batch
+(vt.train.losses).
 
-A non-finite loss or gradient norm leaves the state untouched (the update is skipped on device) and reports
-`finite = 0`; the host halts the run when it sees that, so no bad state can ever be checkpointed.
+Shared with the RL step (vt.rl.step), so both learners update the same way:
+  - `accumulate_gradients(loss_fn, params, acc, micro_batch)`: one micro-batch's gradients and metric sums
+    added to the running fp32 sums (`zero_accumulator` starts them);
+  - `apply_update(optimizer, schedule, state, grads, loss)`: the optimiser update, skipped on device when the
+    loss or the gradient norm is not finite.
+A skipped update reports `finite = 0`; the host halts the run when it sees that, so no bad state can ever be
+checkpointed. Every step is a vt.distributed.MeshProgram: compiled ahead of time with in/out shardings, the state
+donated.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +27,13 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from vt.sharding import logical_to_spec, use_mesh
+from vt.distributed import MeshProgram
+from vt.sharding import logical_to_spec
 from vt.train.losses import DEFAULT_LOSS_CHUNK, masked_nll_sum
 from vt.train.state import ModelDef, TrainState
 
 BATCH_KEYS = ("input_ids", "targets", "loss_mask", "segment_ids", "positions")
-_DTYPES = {"loss_mask": np.float32}
+BATCH_DTYPES = {k: np.float32 if k == "loss_mask" else np.int32 for k in BATCH_KEYS}
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -34,21 +42,45 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def as_microbatches(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Keep the model's keys; [B, T] -> [1, B, T]; fixed dtypes (so the compiled step never retraces)."""
+    """Keep the model's keys; [B, T] -> [1, B, T]; fixed dtypes (so the compiled step never retraces). The rows
+    (axis 1) are this process's share: vt.distributed.global_batch(..., row_axis=1) places them."""
     out = {}
     for k in BATCH_KEYS:
         v = np.asarray(batch[k])
-        out[k] = (v[None] if v.ndim == 2 else v).astype(_DTYPES.get(k, np.int32), copy=False)
+        out[k] = (v[None] if v.ndim == 2 else v).astype(BATCH_DTYPES[k], copy=False)
     return out
 
 
-def device_batch(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """Place this process's rows of the global batch (multi-host: each process passes only its share)."""
-    def put(x):
-        global_shape = (x.shape[0], x.shape[1] * jax.process_count(), x.shape[2])
-        return jax.make_array_from_process_local_data(sharding, x, global_shape)
-    return {k: put(v) for k, v in as_microbatches(batch).items()}
+# --- the update tail both learners share --------------------------------------------------------------------------
 
+def zero_accumulator(params, metric_keys: Sequence[str] = ()) -> dict:
+    """fp32 zeros for the summed gradients, the summed loss and each summed metric in `metric_keys`."""
+    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), "loss": jnp.zeros((), jnp.float32),
+            **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
+
+
+def accumulate_gradients(loss_fn: Callable, params, acc: dict, micro_batch) -> dict:
+    """`acc` plus one micro-batch's gradients, loss and metrics (fp32 sums). `loss_fn(params, micro_batch)`
+    returns (loss, {metric: value}) with every metric key of `acc`, each already that micro-batch's share."""
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro_batch)
+    new = {"grads": grads, "loss": loss, **metrics}
+    return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, new)
+
+
+def apply_update(optimizer: optax.GradientTransformation, schedule: optax.Schedule, state: TrainState, grads,
+                 loss: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update of `state` by `grads`; a non-finite loss or gradient norm leaves `state` as it was.
+    Returns the new state and {loss, grad_norm, lr (of this update), finite}."""
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    # A non-finite update is not applied; the host halts the run on `finite = 0` before any save.
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+    return new, {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
+
+
+# --- SFT -------------------------------------------------------------------------------------------------------------
 
 def _micro_nll_sum(model_def: ModelDef, params, mb, loss_chunk: int):
     """(sum of masked NLL, number of loss tokens) of one micro-batch, log-probs in sequence chunks."""
@@ -58,22 +90,21 @@ def _micro_nll_sum(model_def: ModelDef, params, mb, loss_chunk: int):
 
 
 def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: int = DEFAULT_LOSS_CHUNK):
+    """(per-token mean loss over the whole batch, its gradients, number of loss tokens) of an [A, b, T] batch."""
     num_tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
     def micro_loss(p, mb):
         total, _ = _micro_nll_sum(model_def, p, mb, loss_chunk)
-        return total / num_tokens
+        return total / num_tokens, {}
 
-    def body(carry, mb):
-        grads_acc, loss_acc = carry
-        loss, grads = jax.value_and_grad(micro_loss)(params, mb)
-        grads_acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_acc, grads)
-        return (jax.lax.with_sharding_constraint(grads_acc, param_sh), loss_acc + loss), None
+    def body(acc, mb):
+        acc = accumulate_gradients(micro_loss, params, acc, mb)
+        return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], param_sh)}, None
 
-    zeros = jax.lax.with_sharding_constraint(
-        jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), param_sh)
-    (grads, loss), _ = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), batch)
-    return loss, grads, num_tokens
+    zeros = zero_accumulator(params)
+    zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], param_sh)
+    acc, _ = jax.lax.scan(body, zeros, batch)
+    return acc["loss"], acc["grads"], num_tokens
 
 
 def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
@@ -81,34 +112,25 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
                     micro_batches: int, micro_batch_size: int, seq_len: int,
                     loss_chunk: int = DEFAULT_LOSS_CHUNK) -> Callable:
     """Compile the train step for one batch shape, once, ahead of time; returns the executable, called as
-    `step(state, device_batch)`. A batch of another shape or sharding is an error, never a silent retrace.
-    `loss_chunk`: sequence positions per chunk of the loss (vt.train.losses.token_logps)."""
+    `step(state, batch)` with `batch` from vt.distributed.global_batch. A batch of another shape or sharding is
+    an error, never a silent retrace. `loss_chunk`: sequence positions per chunk of the loss
+    (vt.train.losses.token_logps)."""
     b_sh = batch_sharding(mesh)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
         loss, grads, num_tokens = _loss_and_grads(model_def, state.params, batch, state_sh.params, loss_chunk)
-        grad_norm = optax.global_norm(grads)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                         rng=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.rng))[0]))
-        new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
-        metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-                   "loss_tokens": num_tokens, "tokens": jnp.sum(batch["segment_ids"] > 0),
-                   "finite": finite, "step": state.step}
-        return new, metrics
+        new, metrics = apply_update(optimizer, schedule, state, grads, loss)
+        return new, metrics | {"loss_tokens": num_tokens, "tokens": jnp.sum(batch["segment_ids"] > 0)}
 
     shape = (micro_batches, micro_batch_size, seq_len)
-    abstract_batch = {k: jax.ShapeDtypeStruct(shape, _DTYPES.get(k, np.int32), sharding=b_sh) for k in BATCH_KEYS}
-    jitted = jax.jit(train_step, in_shardings=(state_sh, b_sh), out_shardings=(state_sh, NamedSharding(mesh, P())),
-                     donate_argnums=(0,))
-    with use_mesh(mesh):
-        return jitted.lower(abstract_state, abstract_batch).compile()
+    abstract_batch = {k: jax.ShapeDtypeStruct(shape, BATCH_DTYPES[k], sharding=b_sh) for k in BATCH_KEYS}
+    program = MeshProgram(train_step, mesh, in_shardings=(state_sh, b_sh),
+                          out_shardings=(state_sh, NamedSharding(mesh, P())), donate_argnums=(0,))
+    return program.compile(abstract_state, abstract_batch)
 
 
-def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh, loss_chunk: int = DEFAULT_LOSS_CHUNK) -> Callable:
-    """eval_step(params, batch) -> (sum of masked NLL, number of loss tokens); jitted (retraces per shape)."""
+def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh, loss_chunk: int = DEFAULT_LOSS_CHUNK) -> MeshProgram:
+    """eval_step(params, batch) -> (sum of masked NLL, number of loss tokens); compiled once per batch shape."""
     def eval_step(params, batch):
         def body(carry, mb):
             total, count = _micro_nll_sum(model_def, params, mb, loss_chunk)
@@ -116,11 +138,5 @@ def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh, loss_chunk: int = 
         (total, count), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(())), batch)
         return total, count
 
-    jitted = jax.jit(eval_step, in_shardings=(param_sh, batch_sharding(mesh)),
-                     out_shardings=NamedSharding(mesh, P()))
-
-    def run(params, batch):
-        with use_mesh(mesh):
-            return jitted(params, batch)
-    return run
-
+    return MeshProgram(eval_step, mesh, in_shardings=(param_sh, batch_sharding(mesh)),
+                       out_shardings=NamedSharding(mesh, P()))

@@ -1,0 +1,228 @@
+"""What both learners (SFT: vt.train.sft, RL: vt.rl.learner) share: the set-up, resume, preemption, and the run
+loop with its save/eval cadence and non-finite halt. Shared by composition: each learner builds a `Setup` and
+hands `run_loop` its own step function (batches from data, or batches from rollouts).
+
+    setup = Setup(cfg, workdir, model_cfg, total_updates)      # mesh, model, optimiser, shardings, checkpoints
+    state, start = setup.initial_state(data_iterator, updates_per_step)
+    result = run_loop(setup, state, start, total_steps, step_fn, ...)
+
+Steps: a learner's step (a metrics line, a checkpoint directory) applies `updates_per_step` optimiser updates (SFT
+1, RL mgpo.mini_batches); `TrainState.step` counts optimiser updates. `Setup.initial_state` is the one place
+that converts between the two.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from vt import VtError
+from vt.checkpoint.manager import CheckpointManager
+from vt.checkpoint.params import flat_params, load_model, load_model_config
+from vt.distributed import enable_compilation_cache
+from vt.model.config import ModelConfig, preset
+from vt.model.qwen2 import create_model
+from vt.sharding import make_mesh
+from vt.train.losses import DEFAULT_LOSS_CHUNK
+from vt.train.metrics import MetricsWriter, peak_flops_per_device
+from vt.train.optim import make_optimizer
+from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    preset: str = "tiny"  # vt.model preset; ignored when init_checkpoint is set (its model_config.json wins)
+    init_checkpoint: str = ""  # vt model checkpoint to fine-tune ("" = random init from the preset)
+    param_dtype: str = "float32"  # master weights and optimiser state
+    dtype: str = "float32"  # compute dtype (bfloat16 for mixed precision)
+    remat_policy: str = "none"  # none | full | dots | dots_no_batch
+    attention_impl: str = "xla"  # xla | jax | cudnn | splash | auto (vt.model.config.ATTENTION_IMPLS)
+    # Sequence positions per chunk of the loss / log-probs (vt.train.losses.token_logps): bounds the live float32
+    # logits to rows x loss_chunk x vocab instead of rows x seq_len x vocab.
+    loss_chunk: int = DEFAULT_LOSS_CHUNK
+    seed: int = 0  # random init
+
+    def __post_init__(self):
+        if self.loss_chunk < 1:
+            raise VtError(f"config model.loss_chunk must be >= 1, got {self.loss_chunk}")
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int  # learner steps done when the run stopped
+    status: str  # "finished" | "preempted"
+    last_metrics: dict[str, Any]
+    eval_history: list[tuple[int, float]]  # (step, held-out metric: SFT eval_loss, RL eval_accuracy)
+
+
+def check_learner(cfg, expected: str) -> None:
+    """The config's top-level `learner` field names the learner that reads it (`vt train` dispatches on it)."""
+    if cfg.learner != expected:
+        raise VtError(f"config learner={cfg.learner!r}: this config is read by the {expected!r} learner "
+                      f"(set learner = {expected!r})")
+
+
+def resolve_model_config(m: ModelSection) -> ModelConfig:
+    over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+    if m.init_checkpoint:
+        return load_model_config(m.init_checkpoint, **over)
+    return preset(m.preset, **over)
+
+
+def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, jax.Array]:
+    """The starting parameters of a run, created or restored directly in their sharding on `mesh`."""
+    if m.init_checkpoint:
+        model = load_model(m.init_checkpoint, mesh, param_dtype=m.param_dtype, dtype=m.dtype,
+                           remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+    else:
+        model = create_model(model_cfg, mesh, seed=m.seed)
+    return flat_params(model)
+
+
+def write_run_config(cfg, workdir: Path) -> None:
+    """workdir/config.json: the resolved config of the run (process 0)."""
+    if jax.process_index() == 0:
+        (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+
+
+class Preemption:
+    """SIGTERM sets a flag the loop polls after each step (a handler must not touch JAX)."""
+
+    def __init__(self):
+        self.requested = False
+        self._old = None
+
+    def __enter__(self):
+        def handler(signum, frame):
+            self.requested = True
+        try:
+            self._old = signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not the main thread: preemption is then the caller's business
+            self._old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+class Setup:
+    """What every learner builds from its config (sections model, mesh, optim, checkpoint and train.peak_flops,
+    train.compilation_cache): the mesh, the model, the optimiser over `total_updates` updates, the state's
+    shardings and abstract state, the checkpoint manager and the peak FLOPs for MFU."""
+
+    def __init__(self, cfg, workdir: Path, model_cfg: ModelConfig, total_updates: int):
+        if cfg.train.compilation_cache:
+            enable_compilation_cache(cfg.train.compilation_cache)
+        self.cfg, self.workdir, self.model_cfg = cfg, workdir, model_cfg
+        self.mesh = make_mesh(cfg.mesh)
+        self.md = ModelDef(model_cfg)
+        self.optimizer, self.schedule = make_optimizer(cfg.optim, total_updates)
+        self.sh = train_state_shardings(self.md, self.optimizer, self.mesh)
+        self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
+        self.ckpt = CheckpointManager(workdir / "checkpoints", cfg.checkpoint, model_cfg)
+        peak = peak_flops_per_device(cfg.train.peak_flops)
+        self.peak_total = peak * jax.device_count() if peak else None  # all devices, for MFU; None: unknown
+
+    def initial_state(self, data_iterator=None, updates_per_step: int = 1) -> tuple[TrainState, int]:
+        """(state, learner steps done): the newest sealed checkpoint (the data iterator's position restored in
+        place), else fresh optimiser state around the model's initial parameters."""
+        latest = self.ckpt.latest_step()
+        if latest is None:
+            return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer,
+                                    self.sh), 0
+        r = self.ckpt.restore(latest, self.abstract, data_iterator)
+        log.info("resumed from %s", self.ckpt.step_dir(latest))
+        # The update counter is not stored as an array, only as the step in meta.
+        updates = jax.device_put(np.int32(latest * updates_per_step), self.sh.step)
+        return TrainState(step=updates, params=r.params, opt_state=r.opt_state), latest
+
+
+def run_loop(setup: Setup, state: TrainState, start: int, total: int,
+             step_fn: Callable[[TrainState, int], tuple[TrainState, dict]], *,
+             evaluate: Callable[[TrainState, int], float] | None = None, eval_key: str = "", eval_every: int = 0,
+             eval_at_start: bool = False, data_iterator=None, overlap_metrics: bool = False,
+             host_metrics: Callable[[dict, float], dict] | None = None, progress: bool = True,
+             close: Callable[[], None] | None = None) -> TrainResult:
+    """Steps start..total-1 of a learner, until the last, a SIGTERM (then status "preempted"), or a non-finite
+    step (a VtError, raised before any checkpoint of that state is written).
+
+    `step_fn(state, step) -> (state, metrics)`: one learner step; metrics may still be on device and hold
+    `finite` (0: an update was skipped on device), `loss` and `grad_norm`. With `overlap_metrics` they are read
+    while the device runs the next step (so the host never waits for them); `host_metrics(metrics, seconds
+    since the last line)` adds what needs the wall time. Held-out `evaluate(state, step)` -> `eval_key` runs
+    every `eval_every` steps and at the end (and at step 0 with `eval_at_start`). A checkpoint is saved every
+    `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
+    last, however the loop ends."""
+    ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
+    writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress)
+    history: list[tuple[int, float]] = []
+    last: dict[str, Any] = {}
+    pending: dict | None = None  # {"step", "metrics" (maybe on device), "extra" (host)}: not yet written
+    t_prev = time.perf_counter()
+    status, step = "finished", start
+
+    def check(p: dict) -> dict:
+        """The step's metrics on the host; a skipped (non-finite) update halts the run here."""
+        m = {k: (v.item() if hasattr(v, "item") else v) for k, v in jax.device_get(p["metrics"]).items()}
+        if "finite" in m and not m.pop("finite"):
+            ckpt.wait()  # saves in flight hold earlier, good states: let them land
+            raise VtError(f"non-finite loss or gradient at step {p['step']} (loss={m.get('loss')}, "
+                          f"grad_norm={m.get('grad_norm')}): run halted, the non-finite update was not applied "
+                          f"and no checkpoint after step {ckpt.latest_step()} was written")
+        p["metrics"] = m
+        return p
+
+    def flush():
+        nonlocal pending, last, t_prev
+        if pending is None:
+            return
+        m = check(pending)["metrics"] | pending["extra"]
+        now = time.perf_counter()
+        dt, t_prev = now - t_prev, now
+        if host_metrics is not None:
+            m = host_metrics(m, dt)
+        writer.write(pending["step"], m)
+        last, pending = m, None
+
+    try:
+        with Preemption() as preempt:
+            if evaluate is not None and eval_at_start and start == 0:
+                history.append((0, evaluate(state, 0)))
+                writer.write(0, {eval_key: history[-1][1]})
+            for step in range(start, total):
+                state, metrics = step_fn(state, step)
+                if overlap_metrics:
+                    flush()  # the previous step's metrics: ready by now, the device is busy with this step
+                done = step + 1
+                pending = {"step": done, "metrics": metrics, "extra": {}}
+                if not overlap_metrics:
+                    check(pending)
+                final = done == total or preempt.requested
+                if evaluate is not None and (final or (eval_every and done % eval_every == 0)):
+                    history.append((done, evaluate(state, done)))
+                    pending["extra"][eval_key] = history[-1][1]
+                if not overlap_metrics or final or done % every == 0:
+                    flush()  # check this step before its state can reach disk
+                if final or done % every == 0:
+                    ckpt.save(done, state, data_iterator, metrics=last)
+                step = done
+                if preempt.requested:
+                    status = "preempted"
+                    break
+            flush()
+    finally:
+        ckpt.close()
+        writer.close()
+        if close is not None:
+            close()
+    return TrainResult(step=step, status=status, last_metrics=last, eval_history=history)
