@@ -29,6 +29,7 @@ import jax
 from vt import VtError
 from vt.checkpoint.io import claim_dir
 from vt.config import to_dataclass
+from vt.distributed import enable_compilation_cache
 from vt.io import atomic_write_json
 from vt.recipe.report import format_table, write_outputs
 from vt.recipe.stages import (MANIFEST, STAGE_BY_NAME, STAGE_NAMES, Context, Plan, RecipeConfig, StageOutput,
@@ -168,8 +169,7 @@ def run_pipeline(cfg: RecipeConfig, workdir: Path | str, *, from_stage: str | No
         before_start()
     claim_dir(workdir, "vt pipeline")  # marks it as vt's: `vt demo --fresh` deletes only such a directory
     if cfg.compilation_cache:
-        jax.config.update("jax_compilation_cache_dir", cfg.compilation_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        enable_compilation_cache(cfg.compilation_cache, min_compile_time_s=0.5)
     redo = todo if only else (todo if from_stage else [])
     for stage in redo:  # --from / --only: discard those stages' results and run them again
         if ctx.stage_dir(stage).exists():
