@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import jax
 
 from vt import VtError
 from vt.checkpoint.io import claim_dir
