@@ -187,17 +187,36 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
 
 # --- Tunix (runs inside bench/.venv-tunix) ---------------------------------------------------------------------
 
+def tunix_cluster(model, tokenizer, mesh, prompt_len: int, max_new: int, eos_ids: list[int], max_steps: int):
+    """Tunix's RLCluster as both workers run it: actor, reference and rollout on one mesh, the vanilla rollout
+    engine at temperature 1.0 (no top-k/top-p), AdamW (lr LR, wd WD) after global-norm clipping CLIP."""
+    import optax
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.rollout import base_rollout
+
+    rollout_cfg = base_rollout.RolloutConfig(
+        max_tokens_to_generate=max_new, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=prompt_len,
+        kv_cache_size=prompt_len + max_new, eos_tokens=eos_ids)
+    training_cfg = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optax.chain(optax.clip_by_global_norm(CLIP),
+                                    optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)),
+        eval_every_n_steps=10 ** 9, max_steps=max_steps, pbar_description=None)
+    return rl_cluster_lib.RLCluster(
+        actor=model, reference=None, tokenizer=tokenizer,
+        cluster_config=rl_cluster_lib.ClusterConfig(
+            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
+                          rl_cluster_lib.Role.ROLLOUT: mesh},
+            rollout_engine="vanilla", offload_to_cpu=False, training_config=training_cfg, rollout_config=rollout_cfg))
+
+
 def run_tunix_worker(spec: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from transformers import AutoTokenizer
     from tunix.models.qwen2 import model as qwen2_model
     from tunix.models.qwen2 import params as qwen2_params
-    from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
-    from tunix.rl.rollout import base_rollout
 
     hf_dir = Path(spec["hf_dir"])
     hf = json.loads((hf_dir / "config.json").read_text())
@@ -220,19 +239,7 @@ def run_tunix_worker(spec: dict) -> dict:
     total = len(spec["steps"])
 
     model = qwen2_params.create_model_from_safe_tensors(str(hf_dir), cfg, mesh)
-    rollout_cfg = base_rollout.RolloutConfig(
-        max_tokens_to_generate=max_new, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=prompt_len,
-        kv_cache_size=prompt_len + max_new, eos_tokens=spec["eos_ids"])
-    training_cfg = rl_cluster_lib.RLTrainingConfig(
-        actor_optimizer=optax.chain(optax.clip_by_global_norm(CLIP),
-                                    optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)),
-        eval_every_n_steps=10 ** 9, max_steps=total, pbar_description=None)
-    cluster = rl_cluster_lib.RLCluster(
-        actor=model, reference=None, tokenizer=tokenizer,
-        cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
-                          rl_cluster_lib.Role.ROLLOUT: mesh},
-            rollout_engine="vanilla", offload_to_cpu=False, training_config=training_cfg, rollout_config=rollout_cfg))
+    cluster = tunix_cluster(model, tokenizer, mesh, prompt_len, max_new, spec["eos_ids"], total)
 
     def reward_fn(prompts, completions, answer, **_):
         return [python_reward(c, a) for c, a in zip(completions, answer)]
@@ -302,13 +309,10 @@ def run_tunix_long_tail_worker(spec: dict) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
     from flax import nnx
     from transformers import AutoTokenizer
     from tunix.models.qwen2 import model as qwen2_model
-    from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
-    from tunix.rl.rollout import base_rollout
 
     m = spec["model"]
     cfg = qwen2_model.ModelConfig(
@@ -323,20 +327,8 @@ def run_tunix_long_tail_worker(spec: dict) -> dict:
     prompt_len = 1 << (max(len(p) for p in spec["prompts"]) - 1).bit_length()  # power of two >= longest
     max_new = W - 16
     model = qwen2_model.Qwen2(cfg, rngs=nnx.Rngs(0))
-    rollout_cfg = base_rollout.RolloutConfig(
-        max_tokens_to_generate=max_new, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=prompt_len,
-        kv_cache_size=prompt_len + max_new, eos_tokens=[int(tokenizer.eos_token_id)])
     steps = spec["warmup"] + spec["n_steps"]
-    training_cfg = rl_cluster_lib.RLTrainingConfig(
-        actor_optimizer=optax.chain(optax.clip_by_global_norm(CLIP),
-                                    optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=WD)),
-        eval_every_n_steps=10 ** 9, max_steps=steps, pbar_description=None)
-    cluster = rl_cluster_lib.RLCluster(
-        actor=model, reference=None, tokenizer=tokenizer,
-        cluster_config=rl_cluster_lib.ClusterConfig(
-            role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.REFERENCE: mesh,
-                          rl_cluster_lib.Role.ROLLOUT: mesh},
-            rollout_engine="vanilla", offload_to_cpu=False, training_config=training_cfg, rollout_config=rollout_cfg))
+    cluster = tunix_cluster(model, tokenizer, mesh, prompt_len, max_new, [int(tokenizer.eos_token_id)], steps)
     algo = grpo_learner.GRPOConfig(num_generations=G, num_iterations=1, beta=0.0, epsilon=EPS_CLIP,
                                    loss_agg_mode="sequence-mean-token-mean")
     grpo_learner.GRPOLearner(cluster, algo, reward_fns=[lambda prompts, completions, **_: [0.0] * len(prompts)])

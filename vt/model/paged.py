@@ -15,6 +15,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vt.model import online_softmax
+
 from vt.sharding import param_sharding
 
 # Logical axes of a page pool [L, K, P, Z, H]: split over KV heads (tensor) and replicated over the batch axes,
@@ -84,24 +86,11 @@ def write_pages(pool_LKPZH, layer: int, new_BTKH, positions_BT, page_table_BM, s
     return pool_LKPZH.at[layer, :, page_BT, off_BT].set(new_BTKH.astype(pool_LKPZH.dtype), mode="drop")
 
 
-def copy_pages(pool_LKPZH, src_C, dst_C):
+def copy_pages(pool_LKPZH, src_W, dst_W):
     """pool[:, :, dst] = pool[:, :, src] for every layer (copy-on-write of a shared, partly filled page).
     dst = num_pages drops the copy (padding)."""
-    return pool_LKPZH.at[:, :, dst_C].set(pool_LKPZH[:, :, jnp.clip(src_C, 0, pool_LKPZH.shape[2] - 1)],
+    return pool_LKPZH.at[:, :, dst_W].set(pool_LKPZH[:, :, jnp.clip(src_W, 0, pool_LKPZH.shape[2] - 1)],
                                           mode="drop")
-
-
-def _block_scores_update(carry, q_BTKGH, k_KBSH, v_KBSH, visible_BTS, scale):
-    """One block of the online softmax (fp32 statistics): carry (max, sum, acc) over blocks seen so far."""
-    m_BKGT, l_BKGT, acc_BKGTH = carry
-    s = jnp.einsum("btkgh,kbsh->bkgts", q_BTKGH, k_KBSH, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(visible_BTS[:, None, None], s, jnp.finfo(jnp.float32).min)
-    m_new = jnp.maximum(m_BKGT, s.max(-1))
-    p = jnp.exp(s - m_new[..., None])
-    correction = jnp.exp(m_BKGT - m_new)
-    l_new = l_BKGT * correction + p.sum(-1)
-    pv = jnp.einsum("bkgts,kbsh->bkgth", p.astype(v_KBSH.dtype), v_KBSH, preferred_element_type=jnp.float32)
-    return m_new, l_new, acc_BKGTH * correction[..., None] + pv
 
 
 def paged_attention_xla(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale,
@@ -132,22 +121,16 @@ def paged_attention_xla(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, sca
         k_KBSH = k_KPZH[:, pages_BR].reshape(K, B, R * Z, H).astype(dt)
         v_KBSH = v_KPZH[:, pages_BR].reshape(K, B, R * Z, H).astype(dt)
         visible_BTS = (i * R * Z + jnp.arange(R * Z))[None, None, :] <= positions_BT[:, :, None]
-        return _block_scores_update(carry, q_BTKGH, k_KBSH, v_KBSH, visible_BTS, scale)
+        return online_softmax.fold_block(carry, q_BTKGH, k_KBSH, v_KBSH, visible_BTS, scale, "kbsh")
 
-    G = N // K
-    neg = jnp.finfo(jnp.float32).min
-    carry = (jnp.full((B, K, G, T), neg, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
-             jnp.zeros((B, K, G, T, H), jnp.float32))
+    carry = online_softmax.start(B, K, N // K, T, H)
     if static_blocks is not None:
         for i in range(static_blocks):
             carry = one_block(i, carry)
     else:
         n_blocks = jnp.minimum(jnp.max(positions_BT) // (R * Z) + 1, M // R)
         carry = jax.lax.fori_loop(0, n_blocks, one_block, carry)
-    _, l_BKGT, acc_BKGTH = carry
-    # Block 0 always holds a visible position (positions >= 0), so l > 0.
-    out_BKGTH = acc_BKGTH / l_BKGT[..., None]
-    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(dt)
+    return online_softmax.finish(carry, dt)
 
 
 def paged_attention_tpu(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale,

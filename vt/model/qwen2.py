@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vt.model import online_softmax
 from vt.model.config import ModelConfig
 from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
 from vt.sharding import constrain, param_sharding, state_shardings
@@ -171,31 +172,17 @@ def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = 
     B, T, N, H = q_BTNH.shape
     S, K = k_BSKH.shape[-3], k_BSKH.shape[-2]
     q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    neg = jnp.finfo(jnp.float32).min
     n_blocks = jnp.minimum(jnp.max(positions_BT) // block + 1, S // block)
 
     def one_block(i, carry):
-        m_BKGT, l_BKGT, acc_BKGTH = carry
         start = i * block
         k_blk = _cache_block(k_BSKH, layer, start, block, q_BTNH.dtype)
         v_blk = _cache_block(v_BSKH, layer, start, block, q_BTNH.dtype)
-        s = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_blk, preferred_element_type=jnp.float32) * scale
         visible_BTS = (start + jnp.arange(block))[None, None, :] <= positions_BT[:, :, None]
-        s = jnp.where(visible_BTS[:, None, None], s, neg)
-        m_new = jnp.maximum(m_BKGT, s.max(-1))
-        p = jnp.exp(s - m_new[..., None])
-        correction = jnp.exp(m_BKGT - m_new)
-        l_new = l_BKGT * correction + p.sum(-1)
-        pv = jnp.einsum("bkgts,bskh->bkgth", p.astype(v_blk.dtype), v_blk, preferred_element_type=jnp.float32)
-        return m_new, l_new, acc_BKGTH * correction[..., None] + pv
+        return online_softmax.fold_block(carry, q_BTKGH, k_blk, v_blk, visible_BTS, scale, "bskh")
 
-    G = N // K
-    init = (jnp.full((B, K, G, T), neg, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
-            jnp.zeros((B, K, G, T, H), jnp.float32))
-    _, l_BKGT, acc_BKGTH = jax.lax.fori_loop(0, n_blocks, one_block, init)
-    # Block 0 always holds a visible slot (positions >= 0), so l > 0.
-    out_BKGTH = acc_BKGTH / l_BKGT[..., None]
-    return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(q_BTNH.dtype)
+    carry = jax.lax.fori_loop(0, n_blocks, one_block, online_softmax.start(B, K, N // K, T, H))
+    return online_softmax.finish(carry, q_BTNH.dtype)
 
 
 def _write_cache(buf_LBSKH, new_BTKH, start_B, layer):

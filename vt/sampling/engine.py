@@ -368,7 +368,7 @@ class _Run:
     def __init__(self, eng: Engine, reqs, base_key, first_request: int):
         self.eng, self.reqs, self.base_key, self.first_request = eng, reqs, base_key, first_request
         cfg, mc = eng.cfg, eng.model_cfg
-        self.B, self.Z, self.U = cfg.batch_size, cfg.page_size, cfg.steps_per_call
+        self.B, self.Z, self.I = cfg.batch_size, cfg.page_size, cfg.steps_per_call
         # Page table width M: pages of the longest sample's length bucket.
         self.M, page_bytes, n_pages = kv_pool_plan(mc, cfg, reqs, eng.max_context, free_device_bytes(eng.mesh))
         for i, (p, mn, _) in enumerate(reqs):
@@ -409,8 +409,8 @@ class _Run:
         while True:
             running = [b for b in range(self.B) if self.owner[b] is not None]
             if not running:
-                return self.U
-            for n_steps in (self.U, *[s for s in (self.Z, 1) if s < self.U]):
+                return self.I
+            for n_steps in (self.I, *[s for s in (self.Z, 1) if s < self.I]):
                 if sum(self.tables.missing(b, self._limit(b, n_steps)) for b in running) <= self.pool.free:
                     for b in running:
                         self.tables.grow(b, self._limit(b, n_steps))
@@ -456,18 +456,18 @@ class _Run:
             want = (idle + max(1, min(len(self.queue), min_free)) if (self.queue and eng.cfg.refill) else B)
             t = time.perf_counter()
             cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.tables.table))
-            self.cache, self.slots, n_steps, tok_UB, lp_UB = eng._p.decode(
+            self.cache, self.slots, n_steps, tok_IB, lp_IB = eng._p.decode(
                 eng.state, cache, self.slots, jnp.int32(steps), jnp.int32(want))
-            active, stopped, n_steps, tok_UB, lp_UB = jax.device_get(
-                (self.slots.active, self.slots.stopped, n_steps, tok_UB, lp_UB))
+            active, stopped, n_steps, tok_IB, lp_IB = jax.device_get(
+                (self.slots.active, self.slots.stopped, n_steps, tok_IB, lp_IB))
             st.decode_seconds += time.perf_counter() - t
             st.decode_steps += int(n_steps)
             st.decode_calls += 1
             owned = [b for b in range(B) if self.owner[b] is not None]
             for b in owned:
-                got = tok_UB[:n_steps, b] >= 0
-                self.toks[b] += tok_UB[:n_steps, b][got].tolist()
-                self.lps[b] += lp_UB[:n_steps, b][got].tolist()
+                got = tok_IB[:n_steps, b] >= 0
+                self.toks[b] += tok_IB[:n_steps, b][got].tolist()
+                self.lps[b] += lp_IB[:n_steps, b][got].tolist()
             self._note_live(owned)
             done = [b for b in owned if not active[b]]
             cut = eng._stop_strings(owned, self.owner, self.toks, seen) if eng.cfg.stop_strings else {}
@@ -533,20 +533,20 @@ class _Run:
         S = self.M * self.Z
         unowned = self.pool.num_pages
         for group in groups:
-            P = rows(len(group))
+            A = rows(len(group))
             T = min(bucket(max(len(reqs[i][0]) for i in group), eng.cfg.min_prompt_bucket), S)
-            toks = np.zeros((P, T), np.int32)
-            lens = np.ones(P, np.int32)
-            table = np.full((P, pages_for(T, self.Z)), unowned, np.int32)
+            toks = np.zeros((A, T), np.int32)
+            lens = np.ones(A, np.int32)
+            table = np.full((A, pages_for(T, self.Z)), unowned, np.int32)
             starts, copies = {}, []
             for p, i in enumerate(group):
-                L = len(reqs[i][0])
-                toks[p, :L], lens[p] = reqs[i][0], L
-                own, per_sample, cp = prompt_pages(self.pool, L, len(by_req[i]), self.Z)
+                length = len(reqs[i][0])
+                toks[p, :length], lens[p] = reqs[i][0], length
+                own, per_sample, cp = prompt_pages(self.pool, length, len(by_req[i]), self.Z)
                 table[p, :len(own)] = own
                 starts[i] = per_sample
                 copies += cp
-                st.prefill_tokens += L
+                st.prefill_tokens += length
             cache = dataclasses.replace(self.cache, page_table=jnp.asarray(table))
             logits, self.cache = eng._p.prefill(eng.state, cache, jnp.asarray(toks), jnp.asarray(lens))
             placed = [(p, i, j, b, k) for p, i in enumerate(group) for k, (j, b) in enumerate(by_req[i])]

@@ -1,13 +1,13 @@
 """The device side of the rollout engine: pure functions the engine jits (prefill, insert, decode chunk).
 
-Shape letters as in vt.model.qwen2 and vt.model.paged, plus: P prompts being prefilled, Q slots being filled
-from them (n samples of one prompt share its prefill and its full pages), C pages copied, U decode steps per
-call.
+Shape letters as in vt.model.qwen2 and vt.model.paged, plus: A prompts being prefilled, Q slots being filled
+from them (n samples of one prompt share its prefill and its full pages), W pages copied, I decode steps per
+call (the README's glossary).
 
 The decode batch is B *slots*. Each slot holds one sample: the token to feed next and its position, its
 count, length limit and key; its keys and values live in the pages its row of the page table lists (the
 host assigns them, vt.sampling.pages). Per step, the bytes moved are the weights, the slots' live pages and
-O(B) state: generated tokens and log-probs go to a per-call output buffer [U, B] that the host drains after
+O(B) state: generated tokens and log-probs go to a per-call output buffer [I, B] that the host drains after
 every call, not to a [B, max_len] buffer carried through the loop. A finished slot keeps computing (its
 position frozen, its K/V rewritten in place) until the host refills it; the cost is bounded because the
 decode loop returns to the host as soon as enough slots are free to be worth a refill.
@@ -42,20 +42,20 @@ class Slots:
         return cls(last_tok=i, pos=i, count=i, max_new=i, active=f, stopped=f, key=jnp.zeros((batch, 2), jnp.uint32))
 
 
-def prefill(graphdef, state, cache: PagedKVCache, tokens_PT, lens_P):
+def prefill(graphdef, state, cache: PagedKVCache, tokens_AT, lens_A):
     """Run right-padded prompts from position 0, writing their keys and values into the pages of
-    `cache.page_table` ([P, pages of T]; padding past a prompt's pages is dropped). Returns (last logits [P, V],
+    `cache.page_table` ([A, pages of T]; padding past a prompt's pages is dropped). Returns (last logits [A, V],
     cache)."""
     model = nnx.merge(graphdef, state)
-    P, T = tokens_PT.shape
-    positions_PT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (P, T))
-    return model(tokens_PT, positions_PT, None, cache, logits_at_B=lens_P - 1)  # the LM head at each last token only
+    A, T = tokens_AT.shape
+    positions_AT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (A, T))
+    return model(tokens_AT, positions_AT, None, cache, logits_at_B=lens_A - 1)  # the LM head at each last token only
 
 
-def insert(cache: PagedKVCache, slots: Slots, logits_PV, src_Q, dst_Q, lens_Q, max_new_Q, ids_Q, base_key,
-           copy_src_C, copy_dst_C, *, params: SamplingParams, stop_ids: tuple[int, ...]):
+def insert(cache: PagedKVCache, slots: Slots, logits_AV, src_Q, dst_Q, lens_Q, max_new_Q, ids_Q, base_key,
+           copy_src_W, copy_dst_W, *, params: SamplingParams, stop_ids: tuple[int, ...]):
     """Start Q samples in slots dst_Q from prefilled prompts src_Q: copy the shared, partly filled prompt pages
-    (copy_src_C -> copy_dst_C, before anyone writes into them) and draw each sample's first token.
+    (copy_src_W -> copy_dst_W, before anyone writes into them) and draw each sample's first token.
 
     ids_Q [Q, 2] = (request index, sample index): the sample's key is fold_in(fold_in(base_key, i), j), so its
     tokens do not depend on the slot it lands in. Rows with dst_Q = B (padding of the Q bucket) are dropped,
@@ -63,10 +63,10 @@ def insert(cache: PagedKVCache, slots: Slots, logits_PV, src_Q, dst_Q, lens_Q, m
     """
     keys_Q = jax.vmap(lambda ij: jax.random.fold_in(jax.random.fold_in(base_key, ij[0]), ij[1]))(ids_Q)
     step_keys_Q = jax.vmap(jax.random.fold_in)(keys_Q, jnp.zeros_like(lens_Q))
-    tok_Q, lp_Q = sample(step_keys_Q, logits_PV[src_Q], params)
+    tok_Q, lp_Q = sample(step_keys_Q, logits_AV[src_Q], params)
     put = lambda buf, val: buf.at[dst_Q].set(val, mode="drop")  # noqa: E731
-    cache = dataclasses.replace(cache, k=copy_pages(cache.k, copy_src_C, copy_dst_C),
-                                v=copy_pages(cache.v, copy_src_C, copy_dst_C))
+    cache = dataclasses.replace(cache, k=copy_pages(cache.k, copy_src_W, copy_dst_W),
+                                v=copy_pages(cache.v, copy_src_W, copy_dst_W))
     hit_Q = jnp.isin(tok_Q, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(tok_Q, bool)
     slots = Slots(last_tok=put(slots.last_tok, tok_Q), pos=put(slots.pos, lens_Q), count=put(slots.count, 1),
                   max_new=put(slots.max_new, max_new_Q), active=put(slots.active, ~hit_Q & (max_new_Q > 1)),
@@ -78,7 +78,7 @@ def decode(graphdef, state, cache: PagedKVCache, slots: Slots, max_steps, min_fr
            stop_ids: tuple[int, ...], steps_per_call: int):
     """Decode all slots on device until `max_steps` (<= steps_per_call) steps ran, no slot is active, or at
     least `min_free` slots are inactive (enough to be worth a refill). The host gave every active slot pages
-    for `max_steps` more tokens. Returns (cache, slots, steps run, tokens [U, B], log-probs [U, B]): row t holds
+    for `max_steps` more tokens. Returns (cache, slots, steps run, tokens [I, B], log-probs [I, B]): row t holds
     step t's draws, -1 where the slot was not active."""
     model = nnx.merge(graphdef, state)
     B = slots.pos.shape[0]
