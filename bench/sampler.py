@@ -103,8 +103,6 @@ def run_vt(args, hf_dir: Path, work) -> dict:
 
 def roofline(args) -> dict:
     """Bytes accessed by one compiled decode step (XLA cost analysis) vs the weights plus the live KV."""
-    import dataclasses
-
     import jax
     import jax.numpy as jnp
     from flax import nnx

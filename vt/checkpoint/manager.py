@@ -44,7 +44,7 @@ from vt import VtError
 from vt.checkpoint.io import reader_error
 from vt.checkpoint.params import CONFIG_FILE, load_model_config
 from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files,  # noqa: F401
-                                read_seal, write_seal)
+                                read_seal, sealed_steps, write_seal)
 from vt.data.shards import STATE_KEY, is_sharded_state
 from vt.model.config import ModelConfig
 
@@ -196,8 +196,7 @@ class CheckpointManager:
 
     # --- queries ------------------------------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
-        return sorted(int(p.name) for p in self.directory.iterdir()
-                      if p.is_dir() and _STEP_RE.match(p.name) and is_sealed(p))
+        return sealed_steps(self.directory)
 
     def latest_step(self) -> int | None:
         steps = self.all_steps()

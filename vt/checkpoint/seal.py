@@ -91,7 +91,8 @@ def sealed_steps(checkpoint_dir: Path | str) -> list[int]:
     directory = Path(checkpoint_dir)
     if not directory.is_dir():
         return []
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir() and is_sealed(p))
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isascii() and p.name.isdigit() and p.is_dir() and is_sealed(p))
 
 
 def write_seal(directory: Path, *, hashed: bool = True, **fields) -> None:

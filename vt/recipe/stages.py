@@ -31,7 +31,7 @@ from vt.data.tokenizer import build_tiny_sentencepiece, load_tokenizer
 from vt.distill.run import DOMAINS as DISTILL_DOMAINS
 from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
 from vt.eval.runner import EvalConfig, run_eval
-from vt.io import atomic_write_json, write_jsonl
+from vt.io import write_jsonl
 from vt.rewards.registry import make_reward
 from vt.rl.learner import RLConfig, load_records, train_rl
 from vt.rl.profile import profile
