@@ -52,7 +52,7 @@ What still differs, by each framework's design (both as they run by default):
     max_new); vt decodes them in Q*G slots (rollout.sampler.batch_size) with rl_helpers' steps_per_call=8 decode steps
     per host round trip.
 
-Tunix runs in its own virtualenv (bench/.venv-tunix, as bench/train_step.py uses; never in .venv), in a
+Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result. Two runs on an idle 2-core box (2026-11-30, Tunix
 0.1.7): step 1.13x and 1.11x, sampling 1.89x and 2.00x, training 0.94x and 0.95x (Tunix/vt: above 1 = vt faster).
@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TUNIX_VENV = Path(os.environ.get("VT_TUNIX_VENV", REPO / "bench" / ".venv-tunix"))
+TUNIX_VENV = Path(os.environ.get("VT_TUNIX_VENV", Path.home() / ".cache" / "vt" / "venv-tunix"))
 LR, WD, CLIP, EPS_CLIP = 1e-3, 0.01, 1.0, 0.2
 PARTS = ("sampling", "reward", "training", "other")
 
@@ -185,7 +185,7 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
     return out
 
 
-# --- Tunix (runs inside bench/.venv-tunix) ---------------------------------------------------------------------
+# --- Tunix (runs inside $VT_TUNIX_VENV) -----------------------------------------------------------------------------
 
 def tunix_cluster(model, tokenizer, mesh, prompt_len: int, max_new: int, eos_ids: list[int], max_steps: int):
     """Tunix's RLCluster as both workers run it: actor, reference and rollout on one mesh, the vanilla rollout

@@ -8,8 +8,8 @@ AdamW (lr 1e-4, wd 0.01) with global-norm clipping 1.0, next-token loss over eve
 the first `--warmup` steps (compilation) are excluded; the fastest timed step of the best of `--rounds`
 interleaved runs is reported (on a shared machine, other processes only add time).
 
-Tunix runs in its own virtualenv (bench/.venv-tunix, created on first use with `pip install google-tunix`;
-never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
+Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
+created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
 mean little; the ratios printed at the end are the result.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TUNIX_VENV = REPO / "bench" / ".venv-tunix"
+TUNIX_VENV = Path(os.environ.get("VT_TUNIX_VENV", Path.home() / ".cache" / "vt" / "venv-tunix"))
 LR, WD, CLIP = 1e-4, 0.01, 1.0
 
 
@@ -120,7 +120,7 @@ def run_torch(a, args) -> float:
     return per_step(times, args.warmup)
 
 
-# --- Tunix (runs inside bench/.venv-tunix) ------------------------------------------------------------------------
+# --- Tunix (runs inside $VT_TUNIX_VENV) -----------------------------------------------------------------------------
 
 def run_tunix_worker(a, args) -> float:
     import jax
