@@ -8,7 +8,8 @@ from typing import Any
 from vt import VtError
 
 ATTENTION_IMPLS = ("xla", "jax", "cudnn", "splash", "auto")
-"""xla: vt's einsum attention (any backend); jax: `jax.nn.dot_product_attention`, backend picks the kernel;
+"""xla: vt's einsum attention (any backend; without a cache, rows of 128+ positions are attended to block by
+block, vt.model.blocked_attention); jax: `jax.nn.dot_product_attention`, backend picks the kernel;
 cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`, flash attention on NVIDIA GPUs only (bf16/fp16);
 splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs (Pallas interpret mode,
 slow, elsewhere), for forwards without a KV cache; with a cache (prefill into it, decode) it uses xla;
