@@ -1,6 +1,7 @@
-"""GPU runbook: on one NVIDIA GPU, the coder-3b shape with random weights, three checks, one table, < 8 minutes.
+"""GPU runbook: on one NVIDIA GPU, the coder-3b shape with random weights, vt's three checks and the transformers +
+PyTorch peers at the same shapes, one table with ratios, meant to finish within 6 minutes on an H200.
 
-    .venv/bin/python bench/gpu_check.py                 # H100/H200: SFT MFU, sampler bandwidth, RL step
+    .venv/bin/python bench/gpu_check.py                 # H100/H200: SFT MFU, sampler bandwidth, RL step, peers
     .venv/bin/python bench/gpu_check.py --json out.json # also write the numbers
     .venv/bin/python bench/gpu_check.py --tiny          # CPU smoke test of this script (numbers meaningless)
 
@@ -16,8 +17,18 @@
   rl       one MGPO update (vt.rl.step): the old-policy log-prob pass plus the clipped-surrogate step on
            --rl-rows rows of --rl-seq tokens, with the SFT check's train state.
 
-Each check runs on its own; one that fails is reported in the table with its error, and the others still run.
-XLA flags for NVIDIA GPUs come from vt/distributed.py (NVIDIA_XLA_FLAGS), set before the backend starts.
+  torch-sft       the peer a user would pick instead, in the same run at the sft check's shape: transformers
+                  Qwen2ForCausalLM + PyTorch, fp32 master weights, bf16 autocast, fused AdamW (CUDA), gradient
+                  checkpointing, sdpa attention; printed as vt / torch tokens/s.
+  torch-generate  transformers `generate` at the sampler check's shape (bf16, sampling, no stop tokens); vt / torch.
+
+The torch peers run first, in a child process that exits before JAX starts (JAX reserves most of the GPU's memory
+at start-up; two frameworks cannot share it). Each check runs on its own; one that fails is reported in the table
+with its error, and the others still run. XLA flags for NVIDIA GPUs come from vt/distributed.py
+(NVIDIA_XLA_FLAGS), set before the backend starts. JAX's persistent compilation cache is on
+(--compilation-cache, default ~/.cache/vt/jax-compilation-cache): a second run of the same shapes skips XLA
+compilation; `first step s` is the seconds from the script's launch to the check's first finished step, and
+`compile_s` the seconds spent compiling (or loading from the cache).
 """
 from __future__ import annotations
 
@@ -31,6 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+LAUNCH = time.perf_counter()  # the script's start: `first_step_s` counts from here
 H200_PEAK_FLOPS = 989e12  # dense bf16, per GPU
 H200_HBM_BW = 4.8e12  # bytes/s
 
@@ -94,6 +106,7 @@ def check_sft(args, mesh, out: dict) -> Row:
     rows = {k: v.reshape(A, B // A, T) for k, v in random_rows(rng, cfg.vocab_size, (B, T)).items()}
     batch = global_batch(as_microbatches(rows), batch_sharding(mesh), row_axis=1)
     state, m = _block(step(state, batch))  # first run: allocation and autotuning
+    first_step_s = time.perf_counter() - LAUNCH
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -106,7 +119,7 @@ def check_sft(args, mesh, out: dict) -> Row:
     row.throughput = f"{B * T / dt:,.0f} tok/s"
     row.efficiency = f"MFU {100 * mfu:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s"
     row.numbers = dict(step_s=dt, tokens_per_s=B * T / dt, mfu=mfu, model_flops_per_step=flops,
-                       compile_s=compile_s, loss=float(m["loss"]))
+                       compile_s=compile_s, first_step_s=first_step_s, loss=float(m["loss"]))
     out["sft"] = (md, optimizer, schedule, sh, state)
     return row
 
@@ -191,6 +204,131 @@ def check_rl(args, mesh, sft) -> Row:
     return row
 
 
+# --- the transformers + PyTorch peers (run in a child process: `--worker torch`) -----------------------------------
+
+def _torch_model(args, dtype):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from vt.model.config import to_hf_config
+    torch.manual_seed(0)
+    hf = {k: v for k, v in to_hf_config(model_cfg(args)).items() if k not in ("architectures", "torch_dtype")}
+    cfg = Qwen2Config(**hf, attn_implementation="sdpa")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype), device
+
+
+def torch_sft(args) -> dict:
+    """One optimiser step of the peer SFT loop at the sft check's shape; median of --steps after a first one."""
+    import numpy as np
+    import torch
+    from vt.train.metrics import model_flops_per_token
+    model, device = _torch_model(args, torch.float32)
+    model.gradient_checkpointing_enable()
+    model.config.use_cache = False
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device == "cuda")
+    B, A, T = args.batch, args.accum, args.seq
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, model.config.vocab_size, (B, T + 1))).to(device)
+
+    def step():
+        for chunk in ids.chunk(A):
+            with torch.autocast(device, dtype=torch.bfloat16):
+                logits = model(input_ids=chunk[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten()) / A
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    mfu = model_flops_per_token(model_cfg(args), T) * B * T / dt / args.peak_flops
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
+    return dict(step_s=dt, tokens_per_s=B * T / dt, mfu=mfu, peak_bytes=peak)
+
+
+def torch_generate(args) -> dict:
+    """transformers `generate` at the sampler check's shape: bf16, temperature 1, no stop tokens."""
+    import numpy as np
+    import torch
+    model, device = _torch_model(args, torch.bfloat16)
+    model.eval()
+    B, P, N = args.sampler_batch, args.prompt, args.new
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, model.config.vocab_size, (B, P))).to(device)
+
+    def generate(new):
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                                 pad_token_id=0)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out.shape[1] - P
+
+    generate(4)  # warm-up
+    t0 = time.perf_counter()
+    steps = generate(N)
+    dt = time.perf_counter() - t0
+    return dict(decode_step_s=dt / steps, tokens_per_s=B * steps / dt, seconds=dt)
+
+
+def run_torch_peers(args, wanted) -> dict:
+    """{"torch-sft": {...} | {"error": ...}, "torch-generate": ...} from a child process (see the docstring)."""
+    import subprocess
+    checks = [c for c in ("torch-sft", "torch-generate") if c in wanted]
+    if not checks:
+        return {}
+    settings = json.dumps({**vars(args), "only": ",".join(checks), "json": "", "worker": "torch"})
+    proc = subprocess.run([sys.executable, __file__, "--worker", "torch", "--worker-args", settings],
+                          capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        if line.startswith("TORCH_RESULT "):
+            return json.loads(line[len("TORCH_RESULT "):])
+    why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    return {c: {"error": f"torch worker failed: {why}"} for c in checks}
+
+
+def torch_worker(args) -> None:
+    out = {}
+    for name, fn in (("torch-sft", torch_sft), ("torch-generate", torch_generate)):
+        if name in args.only.split(","):
+            try:
+                out[name] = fn(args)
+            except Exception as e:  # reported in the parent's table
+                traceback.print_exc()
+                out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+    print("TORCH_RESULT " + json.dumps(out), flush=True)
+
+
+def peer_rows(rows: list[Row], peers: dict) -> list[Row]:
+    """The torch rows, each with its ratio to the vt check at the same shape (vt / torch tokens/s)."""
+    vt = {r.check: r for r in rows if not r.error}
+    out = []
+    for name, vt_name in (("torch-sft", "sft"), ("torch-generate", "sampler")):
+        if name not in peers:
+            continue
+        p = peers[name]
+        if "error" in p:
+            out.append(Row(name, "", error=p["error"]))
+            continue
+        seconds = p.get("step_s", p.get("decode_step_s"))
+        row = Row(name, f"same as {vt_name}", seconds=seconds, throughput=f"{p['tokens_per_s']:,.0f} tok/s",
+                  numbers=p)
+        if vt_name in vt:
+            ratio = vt[vt_name].numbers["tokens_per_s"] / p["tokens_per_s"]
+            row.numbers = dict(p, vt_over_torch=ratio)
+            row.efficiency = f"vt / torch {ratio:.2f}x tok/s" + (f" (torch MFU {100 * p['mfu']:.1f}%)" if "mfu" in p else "")
+        out.append(row)
+    return out
+
+
 def table(rows: list[Row]) -> str:
     head = ("check", "shape", "s/step", "throughput", "efficiency")
     body = [(r.check, r.shape, "-" if r.seconds is None else f"{r.seconds:.4f}", r.throughput,
@@ -217,9 +355,16 @@ def parse(argv=None):
     ap.add_argument("--rl-seq", type=int, default=2048)
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
-    ap.add_argument("--only", default="sft,sampler,rl", help="comma-separated subset of checks")
+    ap.add_argument("--only", default="sft,sampler,rl,torch-sft,torch-generate",
+                    help="comma-separated subset of checks")
     ap.add_argument("--json", default="", help="also write the numbers to this file")
+    ap.add_argument("--compilation-cache", default=str(Path.home() / ".cache" / "vt" / "jax-compilation-cache"),
+                    help="JAX's persistent compilation cache directory ('' turns it off)")
+    ap.add_argument("--worker", choices=["torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker-args", help=argparse.SUPPRESS)  # the parent's settings, as JSON
     args = ap.parse_args(argv)
+    if args.worker_args:
+        return argparse.Namespace(**json.loads(args.worker_args))
     if args.tiny:
         args.seq, args.batch, args.accum, args.remat, args.attention, args.steps = 64, 4, 2, "none", "xla", 1
         args.sampler_batch, args.prompt, args.new, args.steps_per_call = 8, 8, 16, 8
@@ -229,17 +374,22 @@ def parse(argv=None):
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from vt.distributed import apply_nvidia_env
+    if args.worker == "torch":
+        torch_worker(args)
+        return 0
+    wanted = args.only.split(",")
+    peers = run_torch_peers(args, wanted)  # before JAX takes the GPU's memory
+    from vt.distributed import apply_nvidia_env, enable_compilation_cache
     if not args.tiny:
         apply_nvidia_env()  # before the first device use
     import jax
     from vt.sharding import MeshConfig, make_mesh
+    if args.compilation_cache:
+        enable_compilation_cache(args.compilation_cache)
 
-    t_start = time.perf_counter()
     dev = jax.devices()[0]
     print(f"gpu_check: {jax.device_count()} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}", flush=True)
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
-    wanted = args.only.split(",")
     rows, shared = [], {}
 
     def run(name, fn, *a):
@@ -259,7 +409,8 @@ def main(argv=None) -> int:
             run("rl", check_rl, args, mesh, shared["sft"])
         else:
             rows.append(Row("rl", "", error="needs the sft check's train state"))
-    total = time.perf_counter() - t_start
+    rows += peer_rows(rows, peers)
+    total = time.perf_counter() - LAUNCH
     print()
     print(table(rows))
     print(f"total {total:.0f} s")

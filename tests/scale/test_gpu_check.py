@@ -1,5 +1,5 @@
 """bench/gpu_check.py cannot run its real shapes here (no GPU): it must import without JAX and run end to end on
-CPU with --tiny, printing its one table."""
+CPU with --tiny, printing its one table, the transformers + PyTorch peers and their ratios included."""
 from __future__ import annotations
 
 import json
@@ -18,13 +18,20 @@ def test_import_does_not_start_jax():
 
 def test_tiny_run_on_cpu(tmp_path):
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_FLAGS"))}, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--json", str(tmp_path / "out.json")],
+    cache = tmp_path / "jax-cache"
+    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--tiny", "--json", str(tmp_path / "out.json"),
+                           "--compilation-cache", str(cache)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     table = proc.stdout[proc.stdout.index("check "):]
-    assert [line.split()[0] for line in table.splitlines()[2:5]] == ["sampler", "sft", "rl"]
-    assert "FAILED" not in table and "MFU" in table and "HBM" in table
+    assert [line.split()[0] for line in table.splitlines()[2:7]] == ["sampler", "sft", "rl", "torch-sft",
+                                                                     "torch-generate"]
+    assert "FAILED" not in table and "MFU" in table and "HBM" in table and table.count("vt / torch") == 2
+    assert cache.is_dir()
     rows = {r["check"]: r for r in json.loads((tmp_path / "out.json").read_text())["rows"]}
     assert rows["sft"]["numbers"]["mfu"] > 0 and rows["sft"]["numbers"]["tokens_per_s"] > 0
+    assert 0 < rows["sft"]["numbers"]["compile_s"] < rows["sft"]["numbers"]["first_step_s"]
+    for peer in ("torch-sft", "torch-generate"):
+        assert rows[peer]["numbers"]["tokens_per_s"] > 0 and rows[peer]["numbers"]["vt_over_torch"] > 0
     assert rows["sampler"]["numbers"]["decode_steps"] >= 15 and rows["sampler"]["numbers"]["tokens"] == 8 * 16  # the first token comes from prefill
     assert 0 < rows["sampler"]["numbers"]["hbm_fraction"] and rows["rl"]["numbers"]["step_s"] > 0
