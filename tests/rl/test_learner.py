@@ -145,15 +145,25 @@ def test_options_kl_long2short_minibatches_token_mean(task, tmp_path):
 
 
 def test_dynamic_sampling_replaces_zero_variance_groups(task, tmp_path):
-    """With dynamic sampling the batch keeps its shape but carries fewer groups without a learning signal."""
+    """With dynamic sampling the batch keeps its shape but carries fewer groups without a learning signal.
+
+    Every 4th prompt's answer is made unreachable (-1000: the operands are small and non-negative), so its group is
+    all wrong whatever the weights: the starting batch has zero-variance groups by construction. Left to chance it
+    had none on one machine (accuracy 0.44: a group of 8 is uniform with probability ~1%), which depends on the
+    CPU's float rounding through 400 SFT steps."""
+    from vt.io import write_jsonl
+    records = [json.loads(line) for line in (task["root"] / "rl.jsonl").read_text().splitlines()]
+    data = write_jsonl(tmp_path / "rl_with_unreachable.jsonl",
+                       [dict(r, ground_truth="-1000") if i % 4 == 0 else r for i, r in enumerate(records)])
     zero_var = {}
     for rounds in (0, 3):
-        cfg = rl_config(task, **{"train.steps": 1, "train.eval_every": 0, "mgpo.dynamic_sampling_rounds": rounds})
+        cfg = rl_config(task, **{"train.steps": 1, "train.eval_every": 0, "mgpo.dynamic_sampling_rounds": rounds,
+                                 "data.train": str(data)})
         train_rl(cfg, tmp_path / f"ds{rounds}")
         row = [r for r in metrics(tmp_path / f"ds{rounds}") if "loss" in r][0]
         zero_var[rounds] = row["groups_all_correct"] + row["groups_all_wrong"]
         assert row["time_sample_s"] > 0 and row["time_reward_s"] > 0
-    assert zero_var[0] > 0  # the starting policy leaves some groups uniform
+    assert zero_var[0] > 0  # the unreachable prompts' groups at least
     assert zero_var[3] < zero_var[0], zero_var
 
 
