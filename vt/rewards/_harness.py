@@ -6,8 +6,9 @@ Usage (by sandbox.py): python3 -I /code/_harness.py LIMITS_JSON MODE   (solution
   MODE "call":  stdin is {"nonce": str, "fn_name": str, "args": [...]}; import the solution, call the
                 function (top level or a method of ``class Solution``), and print
                 "\\n<nonce>" + JSON {"ok": value} or {"error": kind, "message": str} on the saved stdout.
-  MODE "program": stdin is {"nonce": str, "setup": str, "test": str}; run a test program (HumanEval's
-                ``check(candidate)``, MBPP's asserts) against the solution and print "\\n<nonce>" + JSON
+  MODE "program": stdin is {"nonce": str, "setup": str, "test": str, "expose": [str]}; run a test program
+                (HumanEval's ``check(candidate)``, MBPP's asserts) against the solution's ``expose``d names
+                (never a builtin) and print "\\n<nonce>" + JSON
                 {"ok": true} or {"error": kind, "message": str}. See run_program for the isolation.
 
 Nothing here is trusted by the host. The expected output never enters the sandbox, so whatever the
@@ -316,6 +317,10 @@ def run_tests(request, call_w, reply_r):
             if reply[0] == "ok":
                 return decode(reply[1])
             exc = getattr(builtins, reply[1], None)
+            if isinstance(exc, type) and issubclass(exc, (StopIteration, StopAsyncIteration)):
+                # Raised through map() or iter(f, sentinel) it would end the test's iteration early:
+                # `all(map(lambda x: candidate(x) == y, xs))` would pass on an empty map.
+                raise RuntimeError("%s: %s" % (reply[1], reply[2]))
             if isinstance(exc, type) and issubclass(exc, Exception):
                 raise exc(reply[2])  # a test may expect e.g. ValueError
             if isinstance(exc, type) and issubclass(exc, BaseException):
@@ -325,10 +330,16 @@ def run_tests(request, call_w, reply_r):
         call.__name__ = call.__qualname__ = name
         return call
 
+    # Only the names the test reads and never binds itself (the host's free_names), and never a builtin:
+    # a solution's `abs` or `set` must not replace the one the test calls.
+    exposed = set(request.get("expose") or ()) - set(dir(builtins))
     for name, kind in ready[1].items():
+        if name not in exposed:
+            continue
         if kind[0] == "mod":
             module = standard_module(kind[1])
-            if module is not None:
+            # Under its own name only: `import operator as math` must not stand in for the test's `math`.
+            if module is not None and name in (module.__name__, module.__name__.rsplit(".", 1)[-1]):
                 scope[name] = module
         else:
             scope[name] = stand_in(name) if kind[0] == "fn" else decode(kind[1])

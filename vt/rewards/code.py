@@ -28,8 +28,12 @@ output_limit, memory, format (no Python code block); a sandbox that could not st
 """
 from __future__ import annotations
 
+import ast
 import base64
+import builtins
 import dataclasses
+import decimal
+import functools
 import io
 import json
 import math
@@ -44,6 +48,8 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from vt.rewards.base import (
     RewardFunction,
@@ -77,6 +83,8 @@ def last_code_block(text: str) -> tuple[str, str] | None:
 class StdioTest:
     input: str
     output: str
+    # How stdout is compared with ``output``: as the record's source grades it (see ``stdout_matches``).
+    grader: str = "vt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +101,51 @@ class CallTest:
 class ProgramTest:
     test: str  # Python test code; raises (AssertionError or any other exception) when the solution fails
     setup: str = ""  # run before the solution and before the tests (MBPP's test_setup_code)
+
+    @property
+    def exposed(self) -> list[str]:
+        """The solution's names the test program may see: see ``free_names``."""
+        return free_names(self.setup + "\n" + self.test)
+
+
+@functools.lru_cache(maxsize=4096)
+def free_names(source: str) -> list[str]:
+    """Names the test code reads but never binds, minus Python's builtins: the entry point, MBPP's
+    functions, a helper the test calls (HumanEval/32's ``poly``), a module the solution imported.
+
+    Only these of the solution's top-level names reach the test program. A name the test binds anywhere
+    (assigned, defined, imported, a parameter) stays the test's own, and a builtin is never taken from the
+    solution: a wrong solution that also defines ``abs`` or ``set`` to return 0 would otherwise pass
+    ``assert abs(candidate(x) - y) < 1e-6``. Conservative: a name bound in one scope and read in another
+    counts as bound.
+    """
+    tree = ast.parse(source)
+    loaded, bound = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.alias):
+            bound.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return sorted(loaded - bound - set(dir(builtins)))
+
+
+def _check_python(source: str, where: str) -> None:
+    try:
+        ast.parse(source)
+    except SyntaxError as e:
+        raise RewardSpecError(f"{where}: not valid Python (line {e.lineno}: {e.msg})") from None
 
 
 CodeTest = StdioTest | CallTest | ProgramTest
@@ -118,6 +171,7 @@ def parse_tests(tests: Any, index: int) -> list[CodeTest]:
                 raise RewardSpecError(f"{at}.program: must be a non-empty string of Python test code")
             if not isinstance(t.get("setup", ""), str):
                 raise RewardSpecError(f"{at}.setup: must be a string")
+            _check_python(t.get("setup", "") + "\n" + t["program"], f"{at}.program")
             out.append(ProgramTest(t["program"], t.get("setup", "")))
         elif "fn_name" in t:
             if not isinstance(t["fn_name"], str) or not t["fn_name"].isidentifier():
@@ -151,13 +205,16 @@ def code_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
             raise RewardSpecError(f"record {index}: field 'test': must be a non-empty string of Python test code")
         if not isinstance(entry, str) or not entry.isidentifier():
             raise RewardSpecError(f"record {index}: field 'entry_point': must be a Python identifier")
-        return [ProgramTest(f"{test}\n\ncheck({entry})\n")]
+        _check_python(test, f"record {index}: field 'test'")
+        return [ProgramTest(f"{test}\n\ncheck({entry})\n", prompt_context(record.get("prompt"), entry))]
     if "test_list" in record:  # MBPP
         asserts, setup = record["test_list"], record.get("test_setup_code") or ""
         if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
             raise RewardSpecError(f"record {index}: field 'test_list': must be a non-empty list of strings")
         if not isinstance(setup, str):
             raise RewardSpecError(f"record {index}: field 'test_setup_code': must be a string")
+        _check_python(setup, f"record {index}: field 'test_setup_code'")
+        _check_python("\n".join(asserts), f"record {index}: field 'test_list'")
         return [ProgramTest("\n".join(asserts) + "\n", setup)]
     if "public_test_cases" in record or "private_test_cases" in record:  # LiveCodeBench
         return livecodebench_tests(record, index)
@@ -169,6 +226,25 @@ def code_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
             "'test_list', LiveCodeBench's 'public_test_cases', or verl's 'reward_model.ground_truth'"
         ) from None
     return ground_truth_tests(truth, index)
+
+
+def prompt_context(prompt: Any, entry_point: str) -> str:
+    """HumanEval's prompt without the entry point's definition: the imports and helpers it gives (``poly``
+    in HumanEval/32, ``encode_cyclic`` in /38), run as the test's setup so that the test calls the prompt's
+    own helper, never one the solution redefined. "" when the prompt is not Python (e.g. a chat wrapper):
+    the test then reads the helper from the solution, as the official harness does."""
+    if not isinstance(prompt, str):
+        return ""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    lines = prompt.splitlines(keepends=True)
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == entry_point:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            return "".join(lines[: first - 1] + lines[node.end_lineno :])
+    return prompt
 
 
 def _json_field(value: Any, where: str) -> Any:
@@ -204,7 +280,7 @@ def ground_truth_tests(truth: Any, index: int) -> list[CodeTest]:
             tests.append(CallTest(fn_name, args, out, also))
         else:
             inp, out = _lines(inp, f"{at} input"), _lines(out, f"{at} output")
-            tests.append(StdioTest(inp, out))
+            tests.append(StdioTest(inp, out, grader="prime"))
     return tests
 
 
@@ -254,7 +330,7 @@ def _lcb_cases(cases: list, fn_name: str | None, where: str) -> list[CodeTest]:
                 raise RewardSpecError(f"{at}: functional input/output is not JSON ({e})") from e
             tests.append(CallTest(name, args, expected))
         else:
-            tests.append(StdioTest(c["input"], c["output"]))
+            tests.append(StdioTest(c["input"], c["output"], grader="livecodebench"))
     return tests
 
 
@@ -277,6 +353,70 @@ def normalise_stdout(text: str) -> list[str]:
     while lines and not lines[-1]:
         lines.pop()
     return lines
+
+
+def stdout_matches(got: str, expected: str, grader: str = "vt") -> bool:
+    """Whether a program's stdout passes, by the rule of the record's source:
+
+    - "vt" (vt's own ``tests``): equal lines after stripping trailing whitespace and trailing blank lines;
+    - "livecodebench" (LiveCodeBench's grader): the whole output stripped, split on newlines, every line
+      stripped; as many lines as expected, and each equal as text or, both read as whitespace-separated
+      numbers, equal as lists of Decimals (so "1.0" == "1", "1e2" == "100", never 0.1 == 0.1000001);
+    - "prime" (verl's prime_code / APPS checker): the stripped outputs equal (also with every line
+      stripped), or the non-empty lines equal the expected non-empty lines stripped, or, unless every
+      line pair is digits only, each line read as one float and all close (numpy's allclose: rtol 1e-5,
+      atol 1e-8).
+    """
+    if grader == "livecodebench":
+        return _livecodebench_match(got, expected)
+    if grader == "prime":
+        return _prime_match(got, expected)
+    return normalise_stdout(got) == normalise_stdout(expected)
+
+
+def _livecodebench_match(got: str, expected: str) -> bool:
+    def stripped_lines(text: str) -> list[str]:
+        return [line.strip() for line in text.strip().split("\n")]
+
+    def decimals(line: str) -> list[decimal.Decimal] | None:
+        try:
+            return [decimal.Decimal(x) for x in line.split()]
+        except (decimal.InvalidOperation, ValueError):
+            return None
+
+    got_lines, want_lines = stripped_lines(got), stripped_lines(expected)
+    if len(got_lines) != len(want_lines):
+        return False
+    for g, w in zip(got_lines, want_lines):
+        if g == w:
+            continue
+        dg, dw = decimals(g), decimals(w)
+        try:
+            if dg is None or dw is None or dg != dw:
+                return False
+        except decimal.InvalidOperation:  # a signalling NaN compared
+            return False
+    return True
+
+
+def _prime_match(got: str, expected: str) -> bool:
+    lines = got.splitlines()
+    want = expected.strip()
+    if "\n".join(lines).strip() == want or "\n".join(x.strip() for x in lines).strip() == want:
+        return True
+    want_lines = [x.strip() for x in expected.split("\n") if x]
+    if lines == [expected] or lines == want_lines:
+        return True
+    lines = [x for x in lines if x]
+    if lines == want_lines:
+        return True
+    if all(g.isdigit() and w.isdigit() for g, w in zip(lines, want_lines)):
+        return False  # integers compare as text only
+    try:
+        got_f, want_f = [float(x) for x in lines], [float(x) for x in want_lines]
+    except ValueError:
+        return False
+    return len(got_f) == len(want_f) and bool(np.allclose(got_f, want_f))
 
 
 def json_equal(expected: Any, got: Any) -> bool:
@@ -373,13 +513,13 @@ class CodeReward(RewardFunction):
             bad = classify_run(run)
             if bad is not None:
                 return bad
-            got = normalise_stdout(run.stdout.decode("utf-8", errors="replace"))
-            if got != normalise_stdout(test.output):
-                return "wrong", {"reason": "output differs", "stdout": clip("\n".join(got))}
+            got = run.stdout.decode("utf-8", errors="replace")
+            if not stdout_matches(got, test.output, test.grader):
+                return "wrong", {"reason": "output differs", "stdout": clip(got)}
             return None
         nonce = secrets.token_hex(16)
         if isinstance(test, ProgramTest):
-            request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test})
+            request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test, "expose": test.exposed})
             run = self.sandbox.run(code_dir, "program", request.encode(), limits, uid)
             return classify_run(run) or judge_program_result(run.stdout, nonce)
         request = json.dumps({"nonce": nonce, "fn_name": test.fn_name, "args": test.args})

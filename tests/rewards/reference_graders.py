@@ -1,0 +1,52 @@
+"""Run LiveCodeBench's and verl's (PRIME's) own stdin/stdout graders on printed outputs.
+
+Usage: python reference_graders.py {livecodebench|prime} < JSON [[printed, expected], ...]
+Prints a JSON list of verdicts (true = the reference grader passes the program that prints ``printed``).
+A separate process: verl's run_test disables os functions (reliability_guard) in the process that runs it.
+The packages are installed with --no-deps (the Makefile); only their grader modules are loaded, by path,
+so that neither package's __init__ (and its heavy imports) runs.
+"""
+import importlib.util
+import json
+import os
+import sys
+
+
+def load(package: str, relative: str):
+    root = importlib.util.find_spec(package).submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location(f"ref_{package}", os.path.join(root, relative))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def program(printed: str) -> str:
+    return "import sys\nsys.stdout.write(%r)\n" % printed
+
+
+def livecodebench(pairs):
+    grader = load("livecodebench", "evaluation/testing_util.py")
+    verdicts = []
+    for printed, expected in pairs:
+        results, _ = grader.grade_stdio(program(printed), [""], [expected], timeout=10)
+        verdicts.append(results == [True])
+    return verdicts
+
+
+def prime(pairs):
+    grader = load("verl", "utils/reward_score/prime_code/testing_util.py")
+    # run_test first disables os functions (os.putenv among them), which breaks its own second call: the
+    # programs here are ours and print a constant, so the guard is skipped. The comparison is untouched.
+    grader.reliability_guard = lambda *args, **kwargs: None
+    verdicts = []
+    for printed, expected in pairs:
+        results, _ = grader.run_test({"inputs": [""], "outputs": [expected]}, test=program(printed), timeout=10)
+        verdicts.append(results == [True])
+    return verdicts
+
+
+if __name__ == "__main__":
+    pairs = json.load(sys.stdin)
+    verdicts = {"livecodebench": livecodebench, "prime": prime}[sys.argv[1]](pairs)
+    sys.stdout = sys.__stdout__
+    print(json.dumps(verdicts))
