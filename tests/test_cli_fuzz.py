@@ -40,8 +40,8 @@ def bad_flag_values(action: argparse.Action) -> list[str]:
     if action.choices is not None:
         return ["no-such-choice"]
     rng = getattr(action.type, "range", None)
-    if rng is None:
-        return []
+    if rng is None:  # a non-numeric check (vt.validation.non_empty): the values it refuses
+        return list(getattr(action.type, "bad_values", ()))
     values = ["abc"]
     if rng.ge is not None:
         values.append(str(rng.ge - 1))

@@ -42,7 +42,7 @@ from vt.distributed import allgather, global_batch
 from vt.model.config import ModelConfig
 from vt.sharding import MeshConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, resolve_model_config, run_loop,
-                           write_run_config)
+                           run_workdir)
 from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.step import BATCH_DTYPES, BATCH_KEYS, as_microbatches, batch_sharding, make_eval_step, make_train_step
@@ -254,7 +254,5 @@ class Learner:
 
 def train(cfg: SftConfig, workdir: Path | str) -> TrainResult:
     """Run (or resume) SFT in `workdir` until `train.steps` updates, a SIGTERM, or a non-finite step."""
-    workdir = Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_run_config(cfg, workdir)
-    return Learner(cfg, workdir).run()
+    with run_workdir(cfg, workdir) as workdir:
+        return Learner(cfg, workdir).run()
