@@ -15,8 +15,9 @@ Saves are asynchronous (the train loop continues while Orbax writes). The seal i
 post-finalisation callback into Orbax's temporary directory once every item is written, so the step appears
 (Orbax's atomic rename) already sealed. A step committed but unsealed (its seal deleted, an older vt's step, a
 kill between a synchronous save's commit and its seal) is refused at start-up with one line, unless
---trust-checkpoint accepts it (recognised complete by Orbax's commit marker, then sealed). Orbax retires old steps by renaming them into `.vt-deleted/` and
-we delete them from there, so a kill during a deletion never leaves a half-deleted step to resume from. On
+--trust-checkpoint accepts it (recognised complete by Orbax's commit marker, then sealed). Orbax retires old
+steps by renaming them into `.vt-deleted/` and we delete them from there, so a kill during a deletion never
+leaves a half-deleted step to resume from. On
 start-up, Orbax's temporary directories (saves that never committed) are removed and reported. A restore
 verifies the seal while Orbax reads the files: any difference is a VtError naming the step and the file, never
 a silently wrong value; a resume with another model is named as such.

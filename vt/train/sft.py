@@ -92,7 +92,7 @@ class DataSection:
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
     steps: Annotated[int, NON_NEGATIVE] = 0  # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
-    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the end, if eval data is set)
+    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the last step, if eval data is set; never at a SIGTERM)
     peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
     progress: bool = True  # tqdm progress bar
     compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
