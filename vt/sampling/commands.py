@@ -152,11 +152,11 @@ def run(args: argparse.Namespace) -> int:
         raise VtError(f"{args.out}: directory {out_dir} does not exist")
     if args.stats_json is not None:
         check_output_path(args.stats_json, "--stats-json")
-    _check_memory(args, cfg, model_cfg, requests, lines, context)
-
     # Locked until OUT is written: a second `vt sample` to the same OUT is refused at once, where it would
-    # compute for nothing and then replace this one's output.
+    # compute for nothing and then replace this one's output; before the memory check, which starts JAX's
+    # backend (device memory the first one may be using).
     with exclusive(args.out, "--out", inside=False):
+        _check_memory(args, cfg, model_cfg, requests, lines, context)
         engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
         total = sum(r.n or cfg.n for r in requests)
         bar = None

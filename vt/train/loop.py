@@ -27,7 +27,7 @@ import numpy as np
 from vt import VtError
 from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
-from vt.distributed import enable_compilation_cache
+from vt.distributed import enable_compilation_cache, is_primary
 from vt.io import exclusive
 from vt.model.config import ModelConfig, preset
 from vt.model.qwen2 import create_model
@@ -101,9 +101,10 @@ def run_workdir(cfg, workdir: Path | str) -> Iterator[Path]:
     """A learner's workdir for the whole run: created, locked (vt.io.exclusive: a second learner on the same
     workdir is refused with the pid of this one before it writes anything, where two would interleave
     metrics.jsonl and delete each other's checkpoints), holding the run's config.json. Process 0 holds the lock
-    for every process of a multi-process run."""
+    for every process of a multi-process run. Taken before JAX starts its backend (is_primary asks none of a
+    single process), so a refused second run never claims device memory the first one is using."""
     workdir = Path(workdir).absolute()
-    with exclusive(workdir, "workdir", inside=True, enabled=jax.process_index() == 0):
+    with exclusive(workdir, "workdir", inside=True, enabled=is_primary()):
         write_run_config(cfg, workdir)
         yield workdir
 
