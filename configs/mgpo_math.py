@@ -98,7 +98,7 @@ def get_config(arg=None):
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 1000  # RL steps; not published: stop on the held-out curve
-    c.train.eval_every = 50  # steps between held-out accuracy evaluations
+    c.train.eval_every = 50  # steps between held-out accuracy evaluations (always at start and end; 0 = only those)
     c.train.eval_samples = 8  # avg@8 at the rollout temperature
     c.train.eval_prompts = 64  # held-out prompts per evaluation
     c.train.progress = True  # tqdm progress bar

@@ -70,7 +70,7 @@ def get_config(arg=None):
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 0  # 0: num_epochs x batches per epoch, counted with one pass over the data at start-up
-    c.train.eval_every = 200  # steps between held-out evaluations (and always at the end)
+    c.train.eval_every = 200  # steps between held-out evaluations (and always at the end; 0 = only at the end)
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
     c.train.progress = True  # tqdm progress bar
     c.train.compilation_cache = ""  # JAX persistent compilation cache directory ("" = off)

@@ -142,3 +142,138 @@ def test_config_field_ranges_are_named_by_dotted_field():
         to_dataclass(FilterConfig, {"max_repetition": 1.5}, "config.filter")
     with pytest.raises(VtError, match="DedupConfig.near_threshold: must be >= 0 and <= 1"):
         DedupConfig(near_threshold=2.0)  # built in Python, not from a config file: named by class
+
+
+# --- issue 23 items 3-5, 7, 8 --------------------------------------------------------------------------------------
+
+SMOKE_TRAIN = ["train", "--config", "configs/sft_stage1.py:smoke", "--config.train.progress=False"]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_two_trains_on_one_workdir_the_second_is_refused_naming_the_first(tmp_path):
+    """Both ran: metrics.jsonl lost, duplicated and reordered lines and both Orbax managers deleted steps."""
+    import signal
+    import sys
+    import time
+    from testutil import REPO
+    work = tmp_path / "w"
+    argv = [sys.executable, "-m", "vt", *SMOKE_TRAIN, "--workdir", str(work), "--config.train.steps=100000",
+            "--config.checkpoint.every=100000", "--config.train.eval_every=0"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    first = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = work / "metrics.jsonl"
+        end = time.time() + 300
+        while first.poll() is None and time.time() < end and not (metrics.is_file() and metrics.read_text()):
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[1]
+        second = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        lines = [line for line in second.stderr.splitlines() if line.strip()]
+        assert second.returncode == 2 and len(lines) == 1 and "Traceback" not in second.stderr, second.stderr
+        assert f"in use by another vt process (pid {first.pid}," in lines[0] and str(work) in lines[0]
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 143, err  # the first one ran on unharmed and saved on SIGTERM
+    steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))
+    assert (work / "checkpoints" / str(steps[-1]) / "vt_checksums.json").is_file()
+    assert not (work / ".vt.lock").exists()
+
+
+def test_train_into_a_model_checkpoint_or_a_foreign_tree_is_refused_before_writing(ckpt, tmp_path, capsys):
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine\n")
+    cases = {ckpt: "is a model checkpoint", ckpt.parent / "hf": "is a model checkpoint",
+             foreign: "is not empty and not a vt training workdir"}
+    for workdir, needle in cases.items():
+        before = snapshot(workdir)
+        assert main([*SMOKE_TRAIN, "--workdir", str(workdir)]) == 2, workdir
+        line = one_error_line(capsys)
+        assert f"--workdir {workdir}: {needle}" in line, line
+        assert snapshot(workdir) == before
+    from vt.checkpoint.seal import verify_seal
+    verify_seal(ckpt, "ckpt")  # still whole
+
+
+def test_checkpoint_every_zero_or_negative_is_refused_before_anything_is_written(tmp_path, capsys):
+    """every=0 crashed with ZeroDivisionError after training and left a half-made workdir; every=-3 saved 3, 4."""
+    for value in ("0", "-3"):
+        assert main([*SMOKE_TRAIN, "--workdir", str(tmp_path / "w"), f"--config.checkpoint.every={value}"]) == 2
+        assert f"config.checkpoint.every: must be >= 1, got {value}" in one_error_line(capsys)
+    assert main([*SMOKE_TRAIN, "--workdir", str(tmp_path / "w"), "--config.train.eval_every=-1"]) == 2
+    assert "config.train.eval_every: must be >= 0, got -1" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_output_is_locked_while_a_command_writes_it(ckpt, tmp_path, capsys):
+    """convert, merge, sample and eval: a second writer of the same output is refused naming the first's pid."""
+    from vt.io import exclusive
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    cases = [
+        (tmp_path / "m", False, ["merge", str(ckpt), str(ckpt), "--out", str(tmp_path / "m")]),
+        (tmp_path / "c", False, ["convert", "hf-to-orbax", str(ckpt.parent / "hf"), str(tmp_path / "c")]),
+        (tmp_path / "h", False, ["convert", "orbax-to-hf", str(ckpt), str(tmp_path / "h")]),
+        (tmp_path / "o.jsonl", False, ["sample", "--ckpt", str(ckpt), "--prompts", str(tmp_path / "p.jsonl"),
+                                       "--out", str(tmp_path / "o.jsonl"), "--no-progress", "--max-new-tokens", "2"]),
+        (tmp_path / "e", True, ["eval", "--config", "configs/eval_aime25.py:smoke", "--ckpt", str(ckpt), "--out",
+                                str(tmp_path / "e")]),
+    ]
+    for out, inside, argv in cases:
+        with exclusive(out, "held by the test", inside=inside):  # another process's run, as far as flock knows
+            assert main(argv) == 2, argv
+            assert f"in use by another vt process (pid {os.getpid()}," in one_error_line(capsys), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "p.jsonl"]  # eval's lock lives inside its --out
+    assert list((tmp_path / "e").iterdir()) == []
+
+
+def test_data_filter_min_above_max_and_a_filter_that_drops_every_row(tmp_path, capsys):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": f"question {i}", "response": "a fine answer " * 3}) + "\n"
+                           for i in range(4)))
+    out = tmp_path / "out.jsonl"
+    assert main(["data", "filter", str(inp), str(out), "--min-chars", "100", "--max-chars", "10"]) == 2
+    assert "--max-chars: must be 0 (no limit) or >= min_chars (100), got 10" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]
+    assert main(["data", "filter", str(inp), str(out), "--min-chars", "1000", "--no-progress"]) == 2
+    assert "every one of the 4 input rows was removed (too_short 4)" in one_error_line(capsys)
+    assert main(["data", "filter", str(inp), str(tmp_path / "kept.jsonl"), "--no-progress"]) == 0
+
+
+def test_info_on_a_training_workdir_describes_the_run(ckpt, tmp_path, capsys):
+    """It said "model_type is None ... vt supports only Qwen2" (the run's config.json read as a model's)."""
+    work = tmp_path / "w"
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "config.json").write_text(json.dumps({"learner": "sft", "model": {"preset": "tiny"}}))
+    (work / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert main(["info", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert "training workdir, learner sft" in out and "no sealed checkpoint yet" in out
+    shutil.copytree(ckpt, work / "checkpoints" / "2")  # a sealed step directory is a model checkpoint
+    assert main(["info", str(work)]) == 0
+    out = capsys.readouterr().out
+    assert "sealed steps: 2" in out and f"newest checkpoint: {work / 'checkpoints' / '2'}" in out
+    assert main(["info", str(work), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["steps"] == [2] and d["metrics_lines"] == 2 and d["newest_checkpoint"] == str(work / "checkpoints" / "2")
+    assert main(["info", d["newest_checkpoint"]]) == 0  # where it points is a model checkpoint
+
+
+def test_empty_stop_string_is_named_by_its_flag(ckpt, tmp_path, capsys):
+    (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
+    assert main(["sample", "--ckpt", str(ckpt), "--prompts", str(tmp_path / "p.jsonl"), "--out",
+                 str(tmp_path / "o.jsonl"), "--stop", ""]) == 2
+    assert "argument --stop: must not be empty" in one_error_line(capsys)
+
+
+def test_commands_that_read_checkpoints_take_trust_checkpoint():
+    from test_cli_fuzz import COMMANDS
+    readers = [("profile",), ("self-distill",), ("pipeline",), ("demo",), ("train",), ("merge",), ("sample",),
+               ("eval",), ("info",), ("convert", "orbax-to-hf")]
+    for words in readers:
+        flags = {f for a in COMMANDS[words]._actions for f in a.option_strings}
+        assert "--trust-checkpoint" in flags, words

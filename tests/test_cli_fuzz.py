@@ -40,8 +40,8 @@ def bad_flag_values(action: argparse.Action) -> list[str]:
     if action.choices is not None:
         return ["no-such-choice"]
     rng = getattr(action.type, "range", None)
-    if rng is None:
-        return []
+    if rng is None:  # a non-numeric check (vt.validation.non_empty): the values it refuses
+        return list(getattr(action.type, "bad_values", ()))
     values = ["abc"]
     if rng.ge is not None:
         values.append(str(rng.ge - 1))
@@ -168,6 +168,19 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
          "no_such_field"),
         (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.optim.lr=-1.0"],
          "config.optim.lr: must be > 0"),
+        # issue 23: refused before anything is written (every=0 divided by zero after training; -3 saved 3, 4)
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.checkpoint.every=0"],
+         "config.checkpoint.every: must be >= 1, got 0"),
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.checkpoint.every=-3"],
+         "config.checkpoint.every: must be >= 1, got -3"),
+        (["--config", "{repo}/configs/mgpo_math.py:smoke", "--workdir", "{d}/w", "--config.mgpo.mini_batches=0"],
+         "config.mgpo.mini_batches: must be >= 1, got 0"),
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/w", "--config.mesh.fsdp=0"],
+         "config.mesh.fsdp: must be -1 (all remaining devices) or >= 1, got 0"),
+        # a model checkpoint or a foreign tree as --workdir: written into, the checkpoint no longer matched its seal
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}/ckpt_noparams"],
+         "--workdir {d}/ckpt_noparams: is a model checkpoint"),
+        (["--config", "{repo}/configs/sft_stage1.py:smoke", "--workdir", "{d}"], "not a vt training workdir"),
     ],
     ("merge",): [
         (["{d}/ckpt_badtype", "{d}/ckpt_badtype", "--out", "{d}/m"], "field 'hidden_size'"),
@@ -228,6 +241,11 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
 }
 
 
+# issue 23 item 7: a length window no row can pass, refused before the output is opened
+FILE_CASES[("data", "filter")].append(
+    (["{d}/precious.jsonl", "{d}/o.jsonl", "--min-chars", "100", "--max-chars", "10"], "--max-chars"))
+
+
 def test_every_subcommand_has_malformed_file_cases():
     assert sorted(COMMANDS) == sorted(FILE_CASES), "add malformed-file cases for new subcommands to FILE_CASES"
 
@@ -240,6 +258,81 @@ FILE_PARAMS = [(words, argv, needle) for words, cases in FILE_CASES.items() for 
 def test_malformed_files_are_refused_naming_them(words, argv, needle, files, capsys):
     before = snapshot(files)
     argv = [a.replace("{d}", str(files)).replace("{repo}", str(REPO)) for a in argv]
-    assert_one_line_error([*words, *argv], capsys, needle)
+    assert_one_line_error([*words, *argv], capsys, needle.replace("{d}", str(files)))
     after = snapshot(files)
     assert {k: v for k, v in after.items() if k in before} == before, "an input or existing output changed"
+
+
+# --- config files: every numeric field of every config a command reads is range-checked (issue 23 item 5) ----------
+
+def _config_roots():
+    from vt.datagen.quality import DedupConfig, FilterConfig
+    from vt.distill.run import SelfDistillConfig
+    from vt.eval.runner import EvalConfig
+    from vt.recipe import stages
+    from vt.recipe.runner import RecipeConfig
+    from vt.rl.learner import RLConfig
+    from vt.train.sft import SftConfig
+    return [SftConfig, RLConfig, EvalConfig, SelfDistillConfig, RecipeConfig, stages.DataStageConfig,
+            stages.ProfileStageConfig, stages.SelectStageConfig, stages.ExportStageConfig, FilterConfig, DedupConfig]
+
+
+def _numeric_fields():
+    """(root class, dotted path, the field's Range or None, its type) for every int/float field (or tuple of them)
+    reachable from the config roots."""
+    import dataclasses
+    import typing
+    from vt.validation import Range
+    out = []
+
+    def walk(root, cls, path):
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            annotated = typing.get_origin(tp) is typing.Annotated
+            base = typing.get_args(tp)[0] if annotated else tp
+            ranges = [m for m in tp.__metadata__ if isinstance(m, Range)] if annotated else []
+            args = typing.get_args(base) or (base,)
+            for a in args:
+                if dataclasses.is_dataclass(a):
+                    walk(root, a, path + (f.name,))
+            kind = next((a for a in args if a in (int, float)), None)
+            if kind is not None:
+                out.append((root, path + (f.name,), ranges[0] if ranges else None, kind,
+                            typing.get_origin(base) is tuple))
+    for root in _config_roots():
+        walk(root, root, ())
+    return out
+
+
+NUMERIC_FIELDS = _numeric_fields()
+
+
+def test_every_numeric_config_field_has_a_range():
+    bare = [f"{root.__name__}.{'.'.join(path)}" for root, path, rng, _, _ in NUMERIC_FIELDS if rng is None]
+    assert bare == [], f"annotate with a vt.validation.Range and call check_fields in __post_init__: {bare}"
+
+
+def _out_of_range(rng, kind) -> list:
+    values = [b for b in (None if rng.ge is None else rng.ge - 1, rng.gt, None if rng.le is None else rng.le + 1,
+                          rng.lt) if b is not None]
+    values = [kind(v) for v in values]
+    return values + ([float("nan")] if kind is float else [])
+
+
+CONFIG_CASES = [(root, path, value, is_tuple) for root, path, rng, kind, is_tuple in NUMERIC_FIELDS if rng
+                for value in _out_of_range(rng, kind)]
+
+
+@pytest.mark.parametrize("root,path,value,is_tuple", CONFIG_CASES,
+                         ids=[f"{r.__name__}.{'.'.join(p)}={v}" for r, p, v, _ in CONFIG_CASES])
+def test_out_of_range_config_values_are_refused_naming_the_field(root, path, value, is_tuple):
+    from vt import VtError
+    from vt.config import to_dataclass
+    data = {path[-1]: (value,) if is_tuple else value}
+    for name in reversed(path[:-1]):
+        data = {name: data}
+    with pytest.raises(VtError) as e:
+        to_dataclass(root, data)
+    dotted = "config." + ".".join(path) + ("[0]" if is_tuple else "")
+    assert str(e.value).startswith(f"{dotted}: must be"), (str(e.value), dotted)

@@ -41,3 +41,53 @@ def test_bad_line_is_named(tmp_path):
     path.write_text('{"a": 1}\n\n[1, 2]\n')
     with pytest.raises(VtError, match=r"bad\.jsonl:3: expected a JSON object, got list"):
         list(read_rows(path))
+
+
+# --- vt.io.exclusive: one writer per workdir or output (issue 23 item 3) ---------------------------------------
+
+def test_a_second_holder_is_refused_naming_the_first_ones_pid(tmp_path):
+    from vt.io import LOCK_FILE, exclusive
+    work = tmp_path / "work"
+    with exclusive(work, "--workdir", inside=True) as lock:
+        assert lock == work / LOCK_FILE and lock.read_text() == f"{os.getpid()}\n"
+        # flock belongs to the open file, so a second open in this same process conflicts like another process
+        with pytest.raises(VtError, match=rf"^--workdir {work}: in use by another vt process \(pid {os.getpid()}, "):
+            with exclusive(work, "--workdir", inside=True):
+                pass
+        assert lock.read_text() == f"{os.getpid()}\n"  # the refused one changed nothing
+    assert not (work / LOCK_FILE).exists()  # released and removed
+    with exclusive(work, "--workdir", inside=True):  # free again
+        pass
+
+
+def test_an_output_that_appears_by_rename_is_locked_beside_it(tmp_path):
+    from vt.io import exclusive
+    out = tmp_path / "merged"
+    with exclusive(out, "output", inside=False) as lock:
+        assert lock.parent == tmp_path and not out.exists()
+        with pytest.raises(VtError, match="in use by another vt process"):
+            with exclusive(out, "output", inside=False):
+                pass
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_the_kernel_releases_the_lock_of_a_killed_holder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    from vt.io import LOCK_FILE, exclusive
+    work = tmp_path / "work"
+    code = ("import sys, time; from vt.io import exclusive\n"
+            "with exclusive(sys.argv[1], 'w', inside=True):\n    print('held', flush=True); time.sleep(600)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(work)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        with pytest.raises(VtError, match=rf"pid {p.pid}\b"):
+            with exclusive(work, "w", inside=True):
+                pass
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert (work / LOCK_FILE).exists()  # kill -9 ran no clean-up, yet the lock is free
+    with exclusive(work, "w", inside=True) as lock:
+        assert lock.read_text() == f"{os.getpid()}\n"

@@ -6,12 +6,16 @@ and never a half-written one. ``read_rows(path)`` yields ``(where, row)`` with `
 ``file:row N``, every field kept (vt.data.sources normalises; this does not); a malformed JSON line raises
 VtError naming it. ``ResumableWriter`` appends JSONL lines with a journal so a killed run continues exactly where
 it stopped (see its docstring); a ``.parquet`` output is assembled from the finished JSONL at the end.
+``exclusive(target, name)`` holds the one lock that keeps two vt processes from writing the same workdir or
+output at once.
 
 This module sits at the bottom of vt's imports (it needs only vt.validation), so any package may use it.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import tempfile
@@ -25,6 +29,72 @@ import pyarrow.parquet as pq
 
 from vt import VtError
 from vt.validation import parse_json_line
+
+
+LOCK_FILE = ".vt.lock"
+
+
+def lock_path(target: Path | str, *, inside: bool) -> Path:
+    """Where the lock of `target` lives: inside a directory written in place (a training workdir, `vt eval
+    --out`); beside an output that appears by rename when it is complete (a checkpoint directory, a file), which
+    cannot hold the lock while it is written (and a file inside a sealed checkpoint would break its seal)."""
+    target = Path(target)
+    return target / LOCK_FILE if inside else target.parent / f".{target.name}{LOCK_FILE}"
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "pid unknown"
+
+
+@contextlib.contextmanager
+def exclusive(target: Path | str, name: str, *, inside: bool, enabled: bool = True) -> Iterator[Path]:
+    """Hold an exclusive lock on `target` (a workdir or an output; `name` says which, e.g. "--workdir") for the
+    block, or raise VtError naming the pid of the process that holds it. fcntl.flock on `lock_path(target)`:
+    the kernel releases it when the process ends however it ends (kill -9 included), so a lock is never stale;
+    the file holds the holder's pid for that message and is removed when the block ends. `enabled=False`
+    (processes other than the first of a multi-process run, which share the first's lock) only yields.
+
+    A lock file is removed on release, so a process that opened it just before may lock a name that is gone: it
+    then starts over with the file now at that path (the inode check below)."""
+    path = lock_path(target, inside=inside)
+    if not enabled:
+        yield path
+        return
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise VtError(f"{name} {target}: cannot create its lock {path} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise VtError(f"{name} {target}: cannot lock {path} ({e.strerror})") from None
+            raise VtError(f"{name} {target}: in use by another vt process ({_holder(path)}, lock {path}); wait for "
+                          "it to finish or stop it") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        # Unlink while still holding the lock, then release: a process that opens the name after this sees a new
+        # file (or none) and locks that.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def plain(x: Any) -> Any:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Annotated, Any, Iterator, Mapping, Sequence
 
 import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt import VtError
+from vt.validation import FieldError, Range, check_fields
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -50,22 +51,30 @@ LOGICAL_RULES: Mapping[str, Any] = {
 }
 
 
+MESH_SIZE = Range(ge=-1)  # -1: the devices the other axes leave; 0 is refused separately
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """Sizes of the mesh axes. -1 in one axis means 'all remaining devices'."""
-    data: int = 1
-    fsdp: int = -1
-    tensor: int = 1
+    data: Annotated[int, MESH_SIZE] = 1
+    fsdp: Annotated[int, MESH_SIZE] = -1
+    tensor: Annotated[int, MESH_SIZE] = 1
+
+    def __post_init__(self):
+        check_fields(self)
+        for name in ("data", "fsdp", "tensor"):
+            if getattr(self, name) == 0:  # inside MESH_SIZE's bounds, yet no mesh has an axis of size 0
+                raise FieldError(type(self).__name__, name, "must be -1 (all remaining devices) or >= 1, got 0")
+        sizes = [self.data, self.fsdp, self.tensor]
+        if sizes.count(-1) > 1:
+            raise VtError(f"mesh: at most one of data/fsdp/tensor may be -1, got {sizes}")
 
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
     devices = list(devices if devices is not None else jax.devices())
-    sizes = [cfg.data, cfg.fsdp, cfg.tensor]
-    if sizes.count(-1) > 1:
-        raise VtError(f"mesh: at most one of data/fsdp/tensor may be -1, got {sizes}")
+    sizes = [cfg.data, cfg.fsdp, cfg.tensor]  # checked by MeshConfig: each -1 or >= 1, at most one -1
     fixed = math.prod(s for s in sizes if s != -1)
-    if any(s == 0 or s < -1 for s in sizes):
-        raise VtError(f"mesh: sizes must be positive or -1, got data={cfg.data} fsdp={cfg.fsdp} tensor={cfg.tensor}")
     if -1 in sizes:
         if len(devices) % fixed:
             raise VtError(f"mesh: {len(devices)} devices do not divide by data*tensor={fixed}")

@@ -104,6 +104,16 @@ top_k.range = Range(ge=-1)
 top_k.bad_values = ("0",)  # inside that range yet refused
 
 
+def non_empty(text: str) -> str:
+    """argparse type for a text flag whose empty value means nothing (a stop string that would match everywhere)."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+non_empty.bad_values = ("",)
+
+
 positive_int = integer(ge=1)
 non_negative_int = integer(ge=0)
 positive_float = number(gt=0)
@@ -131,14 +141,17 @@ def _ranges(cls) -> tuple[tuple[str, Range], ...]:
 
 
 def check_fields(obj) -> None:
-    """Raise FieldError for the first field of dataclass ``obj`` outside its annotated Range."""
+    """Raise FieldError for the first field of dataclass ``obj`` outside its annotated Range; a tuple or list of
+    numbers (``ks: Annotated[tuple[int, ...], AT_LEAST_1]``) is checked item by item, named ``field[i]``."""
     for name, rng in _ranges(type(obj)):
         value = getattr(obj, name)
-        if value is None or isinstance(value, bool):
-            continue
-        problem = rng.problem(value)
-        if problem:
-            raise FieldError(type(obj).__name__, name, problem)
+        items = enumerate(value) if isinstance(value, (tuple, list)) else [(None, value)]
+        for i, item in items:
+            if item is None or isinstance(item, bool):
+                continue
+            problem = rng.problem(item)
+            if problem:
+                raise FieldError(type(obj).__name__, name if i is None else f"{name}[{i}]", problem)
 
 
 def check_value(value, rng: Range, name: str) -> None:

@@ -87,3 +87,29 @@ def test_a_truncated_file_is_one_clean_line_even_unverified(sealed, tmp_path, ca
     assert main(["convert", "orbax-to-hf", str(bad), str(tmp_path / "b"), "--trust-checkpoint"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot restore" in err and "pybind11" not in err and len(err.splitlines()) == 1, err
+
+
+def test_a_deleted_seal_is_refused_at_resume_unless_trusted(tmp_path, capsys):
+    """Issue 23 item 6: a committed step whose seal was deleted was re-sealed as good at resume, whatever its files
+    held. Now the resume is refused in one line (the step is left as it is); --trust-checkpoint accepts it."""
+    from vt.checkpoint.seal import set_verify
+    work = tmp_path / "w"
+    train = ["train", "--config", "configs/sft_stage1.py:smoke", "--workdir", str(work), "--config.train.progress=False",
+             "--config.train.eval_every=0", "--config.checkpoint.every=1"]
+    try:
+        assert main([*train, "--config.train.steps=2"]) == 0
+        step = work / "checkpoints" / "2"
+        (step / CHECKSUM_FILE).unlink()
+        before = {p: p.read_bytes() for p in step.rglob("*") if p.is_file()}
+        capsys.readouterr()
+        assert main([*train, "--config.train.steps=3"]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and f"checkpoint step 2 ({step}): committed but not sealed" in err[0], err
+        assert "--trust-checkpoint" in err[0]
+        assert {p: p.read_bytes() for p in step.rglob("*") if p.is_file()} == before  # not re-sealed
+        assert main([*train, "--config.train.steps=3", "--trust-checkpoint"]) == 0
+        lines = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in lines] == [1, 2, 3]  # resumed from the trusted step 2
+        verify_seal(step, "step 2")  # accepted, and sealed as it was
+    finally:
+        set_verify(True)

@@ -130,3 +130,8 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     ck = tmp_path / "checkpoints" / str(step)
     assert (ck / "vt_checksums.json").is_file() and step >= 2
     assert _logged_steps(tmp_path) == step
+    # Issue 23 item 8: no held-out eval at the preempted step (the smoke config has eval data, eval_every=0 means
+    # "at the last step only"), so the line is what an uninterrupted run writes there and a resumed run's
+    # metrics.jsonl equals a straight one's.
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == step and "eval_loss" not in last

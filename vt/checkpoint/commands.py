@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     add_trust_flag(o2h)
     o2h.set_defaults(func=_orbax_to_hf)
 
-    info = subparsers.add_parser("info", help="describe a vt checkpoint or HF model directory")
+    info = subparsers.add_parser("info", help="describe a vt checkpoint, HF model directory or training workdir")
     info.add_argument("path", type=Path)
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_trust_flag(info)
@@ -84,9 +84,45 @@ def describe(path: Path) -> dict:
             "tensors": tensors}
 
 
+def describe_run(path: Path) -> dict:
+    """A training workdir (vt.checkpoint.manager.is_run_dir): its learner, its sealed steps, and the newest one,
+    the model checkpoint the other commands take."""
+    from vt.checkpoint.manager import CHECKPOINTS_DIR
+    from vt.checkpoint.seal import sealed_steps
+    path = Path(path)
+    try:
+        learner = json.loads((path / "config.json").read_text()).get("learner")
+    except (OSError, ValueError, AttributeError):
+        learner = None
+    steps = sealed_steps(path / CHECKPOINTS_DIR)
+    metrics = path / "metrics.jsonl"
+    return {"path": str(path), "format": "vt-workdir", "learner": learner, "steps": steps,
+            "newest_checkpoint": str(path / CHECKPOINTS_DIR / str(steps[-1])) if steps else None,
+            "metrics_lines": sum(1 for line in metrics.open("rb") if line.strip()) if metrics.is_file() else 0}
+
+
+def _print_run(d: dict) -> None:
+    print(f"{d['path']}  [training workdir, learner {d['learner'] or 'unknown'}]")
+    print(f"metrics.jsonl: {d['metrics_lines']} lines")
+    if not d["steps"]:
+        print("no sealed checkpoint yet")
+        return
+    print(f"sealed steps: {', '.join(map(str, d['steps']))}")
+    print(f"newest checkpoint: {d['newest_checkpoint']}  (a model checkpoint: give it to vt info, vt sample, "
+          "vt eval --ckpt, vt convert orbax-to-hf)")
+
+
 def _info(args: argparse.Namespace) -> int:
+    from vt.checkpoint.manager import is_run_dir
     if not args.path.exists():
         raise VtError(f"{args.path}: no such file or directory")
+    if args.path.is_dir() and is_run_dir(args.path):  # its config.json is the run's, not a model's
+        d = describe_run(args.path)
+        if args.json:
+            print(json.dumps(d, indent=2))
+        else:
+            _print_run(d)
+        return 0
     d = describe(args.path)
     if args.json:
         print(json.dumps(d, indent=2))

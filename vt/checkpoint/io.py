@@ -19,6 +19,7 @@ from typing import Iterator
 from vt import VtError
 from vt.checkpoint.seal import is_sealed
 from vt.distributed import barrier, is_primary, process_count
+from vt.io import exclusive
 
 
 CREATED_MARKER = ".vt-created"
@@ -52,13 +53,20 @@ def remove_created_dir(path: Path, flag: str) -> bool:
 @contextlib.contextmanager
 def atomic_output_dir(out_dir: Path | str, *, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of `out_dir` to write into; rename it to `out_dir` on success, delete it on any
-    error. An existing non-empty `out_dir` is refused unless overwrite=True, so nothing saved is ever lost.
+    error. An existing non-empty `out_dir` is refused unless overwrite=True, so nothing saved is ever lost. The
+    output is locked while it is written (vt.io.exclusive, beside it): a second writer of the same `out_dir` is
+    refused naming the first one's pid, where it would replace (or delete) the first one's output.
 
     Multi-process (jax.distributed): every process must enter with the same `out_dir`; they all get the same
     temporary directory (Orbax writes each process's shards into it), process 0 creates and renames it, and
     barriers keep the others from writing before it exists or returning before the rename. Plain files
     written inside should come from process 0 only (vt.distributed.is_primary)."""
     out_dir = Path(out_dir)
+    with exclusive(out_dir, "output", inside=False, enabled=is_primary()):
+        yield from _atomic_output_dir(out_dir, overwrite)
+
+
+def _atomic_output_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         if not overwrite:
             raise VtError(f"{out_dir}: already exists and is not empty; choose another output directory")

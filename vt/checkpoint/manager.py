@@ -13,10 +13,11 @@ Each step directory `DIR/<step>/` holds
 
 Saves are asynchronous (the train loop continues while Orbax writes). The seal is written by Orbax's
 post-finalisation callback into Orbax's temporary directory once every item is written, so the step appears
-(Orbax's atomic rename) already sealed. Should a step still end up committed but unsealed (a synchronous save, or
-a kill between Orbax's rename and a deferred seal), the next start-up recognises it by Orbax's commit marker and
-seals it: a finished step is never thrown away. Orbax retires old steps by renaming them into `.vt-deleted/` and
-we delete them from there, so a kill during a deletion never leaves a half-deleted step to resume from. On
+(Orbax's atomic rename) already sealed. A step committed but unsealed (its seal deleted, an older vt's step, a
+kill between a synchronous save's commit and its seal) is refused at start-up with one line, unless
+--trust-checkpoint accepts it (recognised complete by Orbax's commit marker, then sealed). Orbax retires old
+steps by renaming them into `.vt-deleted/` and we delete them from there, so a kill during a deletion never
+leaves a half-deleted step to resume from. On
 start-up, Orbax's temporary directories (saves that never committed) are removed and reported. A restore
 verifies the seal while Orbax reads the files: any difference is a VtError naming the step and the file, never
 a silently wrong value; a resume with another model is named as such.
@@ -34,7 +35,7 @@ import shutil
 import signal
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -44,9 +45,11 @@ from vt import VtError
 from vt.checkpoint.io import reader_error
 from vt.checkpoint.params import CONFIG_FILE, load_model_config
 from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files,  # noqa: F401
-                                read_seal, sealed_steps, write_seal)
+                                read_seal, sealed_steps, verify_enabled, write_seal)
 from vt.data.shards import STATE_KEY, is_sharded_state
+from vt.io import LOCK_FILE
 from vt.model.config import ModelConfig
+from vt.validation import AT_LEAST_1, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +65,50 @@ _ITEMS = ("params", "opt_state", "meta")
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 1000  # save every N optimiser steps (and always at the end and on SIGTERM)
-    keep: int = 3  # newest checkpoints kept; older ones are deleted (set large for checkpoint merging)
+    every: Annotated[int, AT_LEAST_1] = 1000  # save every N optimiser steps (and always at the end and on SIGTERM)
+    keep: Annotated[int, AT_LEAST_1] = 3  # newest checkpoints kept; older ones are deleted (set large for checkpoint merging)
     best_metric: str = ""  # also keep the best step by this metric (e.g. "eval_loss"); "" = newest only
     best_mode: str = "min"  # "min" or "max" for best_metric
     async_save: bool = True  # write in the background while training continues
     checksum: bool = True  # seal each step with sha256 of its files, verified on restore
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+CHECKPOINTS_DIR = "checkpoints"  # a run's step directories: WORKDIR/checkpoints/<step>/
+
+
+def is_run_dir(path: Path | str) -> bool:
+    """Whether `path` is a learner's workdir (vt.train.loop): it has the run's checkpoints/ directory, its
+    config.json (the run config, with the `learner` field a model's config.json lacks), or the lock of a run
+    killed before it wrote either."""
+    path = Path(path)
+    if (path / CHECKPOINTS_DIR).is_dir() or (path / LOCK_FILE).is_file():
+        return True
+    try:
+        run_config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(run_config, dict) and "learner" in run_config
+
+
+def check_workdir(path: Path | str, name: str = "--workdir") -> None:
+    """VtError, before anything is written, unless `path` is new, empty, or a learner's workdir (is_run_dir): a
+    model checkpoint written into would no longer match its seal, and a foreign tree would get checkpoints and
+    metrics mixed into it."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise VtError(f"{name} {path}: exists and is not a directory")
+    if not any(path.iterdir()) or is_run_dir(path):
+        return
+    if is_sealed(path) or (path / CONFIG_FILE).is_file():
+        raise VtError(f"{name} {path}: is a model checkpoint, not a training workdir (writing into it would break "
+                      "it); start from it with --config.model.init_checkpoint and give a new --workdir")
+    raise VtError(f"{name} {path}: is not empty and not a vt training workdir (it has no {CHECKPOINTS_DIR}/ or run "
+                  "config.json); give a new or empty directory, or the workdir of the run to resume")
 
 
 @dataclasses.dataclass
@@ -132,8 +173,6 @@ class CheckpointManager:
     def __init__(self, directory: Path | str, cfg: CheckpointConfig, model_cfg: ModelConfig):
         if cfg.best_mode not in ("min", "max"):
             raise VtError(f"checkpoint.best_mode={cfg.best_mode!r}: expected 'min' or 'max'")
-        if cfg.keep < 1:
-            raise VtError(f"checkpoint.keep={cfg.keep}: must keep at least 1 checkpoint")
         self.directory = Path(directory).absolute()
         self.cfg, self.model_cfg = cfg, model_cfg
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -158,8 +197,10 @@ class CheckpointManager:
     def _recover(self) -> tuple[list[str], list[str]]:
         """Make the directory hold only whole, sealed steps, with no human needed after any kill:
         - Orbax's temporary directories (a save that never committed) are removed;
-        - a step Orbax committed that a kill left unsealed is verified complete by Orbax's commit marker and
-          sealed now: a finished step is never thrown away;
+        - a step Orbax committed but nobody sealed is refused (VtError): the seal is written before Orbax's
+          commit (async saves), so such a step is not a crash window but a deleted seal (or an older vt's step),
+          and sealing it now would vouch for whatever its files hold. With --trust-checkpoint
+          (seal.set_verify(False)) it is accepted: complete by Orbax's commit marker, sealed now;
         - a sealed step whose files are partly gone (a deletion by an older vt, killed midway) is removed;
         - steps retired to the trash are deleted.
         Returns (removed, sealed) directory names."""
@@ -178,6 +219,10 @@ class CheckpointManager:
                         shutil.rmtree(p, ignore_errors=True)
                         removed.append(f"{p.name} (partly deleted)")
                 elif committed_by_orbax(p) and all((p / item).is_dir() for item in _ITEMS):
+                    if verify_enabled():
+                        raise VtError(f"checkpoint step {p.name} ({p}): committed but not sealed ({CHECKSUM_FILE} "
+                                      f"missing), so its files cannot be verified; delete {p} to resume from the "
+                                      "step before it, or resume with --trust-checkpoint to accept it as it is")
                     seal(p, int(p.name), self.model_cfg, self.cfg.checksum,
                          keep_config=_valid_json(p / "model_config.json"))
                     sealed.append(p.name)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from vt import VtError
 from vt.datagen.teacher import DISTILL_DOMAINS
-from vt.validation import check_output_path, fraction, non_negative_float, non_negative_int, number, positive_int, refuse_same_file
+from vt.validation import (FieldError, check_output_path, fraction, non_negative_float, non_negative_int, number,
+                           positive_int, refuse_same_file)
 
 
 def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
@@ -117,8 +118,12 @@ def _check_input(path: str) -> None:
 
 def _finish(report: dict) -> int:
     counts = report["counts"]
-    kept = counts.get("kept", 0)
-    print(f"{report['input']} -> {report['output']}: {kept} of {sum(counts.values())} rows kept")
+    kept, total = counts.get("kept", 0), sum(counts.values())
+    if total and not kept:  # an empty output is a failure to stop a script on, not a result
+        removed = ", ".join(f"{reason} {n}" for reason, n in counts.items())
+        raise VtError(f"{report['output']}: every one of the {total} input rows was removed ({removed}); "
+                      f"reasons in {report['rejected']}")
+    print(f"{report['input']} -> {report['output']}: {kept} of {total} rows kept")
     for reason, n in counts.items():
         if reason != "kept":
             print(f"  {reason}: {n}")
@@ -129,8 +134,11 @@ def _finish(report: dict) -> int:
 def run_filter(args) -> int:
     from vt.datagen.quality import FilterConfig, filter_step
     from vt.datagen.stages import run_stage
-    cfg = FilterConfig(args.repetition_n, args.max_repetition, args.template_n, args.max_template, args.min_chars,
-                       args.max_chars, args.require_response)
+    try:
+        cfg = FilterConfig(args.repetition_n, args.max_repetition, args.template_n, args.max_template,
+                           args.min_chars, args.max_chars, args.require_response)
+    except FieldError as e:  # each field is the flag of the same name
+        raise VtError(f"--{e.field.replace('_', '-')}: {e.detail}") from None
     return _finish(run_stage(args.input, _open(args), filter_step(cfg), desc="filter",
                              progress=not args.no_progress, report={"config": dataclasses.asdict(cfg)}))
 

@@ -25,7 +25,7 @@ from vt import VtError
 from vt.data.filters import NgramDecontaminator, ngrams, repetition_score, words
 from vt.data.sources import Malformed, record_from_dict
 from vt.io import read_rows
-from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields, check_value
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, FieldError, check_fields, check_value
 
 
 def row_record(row: dict, where: str, i: int):
@@ -52,6 +52,9 @@ class FilterConfig:
 
     def __post_init__(self):
         check_fields(self)
+        if self.max_chars and self.min_chars > self.max_chars:
+            raise FieldError(type(self).__name__, "max_chars", f"must be 0 (no limit) or >= min_chars "
+                             f"({self.min_chars}), got {self.max_chars}: every row would be dropped")
 
 
 def templated_score(text: str, n: int) -> float:

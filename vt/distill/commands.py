@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from vt import VtError
+from vt.checkpoint.seal import add_trust_flag
 from vt.validation import check_output_path
 
 
@@ -16,6 +17,7 @@ def register(subparsers) -> None:
                     "--workdir; re-running resumes. Override any field with --config.key=value.")
     p.add_argument("--config", required=True, help="configs/self_distill.py[:variant]")
     p.add_argument("--workdir", required=True, type=Path)
+    add_trust_flag(p)
     p.set_defaults(func=run, accepts_config_overrides=True)
 
 

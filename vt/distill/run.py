@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Annotated
 
 from tqdm import tqdm
 
@@ -28,6 +29,7 @@ from vt.eval.runner import EvalConfig, EvalModelConfig, load_problems, read_resu
 from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
 from vt.sampling.engine import SamplerConfig
 from vt.sharding import MeshConfig
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 
 log = logging.getLogger(__name__)
 DOMAINS = ("math", "code", "stem")
@@ -37,8 +39,11 @@ DOMAINS = ("math", "code", "stem")
 class Source:
     ckpt: str = ""  # the domain's RL checkpoint ("" = domain not used)
     data: str = ""  # prompts with verifiable references (verl parquet or JSONL)
-    n: int = 8  # samples per prompt
-    limit: int = 0  # first N prompts (0 = all)
+    n: Annotated[int, AT_LEAST_1] = 8  # samples per prompt
+    limit: Annotated[int, NON_NEGATIVE] = 0  # first N prompts (0 = all)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +63,11 @@ class Rules:
 @dataclasses.dataclass(frozen=True)
 class Selection:
     rules: Rules = Rules()
-    total: int = 0  # traces in the mixed set (0 = every in-band trace)
-    seed: int = 0
+    total: Annotated[int, NON_NEGATIVE] = 0  # traces in the mixed set (0 = every in-band trace)
+    seed: Annotated[int, NON_NEGATIVE] = 0
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +80,11 @@ class SelfDistillConfig:
     sampling: SamplerConfig = SamplerConfig(n=8, top_p=0.95, max_new_tokens=32768, batch_size=256)
     scoring: ScoringConfig = ScoringConfig()
     selection: Selection = Selection()
-    reward_workers: int = 2
+    reward_workers: Annotated[int, AT_LEAST_1] = 2
     progress: bool = True
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def sample_config(cfg: SelfDistillConfig, domain: str, src: Source) -> EvalConfig:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -27,17 +28,17 @@ from vt.buckets import bucket
 from vt.model.qwen2 import KVCache
 from vt.sharding import param_sharding, use_mesh
 from vt.train.losses import masked_nll_sum, token_logps
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class ScoringConfig:
-    batch_size: int = 8  # rows per forward pass
-    chunk_tokens: int = 0  # 0: one forward over the whole row; else KV-cache chunks of this many tokens
-    min_bucket: int = 64  # shortest padded length
+    batch_size: Annotated[int, AT_LEAST_1] = 8  # rows per forward pass
+    chunk_tokens: Annotated[int, NON_NEGATIVE] = 0  # 0: one forward over the whole row; else KV-cache chunks of this many tokens
+    min_bucket: Annotated[int, AT_LEAST_1] = 64  # shortest padded length
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.chunk_tokens < 0 or self.min_bucket < 1:
-            raise VtError(f"scoring config: batch_size >= 1, chunk_tokens >= 0, min_bucket >= 1; got {self}")
+        check_fields(self)
 
 
 def _row_nll(model, x_BTD, targets_BT, mask_BT):

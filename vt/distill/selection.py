@@ -19,19 +19,24 @@ import bisect
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import numpy as np
 
 from vt import VtError
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields
 
 
 @dataclasses.dataclass(frozen=True)
 class DomainRule:
-    min_tokens: int = 0  # traces shorter than this are dropped
-    length_edges: tuple[int, ...] = ()  # ascending bucket edges in tokens
-    band_lo: float = 0.3  # keep ranks from floor(band_lo * N) ...
-    band_hi: float = 0.95  # ... up to (not including) floor(band_hi * N)
-    weight: float = 1.0  # share of the mixed data set
+    min_tokens: Annotated[int, NON_NEGATIVE] = 0  # traces shorter than this are dropped
+    length_edges: Annotated[tuple[int, ...], AT_LEAST_1] = ()  # ascending bucket edges in tokens
+    band_lo: Annotated[float, FRACTION] = 0.3  # keep ranks from floor(band_lo * N) ...
+    band_hi: Annotated[float, FRACTION] = 0.95  # ... up to (not including) floor(band_hi * N)
+    weight: Annotated[float, NON_NEGATIVE] = 1.0  # share of the mixed data set
+
+    def __post_init__(self):
+        check_fields(self)
 
     def check(self, domain: str) -> None:
         if list(self.length_edges) != sorted(self.length_edges):
@@ -39,8 +44,6 @@ class DomainRule:
         if not 0.0 <= self.band_lo < self.band_hi <= 1.0:
             raise VtError(f"selection.rules.{domain}: need 0 <= band_lo < band_hi <= 1, got "
                           f"{self.band_lo}, {self.band_hi}")
-        if self.weight < 0:
-            raise VtError(f"selection.rules.{domain}.weight must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True)

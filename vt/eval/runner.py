@@ -29,7 +29,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 from tqdm import tqdm
@@ -43,12 +43,13 @@ from vt.eval import metrics as M
 from vt.eval.answers import VOTABLE_DOMAINS, extract_answer, math_equivalence
 from vt.eval.clr import clr_for_rows
 from vt.eval.generation import EngineGenerator, Generator
-from vt.io import append_lines, read_complete_jsonl, read_rows
+from vt.io import append_lines, exclusive, read_complete_jsonl, read_rows
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.rewards.registry import make_reward
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +75,14 @@ _SAMPLER_SPEED_FIELDS = ("batch_size", "steps_per_call", "refill", "refill_min_f
 @dataclasses.dataclass(frozen=True)
 class ClrConfig:
     enabled: bool = False
-    K: int = 32  # trajectories per CLR run (disjoint slices of the n samples)
-    M: int = 5  # claims per trajectory
-    runs: int = 8  # independent runs averaged; needs runs * K <= n
-    claim_max_new_tokens: int = 2048
-    verify_max_new_tokens: int = 4096
+    K: Annotated[int, AT_LEAST_1] = 32  # trajectories per CLR run (disjoint slices of the n samples)
+    M: Annotated[int, AT_LEAST_1] = 5  # claims per trajectory
+    runs: Annotated[int, AT_LEAST_1] = 8  # independent runs averaged; needs runs * K <= n
+    claim_max_new_tokens: Annotated[int, AT_LEAST_1] = 2048
+    verify_max_new_tokens: Annotated[int, AT_LEAST_1] = 4096
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,25 +90,24 @@ class EvalConfig:
     name: str = "eval"
     data: str = ""  # .parquet (verl) or .jsonl
     domain: str = "math"  # reward domain: math, code, stem, instruct
-    limit: int = 0  # first N problems only (0 = all)
+    limit: Annotated[int, NON_NEGATIVE] = 0  # first N problems only (0 = all)
     system_prompt: str = ""  # prepended as a system message when non-empty
     prompt_suffix: str = ""  # appended to the last user message
-    ks: tuple[int, ...] = (1, 4, 16, 64)
-    maj_ks: tuple[int, ...] = (64,)
-    chunk_problems: int = 8  # problems per generate call (also the resume unit)
+    ks: Annotated[tuple[int, ...], AT_LEAST_1] = (1, 4, 16, 64)  # each <= sampling.n, checked below
+    maj_ks: Annotated[tuple[int, ...], AT_LEAST_1] = (64,)
+    chunk_problems: Annotated[int, AT_LEAST_1] = 8  # problems per generate call (also the resume unit)
     cluster_with_math_verify: bool = True  # merge wrong answers that math-verify finds equal before voting
     save_text: bool = True  # keep completion texts in results.jsonl
-    reward_workers: int = 2
+    reward_workers: Annotated[int, AT_LEAST_1] = 2
     progress: bool = True
     model: EvalModelConfig = EvalModelConfig()
     sampling: SamplerConfig = SamplerConfig(n=64, top_p=0.95, max_new_tokens=32768, batch_size=256)  # n per problem
     clr: ClrConfig = ClrConfig()
 
     def __post_init__(self):
+        check_fields(self)
         if self.domain not in DOMAINS:
             raise VtError(f"config.domain: {self.domain!r} is not one of {DOMAINS}")
-        if self.chunk_problems < 1:
-            raise VtError(f"config.chunk_problems: must be >= 1, got {self.chunk_problems}")
         for name in ("ks", "maj_ks"):
             bad = [k for k in getattr(self, name) if not 1 <= k <= self.sampling.n]
             if bad:
@@ -112,7 +115,7 @@ class EvalConfig:
         if self.clr.enabled:
             if self.domain not in VOTABLE_DOMAINS:
                 raise VtError(f"config.clr.enabled: CLR needs a domain with final answers {VOTABLE_DOMAINS}")
-            if self.clr.runs * self.clr.K > self.sampling.n or min(self.clr.K, self.clr.M, self.clr.runs) < 1:
+            if self.clr.runs * self.clr.K > self.sampling.n:
                 raise VtError(f"config.clr: runs * K = {self.clr.runs * self.clr.K} must be <= sampling.n = "
                               f"{self.sampling.n} (each run uses its own K samples)")
 
@@ -276,6 +279,12 @@ def run_eval(cfg: EvalConfig, out_dir: str | Path, generator: Generator | None =
     """Evaluate (or finish evaluating) ``cfg`` into ``out_dir``; returns the summary."""
     out_dir = Path(out_dir)
     problems = load_problems(cfg)
+    # Locked for the whole run: two evaluations appending to one results.jsonl would duplicate and mix rows.
+    with exclusive(out_dir, "output", inside=True, enabled=is_primary()):
+        return _run_eval(cfg, out_dir, problems, generator, reward)
+
+
+def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | None, reward) -> dict:
     count = process_count()
     index = jax.process_index() if count > 1 else 0
     done = _open_out(cfg, out_dir, primary=is_primary())

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from vt import VtError
+from vt.checkpoint.seal import add_trust_flag
 from vt.validation import check_output_path
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.py"
@@ -47,6 +48,7 @@ def _common(p) -> None:
                    help="run only STAGE again (earlier stages must be finished)")
     p.add_argument("--validate", action="store_true",
                    help="resolve every stage config and check every input path; run nothing")
+    add_trust_flag(p)
 
 
 def _run(spec: str, args, before_run=None) -> int:

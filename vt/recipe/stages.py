@@ -16,7 +16,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import numpy as np
 from flax import nnx
@@ -39,6 +39,7 @@ from vt.rl.rollouts import rollout_and_score
 from vt.sampling.engine import Engine, Request, SamplerConfig
 from vt.train.selection import mean_pass_at_k, select_and_merge
 from vt.train.sft import SftConfig, train
+from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -50,8 +51,11 @@ MANIFEST = "manifest.json"
 class ProbeConfig:
     """The held-out accuracy table: avg@n (n = sampler.n) of each domain's prompts after every stage that trains."""
     data: dict = dataclasses.field(default_factory=dict)  # domain -> prompt file ({} = no table)
-    limit: int = 64  # prompts per domain (0 = all)
+    limit: Annotated[int, NON_NEGATIVE] = 64  # prompts per domain (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=4, max_new_tokens=64, batch_size=256)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,14 +162,17 @@ def _load_limited(path: str, limit: int, where: str):
 @dataclasses.dataclass(frozen=True)
 class DataStageConfig:
     out: str = ""  # directory the files go to (the demo: {workdir}/data)
-    seed: int = 0
+    seed: Annotated[int, NON_NEGATIVE] = 0
     domains: tuple[str, ...] = ("math", "code", "stem", "instruct")
-    noise: float = 0.5  # fraction of SFT answers that are wrong: the imperfect teacher RL improves on
-    sft_per_domain: int = 1000  # SFT records per domain (several traces per math prompt: multi-path)
-    rl_per_domain: int = 256  # RL prompts per domain
-    heldout_per_domain: int = 64  # held-out prompts per domain (the accuracy table, eval)
-    probe_per_domain: int = 32  # probing prompts per domain (Pass@K checkpoint selection), disjoint from held-out
-    vocab_size: int = 512  # SentencePiece vocabulary: exactly the model's (see run_data)
+    noise: Annotated[float, FRACTION] = 0.5  # fraction of SFT answers that are wrong: the imperfect teacher RL improves on
+    sft_per_domain: Annotated[int, AT_LEAST_1] = 1000  # SFT records per domain (several traces per math prompt: multi-path)
+    rl_per_domain: Annotated[int, AT_LEAST_1] = 256  # RL prompts per domain
+    heldout_per_domain: Annotated[int, AT_LEAST_1] = 64  # held-out prompts per domain (the accuracy table, eval)
+    probe_per_domain: Annotated[int, AT_LEAST_1] = 32  # probing prompts per domain (Pass@K checkpoint selection), disjoint from held-out
+    vocab_size: Annotated[int, AT_LEAST_1] = 512  # SentencePiece vocabulary: exactly the model's (see run_data)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def plan_data(ctx: Context, section: dict, sdir: Path) -> Plan:
@@ -254,9 +261,12 @@ def run_sft(ctx, plan: Plan, sdir: Path) -> StageOutput:
 @dataclasses.dataclass(frozen=True)
 class ProfileStageConfig:
     data: str = ""  # prompts to profile ("" = sft1's training data, one prompt per prompt id)
-    prompts_per_call: int = 64
-    limit: int = 0  # profile only the first N distinct prompts (0 = all)
+    prompts_per_call: Annotated[int, AT_LEAST_1] = 64
+    limit: Annotated[int, NON_NEGATIVE] = 0  # profile only the first N distinct prompts (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)  # RECIPE: n = 8 rollouts
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def plan_profile(ctx, section, sdir) -> Plan:
@@ -296,9 +306,12 @@ def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
 class SelectStageConfig:
     pools: tuple[str, ...] = ("sft2",)  # SFT stages whose periodic checkpoints are the candidates
     probes: dict = dataclasses.field(default_factory=dict)  # domain -> probing prompts (verifiable)
-    k: int = 4  # Pass@K from sampler.n samples per probe (RECIPE: selection by pass@k, not pass@1 or loss)
-    limit: int = 0  # probes per domain (0 = all)
+    k: Annotated[int, AT_LEAST_1] = 4  # Pass@K from sampler.n samples per probe (RECIPE: selection by pass@k, not pass@1 or loss)
+    limit: Annotated[int, NON_NEGATIVE] = 0  # probes per domain (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def plan_select(ctx, section, sdir) -> Plan:
@@ -499,8 +512,11 @@ def run_eval_stage(ctx, plan: Plan, sdir: Path) -> StageOutput:
 class ExportStageConfig:
     dtype: str = "bfloat16"  # safetensors dtype
     check_transformers: bool = False  # load the export with transformers and compare greedy text with vt's
-    check_prompts: int = 8  # prompts from the probe data (first of each domain in turn)
-    check_max_new_tokens: int = 32
+    check_prompts: Annotated[int, AT_LEAST_1] = 8  # prompts from the probe data (first of each domain in turn)
+    check_max_new_tokens: Annotated[int, AT_LEAST_1] = 32
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def plan_export(ctx, section, sdir) -> Plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vt.checkpoint.seal import add_trust_flag
 from vt.rewards.registry import DOMAINS
 from vt.validation import check_output_path, non_negative_float, non_negative_int, number, positive_int
 
@@ -24,6 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=4096)
     p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots")
     p.add_argument("--seed", type=non_negative_int, default=0)
+    add_trust_flag(p)
     p.set_defaults(func=run_profile)
 
 

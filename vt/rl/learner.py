@@ -37,6 +37,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +59,11 @@ from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig, state_shardings
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, initial_params, resolve_model_config,
-                           run_loop, write_run_config)
+                           run_loop, run_workdir)
 from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.state import TrainState
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -73,49 +75,63 @@ class RLData:
     domain: str = ""  # reward domain for every record; "" = each record's own `domain`
     tokenizer: str = ""  # HF tokenizer directory or SentencePiece model
     profile: str = ""  # pass-rate JSONL (`vt profile`): prompts at exactly 0 or 1 are dropped at start
-    max_prompt_tokens: int = 2048
-    seed: int = 0  # prompt order
+    max_prompt_tokens: Annotated[int, AT_LEAST_1] = 2048
+    seed: Annotated[int, NON_NEGATIVE] = 0  # prompt order
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Rollout:
-    group_size: int = 16  # C completions per prompt
-    prompts_per_step: int = 64  # E prompts per RL step
+    group_size: Annotated[int, AT_LEAST_1] = 16  # C completions per prompt
+    prompts_per_step: Annotated[int, AT_LEAST_1] = 64  # E prompts per RL step
     # The sampler, as vt.sampling configures it. Its temperature is also the learner's: pi is scored at the
     # temperature it was sampled at. Its seed keys the rollouts ((seed, step, request, sample): exact resume)
     # and the mini-batch order; `n` is set per request by the learner (group_size, train.eval_samples).
     sampler: SamplerConfig = SamplerConfig(batch_size=256, max_new_tokens=4096)
 
+    def __post_init__(self):
+        check_fields(self)
+
 
 @dataclasses.dataclass(frozen=True)
 class MgpoSection:
-    gamma: float = 1.0  # w(q) = exp(-gamma D_ME); not published: 0 = GRPO
-    eps_low: float = 0.2
-    eps_high: float = 0.2
+    gamma: Annotated[float, NON_NEGATIVE] = 1.0  # w(q) = exp(-gamma D_ME); not published: 0 = GRPO
+    eps_low: Annotated[float, Range(ge=0, lt=1)] = 0.2  # the ratio's clip floor 1 - eps_low stays positive
+    eps_high: Annotated[float, NON_NEGATIVE] = 0.2
     aggregation: str = "seq_mean"  # seq_mean (RECIPE's J) | token_mean
-    adv_eps: float = 1e-6
-    std_ddof: int = 1
-    is_cap: float = 2.0  # C in min(pi_learner / pi_sampler, C)
-    kl_coef: float = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
-    long2short_lambda: float = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
-    mini_batches: int = 1  # optimiser updates per RL batch
-    dynamic_sampling_rounds: int = 0  # > 0: replace zero-variance groups with fresh prompts, up to that many extra rounds
+    adv_eps: Annotated[float, POSITIVE] = 1e-6  # keeps a zero-variance group's advantages finite (0)
+    std_ddof: Annotated[int, Range(ge=0, le=1)] = 1
+    is_cap: Annotated[float, POSITIVE] = 2.0  # C in min(pi_learner / pi_sampler, C)
+    kl_coef: Annotated[float, NON_NEGATIVE] = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
+    long2short_lambda: Annotated[float, NON_NEGATIVE] = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
+    mini_batches: Annotated[int, AT_LEAST_1] = 1  # optimiser updates per RL batch
+    dynamic_sampling_rounds: Annotated[int, NON_NEGATIVE] = 0  # > 0: replace zero-variance groups with fresh prompts, up to that many extra rounds
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class RLTrain:
-    steps: int = 100
-    eval_every: int = 0  # steps between held-out accuracy evaluations (and always at start and end)
-    eval_samples: int = 4  # samples per held-out prompt (avg@n accuracy at the rollout temperature)
-    eval_prompts: int = 64  # held-out prompts used per evaluation
+    steps: Annotated[int, AT_LEAST_1] = 100
+    # Steps between held-out accuracy evaluations, which also run at the start and at the last step; 0 = only
+    # at the start and at the last step (data.eval set).
+    eval_every: Annotated[int, NON_NEGATIVE] = 0
+    eval_samples: Annotated[int, AT_LEAST_1] = 4  # samples per held-out prompt (avg@n accuracy at the rollout temperature)
+    eval_prompts: Annotated[int, AT_LEAST_1] = 64  # held-out prompts used per evaluation
     progress: bool = True
-    peak_flops: float = 0.0  # per device, for MFU; 0 = known accelerators only
+    peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
     # The learner's forward/backward passes run on micro-batches of about this many row slots (rows x row
     # length, over all devices; at least one row per batch shard), gradients accumulated: a fixed memory
     # footprint whatever the step's lengths (a mini-batch's last micro-batch: the rows left; micro_batch_sizes).
-    tokens_per_micro_batch: int = 65536
+    tokens_per_micro_batch: Annotated[int, AT_LEAST_1] = 65536
     pack_rows: bool = True  # first-fit pack samples into rows (segment ids); False: one sample per padded row
     compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,8 +190,6 @@ class Learner:
             raise VtError(f"config mgpo.aggregation={cfg.mgpo.aggregation!r}: expected one of {obj.AGGREGATIONS}")
         if not cfg.data.tokenizer:
             raise VtError("config data.tokenizer must be set")
-        if cfg.train.tokens_per_micro_batch < 1:
-            raise VtError(f"config train.tokens_per_micro_batch={cfg.train.tokens_per_micro_batch}: must be >= 1")
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         self.records = load_records(cfg.data.train, "data.train")
         self.dropped = 0
@@ -437,7 +451,5 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
 
 def train_rl(cfg: RLConfig, workdir: Path | str) -> TrainResult:
     """Run (or resume) MGPO in `workdir` until `train.steps`, a SIGTERM, or a non-finite step."""
-    workdir = Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_run_config(cfg, workdir)
-    return Learner(cfg, workdir).run()
+    with run_workdir(cfg, workdir) as workdir:
+        return Learner(cfg, workdir).run()

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag
-from vt.io import atomic_write_json, write_jsonl
-from vt.validation import (check_output_path, non_negative_float, non_negative_int, number, parse_json_line,
-                           positive_int, refuse_same_file, top_k)
+from vt.io import atomic_write_json, exclusive, write_jsonl
+from vt.validation import (check_output_path, non_empty, non_negative_float, non_negative_int, number,
+                           parse_json_line, positive_int, refuse_same_file, top_k)
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
@@ -42,7 +42,8 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=positive_int, default=1, help="samples per prompt")
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--batch-size", type=positive_int, default=64, help="decode slots (concurrent samples)")
-    p.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], type=non_empty, metavar="STR",
+                   help="stop string (repeatable; not empty)")
     p.add_argument("--page-size", type=positive_int, default=16, help="tokens per KV cache page")
     p.add_argument("--kv-pages", type=non_negative_int, default=0,
                    help="KV pool size in pages (0: half the free device memory, at most what every slot needs)")
@@ -151,33 +152,36 @@ def run(args: argparse.Namespace) -> int:
         raise VtError(f"{args.out}: directory {out_dir} does not exist")
     if args.stats_json is not None:
         check_output_path(args.stats_json, "--stats-json")
-    _check_memory(args, cfg, model_cfg, requests, lines, context)
+    # Locked until OUT is written: a second `vt sample` to the same OUT is refused at once, where it would
+    # compute for nothing and then replace this one's output; before the memory check, which starts JAX's
+    # backend (device memory the first one may be using).
+    with exclusive(args.out, "--out", inside=False):
+        _check_memory(args, cfg, model_cfg, requests, lines, context)
+        engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
+        total = sum(r.n or cfg.n for r in requests)
+        bar = None
+        if not args.no_progress:
+            from tqdm import tqdm
+            bar = tqdm(total=total, unit="sample", file=sys.stderr, desc="vt sample")
+        try:
+            results = engine.generate(requests, progress=bar.update if bar else None)
+        finally:
+            if bar is not None:
+                bar.close()
 
-    engine = Engine(load_model(args.ckpt), cfg, tokenizer=tokenizer)
-    total = sum(r.n or cfg.n for r in requests)
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, unit="sample", file=sys.stderr, desc="vt sample")
-    try:
-        results = engine.generate(requests, progress=bar.update if bar else None)
-    finally:
-        if bar is not None:
-            bar.close()
+        def rows():
+            for i, (req, samples) in enumerate(zip(requests, results)):
+                for j, s in enumerate(samples):
+                    rec = {"index": i, "sample": j, "prompt_ids": list(req.prompt_ids),
+                           "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
+                    if tokenizer is not None:
+                        rec["completion"] = s.text
+                    yield rec
 
-    def rows():
-        for i, (req, samples) in enumerate(zip(requests, results)):
-            for j, s in enumerate(samples):
-                rec = {"index": i, "sample": j, "prompt_ids": list(req.prompt_ids),
-                       "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
-                if tokenizer is not None:
-                    rec["completion"] = s.text
-                yield rec
-
-    write_jsonl(args.out, rows())
-    st = engine.last_stats
-    if args.stats_json is not None:
-        atomic_write_json(args.stats_json, dataclasses.asdict(st), indent=1)
-    print(f"wrote {total} samples to {args.out}: {st.tokens} tokens in {st.seconds:.1f}s "
-          f"({st.tokens / max(st.seconds, 1e-9):.1f} tokens/s, {st.decode_steps} decode steps)", file=sys.stderr)
+        write_jsonl(args.out, rows())
+        st = engine.last_stats
+        if args.stats_json is not None:
+            atomic_write_json(args.stats_json, dataclasses.asdict(st), indent=1)
+        print(f"wrote {total} samples to {args.out}: {st.tokens} tokens in {st.seconds:.1f}s "
+              f"({st.tokens / max(st.seconds, 1e-9):.1f} tokens/s, {st.decode_steps} decode steps)", file=sys.stderr)
     return 0

@@ -18,7 +18,9 @@ def register(subparsers) -> None:
                                           "Override any field with --config.key=value. On SIGTERM it saves a "
                                           f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume).")
     p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
-    p.add_argument("--workdir", required=True, type=Path, help="checkpoints, metrics.jsonl and tb/ go here")
+    p.add_argument("--workdir", required=True, type=Path,
+                   help="checkpoints, metrics.jsonl and tb/ go here: a new or empty directory, or the workdir of "
+                        "the run to resume (one run at a time: it is locked while a run uses it)")
     add_trust_flag(p)
     p.set_defaults(func=run_train, accepts_config_overrides=True)
 
@@ -46,7 +48,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("vt").setLevel(logging.INFO)
+    from vt.checkpoint.manager import check_workdir
+
     check_output_path(args.workdir, "--workdir", directory=True)
+    check_workdir(args.workdir)
     raw = load_config(args.config, args.config_overrides)
     learner = raw.get("learner")
     if learner not in LEARNERS:

@@ -12,21 +12,23 @@ that converts between the two.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Iterator
 
 import jax
 import numpy as np
 
 from vt import VtError
-from vt.checkpoint.manager import CheckpointManager
+from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
-from vt.distributed import enable_compilation_cache
+from vt.distributed import enable_compilation_cache, is_primary
+from vt.io import exclusive
 from vt.model.config import ModelConfig, preset
 from vt.model.qwen2 import create_model
 from vt.sharding import make_mesh
@@ -34,6 +36,7 @@ from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.metrics import MetricsWriter, peak_flops_per_device
 from vt.train.optim import make_optimizer
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +51,11 @@ class ModelSection:
     attention_impl: str = "xla"  # xla | jax | cudnn | splash | auto (vt.model.config.ATTENTION_IMPLS)
     # Sequence positions per chunk of the loss / log-probs (vt.train.losses.token_logps): bounds the live float32
     # logits to rows x loss_chunk x vocab instead of rows x seq_len x vocab.
-    loss_chunk: int = DEFAULT_LOSS_CHUNK
-    seed: int = 0  # random init
+    loss_chunk: Annotated[int, AT_LEAST_1] = DEFAULT_LOSS_CHUNK
+    seed: Annotated[int, NON_NEGATIVE] = 0  # random init
 
     def __post_init__(self):
-        if self.loss_chunk < 1:
-            raise VtError(f"config model.loss_chunk must be >= 1, got {self.loss_chunk}")
+        check_fields(self)
 
 
 @dataclasses.dataclass
@@ -94,6 +96,19 @@ def write_run_config(cfg, workdir: Path) -> None:
         (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
 
 
+@contextlib.contextmanager
+def run_workdir(cfg, workdir: Path | str) -> Iterator[Path]:
+    """A learner's workdir for the whole run: created, locked (vt.io.exclusive: a second learner on the same
+    workdir is refused with the pid of this one before it writes anything, where two would interleave
+    metrics.jsonl and delete each other's checkpoints), holding the run's config.json. Process 0 holds the lock
+    for every process of a multi-process run. Taken before JAX starts its backend (is_primary asks none of a
+    single process), so a refused second run never claims device memory the first one is using."""
+    workdir = Path(workdir).absolute()
+    with exclusive(workdir, "workdir", inside=True, enabled=is_primary()):
+        write_run_config(cfg, workdir)
+        yield workdir
+
+
 class Preemption:
     """SIGTERM sets a flag the loop polls after each step (a handler must not touch JAX)."""
 
@@ -129,7 +144,7 @@ class Setup:
         self.optimizer, self.schedule = make_optimizer(cfg.optim, total_updates)
         self.sh = train_state_shardings(self.md, self.optimizer, self.mesh)
         self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
-        self.ckpt = CheckpointManager(workdir / "checkpoints", cfg.checkpoint, model_cfg)
+        self.ckpt = CheckpointManager(workdir / CHECKPOINTS_DIR, cfg.checkpoint, model_cfg)
         peak = peak_flops_per_device(cfg.train.peak_flops)
         self.peak_total = peak * jax.device_count() if peak else None  # all devices, for MFU; None: unknown
 
@@ -160,7 +175,8 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     `finite` (0: an update was skipped on device), `loss` and `grad_norm`. With `overlap_metrics` they are read
     while the device runs the next step (so the host never waits for them); `host_metrics(metrics, seconds
     since the last line)` adds what needs the wall time. Held-out `evaluate(state, step)` -> `eval_key` runs
-    every `eval_every` steps and at the end (and at step 0 with `eval_at_start`). A checkpoint is saved every
+    every `eval_every` steps (0: never in between) and at the last step (and at step 0 with `eval_at_start`),
+    not at a step a SIGTERM stops the run after. A checkpoint is saved every
     `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
     last, however the loop ends."""
     ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
@@ -208,7 +224,9 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
                 if not overlap_metrics:
                     check(pending)
                 final = done == total or preempt.requested
-                if evaluate is not None and (final or (eval_every and done % eval_every == 0)):
+                # Not on a preemption: the step's metrics line must be what an uninterrupted run writes there,
+                # so a resumed run's metrics.jsonl equals a straight one's.
+                if evaluate is not None and (done == total or (eval_every and done % eval_every == 0)):
                     history.append((done, evaluate(state, done)))
                     pending["extra"][eval_key] = history[-1][1]
                 if not overlap_metrics or final or done % every == 0:

@@ -42,7 +42,7 @@ from vt.distributed import allgather, global_batch
 from vt.model.config import ModelConfig
 from vt.sharding import MeshConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, resolve_model_config, run_loop,
-                           write_run_config)
+                           run_workdir)
 from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.step import BATCH_DTYPES, BATCH_KEYS, as_microbatches, batch_sharding, make_eval_step, make_train_step
@@ -92,7 +92,7 @@ class DataSection:
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
     steps: Annotated[int, NON_NEGATIVE] = 0  # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
-    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the end, if eval data is set)
+    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the last step, if eval data is set; never at a SIGTERM)
     peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
     progress: bool = True  # tqdm progress bar
     compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
@@ -254,7 +254,5 @@ class Learner:
 
 def train(cfg: SftConfig, workdir: Path | str) -> TrainResult:
     """Run (or resume) SFT in `workdir` until `train.steps` updates, a SIGTERM, or a non-finite step."""
-    workdir = Path(workdir).absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_run_config(cfg, workdir)
-    return Learner(cfg, workdir).run()
+    with run_workdir(cfg, workdir) as workdir:
+        return Learner(cfg, workdir).run()
