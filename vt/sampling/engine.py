@@ -316,10 +316,15 @@ class Engine:
         return out
 
     def generate(self, requests: Sequence[Request], seed: int | None = None,
-                 progress: Callable[[int], None] | None = None, first_request: int = 0) -> list[list[Sample]]:
+                 progress: Callable[[int], None] | None = None, first_request: int = 0,
+                 on_finished: Callable[[int, int, Sample], None] | None = None) -> list[list[Sample]]:
         """Samples for every request, in request order: result[i][j] is sample j of request i.
         seed None: the config's seed plus the number of earlier generate calls (fresh samples each RL step).
         progress(k) is called with the number of samples finished since the last call.
+        on_finished(i, j, sample) is called once per sample, with result[i][j], as soon as its slot ends (stop
+        token, stop string or length), while the other slots go on decoding: an RL step verifies it meanwhile
+        (vt.rewards.streaming). It runs on the scheduler's thread between decode calls, so it should only hand
+        the sample on; an exception in it ends the call.
         first_request: the index of requests[0] in a larger batch split over processes; sample j of request i
         draws as request first_request + i would, so a split batch samples what the whole one would."""
         reqs = self.check(requests)
@@ -333,7 +338,7 @@ class Engine:
             return []
         run = _Run(self, reqs, jax.random.PRNGKey(seed), first_request)
         with self._ctx():
-            run.loop(results, progress)
+            run.loop(results, progress, on_finished)
         st = self.last_stats
         st.seconds = time.perf_counter() - t0
         st.host_seconds = st.seconds - st.prefill_seconds - st.decode_seconds
@@ -436,7 +441,7 @@ class _Run:
             units.append(self.queue.popleft())
         return units
 
-    def loop(self, results, progress) -> None:
+    def loop(self, results, progress, on_finished) -> None:
         eng, st = self.eng, self.eng.last_stats
         while self.queue or any(o is not None for o in self.owner):
             self._shrink()
@@ -481,6 +486,8 @@ class _Run:
                 st.tokens += len(results[i][j].completion_ids)
                 self.tables.free(b)
                 self.owner[b], self.toks[b], self.lps[b], seen[b] = None, [], [], 0
+                if on_finished is not None:
+                    on_finished(i, j, results[i][j])
             if done and progress is not None:
                 progress(len(done))
         st.peak_pages = self.pool.peak_in_use
