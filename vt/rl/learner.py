@@ -3,9 +3,10 @@
     result = train_rl(to_dataclass(RLConfig, load_config("configs/mgpo_math.py")), workdir)
 
 One RL step: E prompts -> C samples each from the current policy (vt.sampling, log-probs kept) -> verifier
-rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt.rl.objectives) -> pi_old and
-truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
-surrogate -> the new weights pushed into the sampler in place.
+rewards (vt.rewards; each sample verified as soon as its slot finishes, beside decoding, when its reward scores
+item by item: `rollout.stream_rewards`) -> optional Long2Short shaping -> advantages w(q) * A_i
+(vt.rl.objectives) -> pi_old and truncated importance weights from one learner forward pass -> `mini_batches`
+optimiser updates on the clipped surrogate -> the new weights pushed into the sampler in place.
 
 The learner computes on the samples' real lengths: prompt + completion rows first-fit packed into rows of the
 step's bucketed longest sample (segment ids, positions restarting per sample), and every pass (pi_old, the

@@ -1,4 +1,5 @@
-"""From prompts to a scored, learner-ready RL batch: sample C responses, verify, shape, build token rows.
+"""From prompts to a scored, learner-ready RL batch: sample C responses (verifying each as it finishes), shape,
+build token rows.
 
 Host-side and framework-light: the device work is the sampler's (vt.sampling) and the learner's (vt.rl.step).
 
