@@ -33,7 +33,8 @@ follows with a checkpoint save, are left out); a run's figure is the median over
 table shows, per framework, the run with the lowest median step time of `--rounds` runs, interleaved with the
 other framework's (on a shared machine other processes only add time). The split:
   vt     the learner's own split in metrics.jsonl: sampling = time_sample_s (Engine.generate), reward =
-         time_reward_s (decode + verifier), training = time_train_s (learner logp forward for pi_old and the
+         time_reward_s (the wait for verdicts after sampling; a reward that streams is partly verified during
+         it, time_overlap_s), training = time_train_s (learner logp forward for pi_old and the
          importance weights + the update + the in-place weight push).
   Tunix  sampling = RLCluster.generate, reward = RLLearner._compute_rewards, training = RLCluster.update_actor
          (followed by a block_until_ready on the actor's params so device work is not charged to the next

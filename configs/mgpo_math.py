@@ -67,6 +67,7 @@ def get_config(arg=None):
     sampler.page_size = 16  # tokens per KV page
     sampler.kv_pages = 0  # KV pool in pages; 0: kv_memory_fraction of the free device memory
     sampler.kv_memory_fraction = 0.5
+    c.rollout.stream_rewards = True  # verify each sample as its slot finishes, beside decoding; False: after the batch
 
     c.mgpo = ml_collections.ConfigDict()
     c.mgpo.gamma = 1.0  # w(q) = exp(-gamma * D_ME(p || 0.5)); not published; 0 = GRPO

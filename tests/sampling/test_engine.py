@@ -171,6 +171,34 @@ def test_samples_share_prefill_differ_and_are_deterministic(tiny, refill_runs, s
             assert st.preemptions > 0 and st.peak_pages <= 12 and st.pool_pages == 12, st
 
 
+def test_on_finished_hands_each_sample_over_as_its_slot_ends(tiny, refill_runs, skewed):
+    """on_finished(i, j, sample) comes once per sample with result[i][j] itself, while other slots still decode:
+    samples are handed over after several different decode calls, the first long before the last."""
+    refilled, _, eng = refill_runs[True]
+    calls = []
+    out = eng.generate(skewed, seed=7, on_finished=lambda i, j, s: calls.append((i, j, s, eng.last_stats.decode_calls)))
+    total_calls = eng.last_stats.decode_calls
+    assert _ids(out) == _ids(refilled)  # the hook changes nothing
+    assert sorted((i, j) for i, j, _, _ in calls) == [(i, j) for i in range(len(skewed)) for j in range(2)]
+    assert all(s is out[i][j] for i, j, s, _ in calls)
+    at = [n for _, _, _, n in calls]  # decode calls made when each sample was handed over
+    assert at == sorted(at) and len(set(at)) > 1 and at[0] < total_calls
+    # Nothing waiting for a slot (32 slots, 28 samples), so nothing to refill: without a hook one decode call
+    # runs the whole batch; with one, the short samples come out first, in a call of their own.
+    wide = Engine(tiny, SamplerConfig(**{**eng.cfg.__dict__, "batch_size": 32, "steps_per_call": 64}))
+    alone = wide.generate(skewed, seed=7)
+    assert wide.last_stats.decode_calls == 1 and _ids(alone) == _ids(refilled)
+    lengths = []
+    assert _ids(wide.generate(skewed, seed=7, on_finished=lambda i, j, s: lengths.append(
+        (wide.last_stats.decode_calls, len(s.completion_ids))))) == _ids(refilled)
+    assert wide.last_stats.decode_calls > 1
+    assert {n for c, n in lengths if c == 1} == {4} and {n for c, n in lengths if c > 1} == {40}
+    # an exception in the hook ends the call
+    with pytest.raises(RuntimeError, match="hook failed"):
+        eng.generate(skewed, seed=7, on_finished=lambda i, j, s: (_ for _ in ()).throw(RuntimeError("hook failed")))
+    assert _ids(eng.generate(skewed, seed=7)) == _ids(refilled)  # and leaves the engine usable
+
+
 def test_logprobs_are_those_of_the_sampling_distribution(tiny, refill_runs, skewed):
     refilled, _, eng = refill_runs[True]
     params = SamplingParams(eng.cfg.temperature, eng.cfg.top_p, eng.cfg.top_k)

@@ -123,6 +123,11 @@ def field(record: Mapping[str, Any], name: str, index: int) -> Any:
     raise RewardSpecError(f"record {index}: missing field '{name}'")
 
 
+def check_completion(completion: Any, index: int) -> None:
+    if not isinstance(completion, str):
+        raise RewardSpecError(f"record {index}: completion must be a string, got {type(completion).__name__}")
+
+
 T = TypeVar("T")
 
 
@@ -152,18 +157,36 @@ class RewardFunction(abc.ABC):
     """Batch contract: ``fn(records, completions) -> list[RewardResult]``, same length, same order.
 
     Holds pools (processes, threads, HTTP); use as a context manager or call ``close()``.
+
+    ``streams``: score_batch scores each item on its own (item i's verdict depends only on reference i and
+    completion i, never on the rest of the batch), so an RL step may score completions one by one as the
+    sampler finishes them (vt.rewards.streaming) and get exactly the batch's verdicts. Off by default: a
+    reward that batches across items (rubric: one judge call for the batch) is scored after decoding.
+    ``workers``: how many items it verifies at once (its map_bounded bound).
     """
 
     domain: str = ""
+    streams: bool = False
+
+    @property
+    def workers(self) -> int:
+        return 1
 
     def __call__(self, records: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> list[RewardResult]:
         if len(records) != len(completions):
             raise ValueError(f"{len(records)} records but {len(completions)} completions")
         for i, c in enumerate(completions):
-            if not isinstance(c, str):
-                raise RewardSpecError(f"record {i}: completion must be a string, got {type(c).__name__}")
-        references = [self.reference(r, i) for i, r in enumerate(records)]  # fail fast on dataset errors
-        return self.score_batch(references, list(completions))
+            check_completion(c, i)
+        return self.score_batch(self.references(records), list(completions))
+
+    def references(self, records: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Every record's reference, in order: RewardSpecError at the first bad one, before any work."""
+        return [self.reference(r, i) for i, r in enumerate(records)]
+
+    def score_item(self, reference: Any, completion: str) -> RewardResult:
+        """One item's verdict: score_batch on that item alone, which for a reward that ``streams`` is the verdict
+        the item gets in any batch (checker exceptions handled as score_batch handles them)."""
+        return self.score_batch([reference], [completion])[0]
 
     @abc.abstractmethod
     def reference(self, record: Mapping[str, Any], index: int) -> Any:

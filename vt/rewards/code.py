@@ -455,6 +455,11 @@ class CodeReward(RewardFunction):
     """1 if the completion's last Python code block passes every test in the sandbox, else 0."""
 
     domain = "code"
+    streams = True  # score_batch maps score_one over the items
+
+    @property
+    def workers(self) -> int:
+        return self.config.workers
 
     def __init__(self, config: CodeConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or CodeConfig(), **overrides)

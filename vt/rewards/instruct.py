@@ -723,6 +723,9 @@ class InstructReward(RewardFunction):
     """
 
     domain = "instruct"
+    # score_batch scores each item alone. One worker (the default): the checks are pure Python holding the GIL,
+    # so more threads would not run them any faster.
+    streams = True
 
     def __init__(self, config: InstructConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or InstructConfig(), **overrides)

@@ -152,6 +152,11 @@ class MathReward(RewardFunction):
     """1 if the last boxed answer equals the ground truth under math-verify, else 0 (or a verifier error)."""
 
     domain = "math"
+    streams = True  # score_batch maps score_one over the items
+
+    @property
+    def workers(self) -> int:
+        return self.config.workers
 
     def __init__(self, config: MathConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or MathConfig(), **overrides)
@@ -162,7 +167,7 @@ class MathReward(RewardFunction):
         return ground_truth_text(field(record, "ground_truth", index), index)
 
     def score_batch(self, references: list[str], completions: list[str]) -> list[RewardResult]:
-        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), self.config.workers)
+        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), self.workers)
 
     def score_one(self, gold: str, completion: str) -> RewardResult:
         boxes = boxed_answers(answer_region(completion, self.config.tail_chars))

@@ -261,6 +261,8 @@ class _Cache:
 
 class RubricReward(RewardFunction):
     domain = "rubric"
+    # streams stays False: score_batch sends the whole batch's uncached (item, criterion) pairs to the judge in
+    # one call (a judge may be a batched local sampler), so the batch is scored after decoding.
 
     def __init__(
         self,

@@ -106,6 +106,11 @@ class StemConfig:
 
 class StemReward(RewardFunction):
     domain = "stem"
+    streams = True  # score_batch maps score_one over the items
+
+    @property
+    def workers(self) -> int:
+        return self.config.math.workers
 
     def __init__(self, config: StemConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or StemConfig(), **overrides)
@@ -116,8 +121,7 @@ class StemReward(RewardFunction):
         return ground_truth_text(field(record, "ground_truth", index), index)
 
     def score_batch(self, references: list[str], completions: list[str]) -> list[RewardResult]:
-        workers = self.config.math.workers
-        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), workers)
+        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), self.workers)
 
     def score_one(self, gold: str, completion: str) -> RewardResult:
         region = answer_region(completion, self.config.tail_chars)

@@ -3,9 +3,10 @@
     result = train_rl(to_dataclass(RLConfig, load_config("configs/mgpo_math.py")), workdir)
 
 One RL step: E prompts -> C samples each from the current policy (vt.sampling, log-probs kept) -> verifier
-rewards (vt.rewards) -> optional Long2Short shaping -> advantages w(q) * A_i (vt.rl.objectives) -> pi_old and
-truncated importance weights from one learner forward pass -> `mini_batches` optimiser updates on the clipped
-surrogate -> the new weights pushed into the sampler in place.
+rewards (vt.rewards; each sample verified as soon as its slot finishes, beside decoding, when its reward scores
+item by item: `rollout.stream_rewards`) -> optional Long2Short shaping -> advantages w(q) * A_i
+(vt.rl.objectives) -> pi_old and truncated importance weights from one learner forward pass -> `mini_batches`
+optimiser updates on the clipped surrogate -> the new weights pushed into the sampler in place.
 
 The learner computes on the samples' real lengths: prompt + completion rows first-fit packed into rows of the
 step's bucketed longest sample (segment ids, positions restarting per sample), and every pass (pi_old, the
@@ -54,7 +55,7 @@ from vt.rewards.registry import make_reward
 from vt.rewards.shaping import long2short
 from vt.rl import objectives as obj
 from vt.rl.hosts import LocalReplicas, process_slice
-from vt.rl.rollouts import Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
+from vt.rl.rollouts import TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig, state_shardings
@@ -90,6 +91,9 @@ class Rollout:
     # temperature it was sampled at. Its seed keys the rollouts ((seed, step, request, sample): exact resume)
     # and the mini-batch order; `n` is set per request by the learner (group_size, train.eval_samples).
     sampler: SamplerConfig = SamplerConfig(batch_size=256, max_new_tokens=4096)
+    # Verify each sample as soon as its slot finishes, beside decoding (rewards that score item by item: math,
+    # code, stem, instruct); False: the whole batch after decoding. The same rewards either way.
+    stream_rewards: bool = True
 
     def __post_init__(self):
         check_fields(self)
@@ -230,7 +234,8 @@ class Learner:
         seed = int(np.random.default_rng([self.cfg.rollout.sampler.seed, seed_offset, step]).integers(2**31))
         return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
-                                 domain=self.cfg.data.domain, first_request=first_request)
+                                 domain=self.cfg.data.domain, first_request=first_request,
+                                 stream=self.cfg.rollout.stream_rewards)
 
     def rollout_batch(self, step: int) -> Scored:
         """This process's groups of step `step` (all E on one process, E/P each on P). With dynamic sampling,
@@ -328,9 +333,11 @@ class Learner:
             t2 = time.perf_counter()
             metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
                                            t2 - t1))
+            # time_train_s is the update (train_on and the new weights into the sampler); the rollout's timings
+            # are vt.rl.rollouts.TIMES (sample, the wait for verdicts after it, verify, their overlap).
             metrics.update(rollout_metrics(scored, sorted(self.rewards)), time_rollout_s=t1 - t0,
-                           time_train_s=t2 - t1, time_sample_s=scored.time_sample_s,
-                           time_reward_s=scored.time_reward_s, prompts_dropped=self.dropped)
+                           time_train_s=t2 - t1, **{t: getattr(scored, t) for t in TIMES},
+                           prompts_dropped=self.dropped)
             return state, metrics
 
         def close():

@@ -1,4 +1,5 @@
-"""From prompts to a scored, learner-ready RL batch: sample C responses, verify, shape, build token rows.
+"""From prompts to a scored, learner-ready RL batch: sample C responses (verifying each as it finishes), shape,
+build token rows.
 
 Host-side and framework-light: the device work is the sampler's (vt.sampling) and the learner's (vt.rl.step).
 
@@ -7,6 +8,7 @@ RL shape letters (distinct from the model's B, T, N, G, ... of vt.model.qwen2): 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -17,6 +19,7 @@ from vt import VtError
 from vt.data.packing import pack_lengths
 from vt.data.sources import Record
 from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
+from vt.rewards.streaming import StreamingScorer, busy_seconds
 from vt.sampling.engine import Engine, Request, Sample
 
 
@@ -34,6 +37,14 @@ def prompt_ids(record: Record, tokenizer, max_prompt_tokens: int) -> list[int]:
     return ids
 
 
+# The timings of a Scored, in seconds (summed when Scored.concat joins rollouts):
+#   time_sample_s   decoding (Engine.generate)
+#   time_reward_s   waiting for verdicts after decoding ended (with streaming, the verification not hidden)
+#   time_verify_s   wall time during which at least one verification ran (the verifier pool's busy time)
+#   time_overlap_s  the part of time_verify_s before decoding ended (0 when scored after decoding)
+TIMES = ("time_sample_s", "time_reward_s", "time_verify_s", "time_overlap_s")
+
+
 @dataclasses.dataclass
 class Scored:
     """C samples for each of E prompts with their verdicts. Arrays are [E, C]."""
@@ -45,8 +56,10 @@ class Scored:
     lengths: np.ndarray  # int: completion tokens
     truncated: np.ndarray  # bool: finish_reason == "length"
     domains: list[str]
-    time_sample_s: float = 0.0
+    time_sample_s: float = 0.0  # TIMES above
     time_reward_s: float = 0.0
+    time_verify_s: float = 0.0
+    time_overlap_s: float = 0.0
 
     def informative(self) -> np.ndarray:
         """[E] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
@@ -60,50 +73,89 @@ class Scored:
         g = list(groups)
         return Scored([self.prompts[q] for q in g], [self.samples[q] for q in g], self.correct[g], self.rewards[g],
                       self.valid[g], self.lengths[g], self.truncated[g], [self.domains[q] for q in g],
-                      self.time_sample_s, self.time_reward_s)
+                      **{t: getattr(self, t) for t in TIMES})
 
     @staticmethod
     def concat(parts: Sequence["Scored"]) -> "Scored":
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         return Scored([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples], cat("correct"),
                       cat("rewards"), cat("valid"), cat("lengths"), cat("truncated"),
-                      [d for p in parts for d in p.domains], sum(p.time_sample_s for p in parts),
-                      sum(p.time_reward_s for p in parts))
+                      [d for p in parts for d in p.domains], **{t: sum(getattr(p, t) for p in parts) for t in TIMES})
+
+
+def completion_text(sample: Sample, tokenizer) -> str:
+    """What the verifier reads: the engine's text (cut before a stop string), else the decoded tokens."""
+    return sample.text if sample.text is not None else tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+
+
+@contextlib.contextmanager
+def _naming(record: Record, domain: str):
+    """A dataset error (RewardSpecError) from a domain's batch becomes a VtError naming its first record."""
+    try:
+        yield
+    except RewardSpecError as e:
+        raise VtError(f"{record.where or record.id} (batch of domain {domain}): {e}") from None
 
 
 def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
                       *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "",
-                      first_request: int = 0) -> Scored:
+                      first_request: int = 0, stream: bool = True) -> Scored:
     """first_request: the index of records[0] among the step's prompts (a process's share samples with the seeds
-    the whole batch would use; see Engine.generate)."""
+    the whole batch would use; see Engine.generate).
+
+    stream: verify each sample as soon as the engine finishes it, beside decoding (vt.rewards.streaming), for the
+    domains whose reward streams; the others, and every domain with stream=False, are scored after decoding.
+    Either way a domain's verdicts are those of its reward on the batch of its records' samples, in order (q, g)."""
     prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
-    t0 = time.perf_counter()
-    samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
-                              first_request=first_request)
-    t1 = time.perf_counter()
     E, C = len(records), group_size
-    scores = np.zeros((E, C), np.float32)
-    valid = np.zeros((E, C), bool)
     domains = [domain or r.domain for r in records]
-    for d in sorted(set(domains)):
+    rows: dict[str, list[int]] = {}  # domain -> its prompts; sample g of rows[d][k] is item k * C + g of its batch
+    for q, d in enumerate(domains):
+        rows.setdefault(d, []).append(q)
+    for d in sorted(rows):
         if d not in rewards:
             raise VtError(f"records of domain {d!r} but no reward configured for it (have {sorted(rewards)})")
-        rows = [q for q in range(E) if domains[q] == d]
-        recs = [reward_record(records[q]) for q in rows for _ in range(C)]
-        texts = [s.text if s.text is not None else tokenizer.decode(s.completion_ids, skip_special_tokens=True)
-                 for q in rows for s in samples[q]]
-        try:
-            results = rewards[d](recs, texts)
-        except RewardSpecError as e:  # a data bug: name the record that carries it
-            raise VtError(f"{records[rows[0]].where or records[rows[0]].id} (batch of domain {d}): {e}") from None
-        s, v = scores_and_mask(results)
-        scores[rows] = s.reshape(len(rows), C)
-        valid[rows] = v.reshape(len(rows), C)
+    batch = {d: [reward_record(records[q]) for q in qs for _ in range(C)] for d, qs in rows.items()}
+    item = {q: k * C for qs in rows.values() for k, q in enumerate(qs)}  # item index of the prompt's sample 0
+    results: dict[str, list] = {}
+    spans: list[tuple[float, float]] = []
+    with contextlib.ExitStack() as stack:
+        scorers: dict[str, StreamingScorer] = {}
+        for d in sorted(rows):
+            if stream and rewards[d].streams:
+                with _naming(records[rows[d][0]], d):
+                    scorers[d] = stack.enter_context(StreamingScorer(rewards[d], batch[d]))
+
+        def on_finished(q: int, g: int, sample: Sample) -> None:
+            if domains[q] in scorers:
+                scorers[domains[q]].submit(item[q] + g, completion_text(sample, tokenizer))
+
+        t0 = time.perf_counter()
+        samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
+                                  first_request=first_request, on_finished=on_finished if scorers else None)
+        t1 = time.perf_counter()
+        for d in sorted(rows):
+            with _naming(records[rows[d][0]], d):
+                if d in scorers:
+                    results[d] = scorers[d].results()
+                    spans += scorers[d].spans
+                else:
+                    texts = [completion_text(s, tokenizer) for q in rows[d] for s in samples[q]]
+                    start = time.perf_counter()
+                    results[d] = rewards[d](batch[d], texts)
+                    spans.append((start, time.perf_counter()))
+    t2 = time.perf_counter()
+    scores = np.zeros((E, C), np.float32)
+    valid = np.zeros((E, C), bool)
+    for d, qs in rows.items():
+        s, v = scores_and_mask(results[d])
+        scores[qs] = s.reshape(len(qs), C)
+        valid[qs] = v.reshape(len(qs), C)
     lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
     truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
                   lengths=lengths, truncated=truncated, domains=domains, time_sample_s=t1 - t0,
-                  time_reward_s=time.perf_counter() - t1)
+                  time_reward_s=t2 - t1, time_verify_s=busy_seconds(spans), time_overlap_s=busy_seconds(spans, t1))
 
 
 def bucket_length(n: int, lo: int = 16) -> int:

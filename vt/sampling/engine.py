@@ -8,10 +8,10 @@ The host runs a scheduler; the device runs three jitted pure functions (vt.sampl
 (prompts padded to a power-of-two length bucket and count, written straight into their pages), `insert`
 (start the slots of that prompt's n samples, which share its full pages, and draw their first tokens) and
 `decode` (a `lax.while_loop` over up to `steps_per_call` steps that returns early once enough slots are free
-to refill). Cache and slot state are donated. Shapes are bucketed (prompt length and prefill count to powers
-of two, the page table length to the pages of a power of two or its 1.5x, the insert count fixed at the batch
-size), so a workload compiles a handful of programs once and no request recompiles; `engine.compile_count`
-counts traces.
+to refill, or to hand over to a caller that verifies samples as they finish). Cache and slot state are donated.
+Shapes are bucketed (prompt length and prefill count to powers of two, the page table length to the pages of a
+power of two or its 1.5x, the insert count fixed at the batch size), so a workload compiles a handful of programs
+once and no request recompiles; `engine.compile_count` counts traces.
 
 KV memory: one pool of `page_size`-token pages (vt.sampling.pages); a sample holds pages for the tokens it
 has plus the next decode call's, and returns them when it ends. Before each decode call the running samples
@@ -316,10 +316,15 @@ class Engine:
         return out
 
     def generate(self, requests: Sequence[Request], seed: int | None = None,
-                 progress: Callable[[int], None] | None = None, first_request: int = 0) -> list[list[Sample]]:
+                 progress: Callable[[int], None] | None = None, first_request: int = 0,
+                 on_finished: Callable[[int, int, Sample], None] | None = None) -> list[list[Sample]]:
         """Samples for every request, in request order: result[i][j] is sample j of request i.
         seed None: the config's seed plus the number of earlier generate calls (fresh samples each RL step).
         progress(k) is called with the number of samples finished since the last call.
+        on_finished(i, j, sample) is called once per sample, with result[i][j], as soon as its slot ends (stop
+        token, stop string or length), while the other slots go on decoding: an RL step verifies it meanwhile
+        (vt.rewards.streaming). It runs on the scheduler's thread between decode calls, so it should only hand
+        the sample on; an exception in it ends the call.
         first_request: the index of requests[0] in a larger batch split over processes; sample j of request i
         draws as request first_request + i would, so a split batch samples what the whole one would."""
         reqs = self.check(requests)
@@ -333,7 +338,7 @@ class Engine:
             return []
         run = _Run(self, reqs, jax.random.PRNGKey(seed), first_request)
         with self._ctx():
-            run.loop(results, progress)
+            run.loop(results, progress, on_finished)
         st = self.last_stats
         st.seconds = time.perf_counter() - t0
         st.host_seconds = st.seconds - st.prefill_seconds - st.decode_seconds
@@ -436,10 +441,14 @@ class _Run:
             units.append(self.queue.popleft())
         return units
 
-    def loop(self, results, progress) -> None:
+    def loop(self, results, progress, on_finished) -> None:
         eng, st = self.eng, self.eng.last_stats
+        handed_over = False  # the last decode call ended early only to hand finished samples over
         while self.queue or any(o is not None for o in self.owner):
-            self._shrink()
+            # A call cut short only to hand samples over leaves the batch as it is: a smaller batch is a program
+            # to compile, which a short run (one decode call per batch without a hook, as the demo's) would pay.
+            if not handed_over:
+                self._shrink()
             B, seen = self.B, self.seen
             min_free = eng.cfg.refill_min_free or max(1, B // 8)
             steps = self._pages_for_next_call()
@@ -452,8 +461,16 @@ class _Run:
                     self._admit(units, free[:len(units)], steps)
             idle = sum(o is None for o in self.owner)  # > 0 with a queue: admission waits for pages
             # Run until enough slots are free to be worth a refill; when samples wait for pages, until one more
-            # sample ends (its pages come back), so each call makes progress.
-            want = (idle + max(1, min(len(self.queue), min_free)) if (self.queue and eng.cfg.refill) else B)
+            # sample ends (its pages come back), so each call makes progress. With nothing to refill, until every
+            # slot is done, or, when on_finished waits for samples (verification beside decoding), until
+            # min_free more are: they are handed over a few at a time, not all at the end of the batch.
+            handover = False
+            if self.queue and eng.cfg.refill:
+                want = idle + max(1, min(len(self.queue), min_free))
+            elif on_finished is not None:
+                want, handover = idle + min_free, True
+            else:
+                want = B
             t = time.perf_counter()
             cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.tables.table))
             self.cache, self.slots, n_steps, tok_IB, lp_IB = eng._p.decode(
@@ -463,6 +480,7 @@ class _Run:
             st.decode_seconds += time.perf_counter() - t
             st.decode_steps += int(n_steps)
             st.decode_calls += 1
+            handed_over = handover and int(n_steps) < steps
             owned = [b for b in range(B) if self.owner[b] is not None]
             for b in owned:
                 got = tok_IB[:n_steps, b] >= 0
@@ -481,6 +499,8 @@ class _Run:
                 st.tokens += len(results[i][j].completion_ids)
                 self.tables.free(b)
                 self.owner[b], self.toks[b], self.lps[b], seen[b] = None, [], [], 0
+                if on_finished is not None:
+                    on_finished(i, j, results[i][j])
             if done and progress is not None:
                 progress(len(done))
         st.peak_pages = self.pool.peak_in_use
