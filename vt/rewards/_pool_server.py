@@ -48,11 +48,12 @@ MAX_REQUEST = 1 << 30
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 4, 36, 0
-# Imported once here so that runs start warm; each child gets its own copy-on-write view of them.
+# Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
+# what solutions import all the time (HumanEval's prompts import typing): every page of the server is
+# copied into each run's page tables at fork, which costs more than a rare import in the child.
 WARM_MODULES = (
     "collections", "collections.abc", "functools", "itertools", "heapq", "bisect", "math", "re", "string",
-    "typing", "random", "copy", "operator", "decimal", "fractions", "io", "contextlib", "dataclasses",
-    "traceback",
+    "typing", "random", "copy", "operator",
 )  # fmt: skip
 # Signals a run could send to the server (same uid) to disturb it; ignored by the server, restored to
 # what a fresh interpreter has in each child.
@@ -360,10 +361,12 @@ def fresh_stdio(fd):
     """sys.stdin / stdout / stderr as the interpreter makes them at start-up (create_stdio): the server's
     were made for the protocol pipes (e.g. stdin marked not seekable); the run's fd 0 is a memfd."""
     like = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
+    encoding = getattr(like, "encoding", "utf-8")
+    errors = getattr(like, "errors", "backslashreplace" if fd == 2 else "strict")
     buffered = io.open(fd, "rb" if fd == 0 else "wb", -1, closefd=False)
     buffered.raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
     line_buffering = fd == 2 or os.isatty(fd)
-    text = io.TextIOWrapper(buffered, like.encoding, like.errors, "\n", line_buffering, False)
+    text = io.TextIOWrapper(buffered, encoding, errors, "\n", line_buffering, False)
     text.mode = "r" if fd == 0 else "w"
     return text
 
@@ -461,6 +464,10 @@ def remove_tree(path):
 
 
 def main():
+    # kill(-1) between runs must only ever reach a sandbox's own PID namespace: under bwrap this server
+    # is pid 2 (bwrap's init is 1); anywhere else (a host, where pid 2 is the kernel's kthreadd) refuse.
+    if os.getpid() != 2:
+        sys.exit("_pool_server.py runs only as the first process of a fresh PID namespace (bwrap)")
     Server().serve()
 
 
