@@ -30,6 +30,7 @@ message is an 8-byte big-endian length, a JSON header, then the raw payloads the
 """
 import atexit
 import ctypes
+import gc
 import importlib.util
 import io
 import json
@@ -188,6 +189,10 @@ class Server:
         for d in SCRATCH:
             st = os.stat(d)
             self.scratch[d] = (st.st_mode & 0o7777, st.st_atime_ns, st.st_mtime_ns)
+        # Everything allocated so far is the server's: out of the garbage collector's sight, so that a
+        # collection in a run's child never walks (and so copies, page by page) the inherited heap.
+        gc.collect()
+        gc.freeze()
 
     def serve(self):
         send(self.replies, {"ready": True})
