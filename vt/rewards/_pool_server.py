@@ -433,22 +433,24 @@ def remove_sysv_ipc():
 
 def wipe(path, mode, atime_ns, mtime_ns):
     """Empty a scratch directory (whatever permissions the run set on what it made) and restore the
-    directory's own mode, times and extended attributes."""
-    ok = True
+    directory's own mode, extended attributes and times (last: listing a directory updates its atime)."""
     try:
         os.chmod(path, 0o700)
         for name in os.listdir(path):
-            ok = remove_tree(os.path.join(path, name)) and ok
+            remove_tree(os.path.join(path, name))
+        empty = not os.listdir(path)
         for attr in os.listxattr(path):
-            os.removexattr(path, attr)
+            if attr.startswith("user."):  # the only namespace an unprivileged run can write
+                os.removexattr(path, attr)
         os.chmod(path, mode)
         os.utime(path, ns=(atime_ns, mtime_ns))
-    except OSError:
+    except (OSError, RecursionError):
         return False
-    return ok and not os.listdir(path)
+    return empty
 
 
 def remove_tree(path):
+    """rm -r, making directories the run locked (chmod 0) writable first."""
     try:
         os.unlink(path)
         return True

@@ -89,7 +89,7 @@ class PoolWorker:
         self.ns_init: int | None = None
         self.cgroup: Path | None = None
         self.stderr = None
-        self.starts = 0  # servers started in this slot (1 + replacements)
+        self.lost = 0  # servers killed because of a run (or that broke): each is replaced on the next run
 
     # ---- per sample ------------------------------------------------------------------------------
 
@@ -129,14 +129,14 @@ class PoolWorker:
             # doing: no candidate code of it ran), so it is a sandbox error if a fresh one fails too.
             self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
         except WorkerLost as e:
-            self.stop()
+            self._lose(e)
             if self._start(limits) is not None:
                 return RunResult("sandbox_error", None, b"", f"sandbox server lost between runs: {e}".encode(), 0.0)
             start = time.monotonic()
             try:
                 self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
             except WorkerLost as e2:
-                self.stop()
+                self._lose(e2)
                 return RunResult("sandbox_error", None, b"", f"sandbox server lost: {e2}".encode(), 0.0)
         try:
             reply, out, err = self._receive(start + limits.wall_s + REPLY_GRACE_S, limits.output_bytes)
@@ -144,14 +144,12 @@ class PoolWorker:
             # This run killed, stopped or starved its server (or the server broke): the run fails.
             wall = time.monotonic() - start
             oom = self._oom_kills() > ooms
-            self.stop()
-            log.info("sandbox server replaced after a run: %s", e)
+            self._lose(e)
             if e.timed_out and not oom:
                 return RunResult("timeout", None, b"", b"", wall)
             return RunResult("exited", 128 + signal.SIGKILL, b"", f"sandbox server lost: {e}".encode(), wall, oom)
         if not reply["clean"]:
-            log.warning("sandbox server could not clear its namespace after a run; replacing it")
-            self.stop()
+            self._lose("it could not clear its namespace after a run")
         oom = self.cgroup is not None and self._oom_kills() > ooms
         return RunResult(reply["status"], reply["returncode"], out, err, reply["wall_s"], oom)
 
@@ -187,7 +185,6 @@ class PoolWorker:
             return f"could not start bwrap: {e}"
         os.close(info_w)
         self.key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
-        self.starts += 1
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             self.ns_init = _child_pid(_read_to_eof(info_r, deadline, 4096))
@@ -201,6 +198,11 @@ class PoolWorker:
         finally:
             os.close(info_r)
         return None
+
+    def _lose(self, why) -> None:
+        log.info("sandbox server killed, a fresh one starts on the next run: %s", why)
+        self.lost += 1
+        self.stop()
 
     def stop(self) -> None:
         """Kill the worker's whole namespace and wait until nothing of it is left."""
@@ -350,8 +352,8 @@ class SandboxPool:
 
     @property
     def replaced(self) -> int:
-        """Servers started beyond the first per slot: workers killed by a run or replaced."""
-        return sum(max(0, w.starts - 1) for w in self.workers)
+        """Servers killed because of a run (it killed, stopped or starved them) or because they broke."""
+        return sum(w.lost for w in self.workers)
 
     def pids(self) -> set[int]:
         """Host PIDs of the idle servers' processes (outer bwrap, namespace init, server): everything of
