@@ -185,6 +185,27 @@ def test_tests_of_one_sample_do_not_see_each_other(reward):
     assert r.score == 1.0 and r.details["tests_passed"] == 4, r
 
 
+@pytest.mark.parametrize("record", [HONEST[0], {"tests": [{"fn_name": "add", "args": [3, 4], "expected": 7}]}],
+                         ids=["stdin", "call"])
+def test_a_run_that_rebinds_exit_still_ends_in_its_own_process(reward, record):
+    """The run's child is a fork of the server: whatever it rebinds (os._exit, sys.exit, atexit), it ends
+    without ever returning into the server's loop."""
+    src = """
+        import atexit, os, sys
+        os._exit = lambda *a: None
+        sys.exit = lambda *a: None
+        atexit.register(os._exit, 0)
+        def add(a, b):
+            return a + b
+        if __name__ == "__main__":
+            a, b = map(int, input().split())
+            print(add(a, b))
+    """
+    r = reward([record], [block(src)])[0]
+    assert r.score == 1.0, r
+    assert_next_run_clean(reward)
+
+
 def test_the_pool_is_warm(reward):
     """Honest runs do not replace the server: it is the same process run after run."""
     assert_next_run_clean(reward)

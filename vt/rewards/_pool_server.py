@@ -48,6 +48,7 @@ STDERR_KEEP = 8192  # as sandbox.STDERR_KEEP: the tail of stderr the host keeps
 MAX_REQUEST = 1 << 30
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
+_exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 4, 36, 0
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
 # what solutions import all the time (HumanEval's prompts import typing): every page of the server is
@@ -56,8 +57,10 @@ WARM_MODULES = (
     "collections", "collections.abc", "functools", "itertools", "heapq", "bisect", "math", "re", "string",
     "typing", "random", "copy", "operator",
 )  # fmt: skip
-# Signals a run could send to the server (same uid) to disturb it; ignored by the server, restored to
-# what a fresh interpreter has in each child.
+# Signals a run could send to the server (same uid) to disturb it. The server blocks them rather than
+# ignoring them: a blocked signal stays pending and is never delivered, the dispositions stay the fresh
+# interpreter's, and a forked child starts with no pending signal (fork clears them), so it only has to
+# unblock. SIGKILL and SIGSTOP cannot be blocked: the host replaces a server they reach.
 SHIELDED = (
     signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
     signal.SIGVTALRM, signal.SIGPROF, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE,
@@ -175,13 +178,11 @@ class Server:
         self.me = os.getpid()
         self.umask = os.umask(0o022)
         os.umask(self.umask)
-        self.fresh_signals = {s: signal.getsignal(s) for s in SHIELDED + (signal.SIGCHLD,)}
         if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
         # Orphans of a run (a daemon's parent exited) are re-parented to us, so we can reap them.
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        for s in SHIELDED:
-            signal.signal(s, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
         self.harness = load_harness()
         for name in WARM_MODULES:
             __import__(name)
@@ -245,7 +246,8 @@ class Server:
                         # The run's main process is done: the rest of it dies now, as a fresh sandbox's
                         # namespace does when its init's only child exits. Their output so far stays
                         # in the pipes and is read to the end below.
-                        self.kill_all()
+                        if open_fds:
+                            self.kill_all()
                 for fd, _ in ready:
                     if fd == pidfd:
                         continue
@@ -282,8 +284,6 @@ class Server:
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # our protocol pipes included
-            for s, handler in self.fresh_signals.items():
-                signal.signal(s, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any fresh process: /proc/self readable by itself
             try:  # memory pressure kills the run's processes first, never the server
@@ -299,7 +299,7 @@ class Server:
             resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
             sys.argv = [HARNESS, request["limits"], request["mode"]]
         except BaseException:  # noqa: BLE001 - a child that could not be set up runs nothing
-            os._exit(125)
+            _exit(125)
         code = 0
         try:
             self.harness.main()  # call and program modes end in os._exit themselves
@@ -310,7 +310,7 @@ class Server:
                 sys.excepthook(*sys.exc_info())
             finally:
                 code = 1
-        os._exit(finalize(code))
+        _exit(finalize(code))
 
     # ---- between runs ----------------------------------------------------------------------------
 

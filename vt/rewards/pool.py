@@ -30,8 +30,9 @@ import contextlib
 import json
 import logging
 import os
+import math
 import queue
-import selectors
+import select
 import shutil
 import signal
 import subprocess
@@ -62,7 +63,7 @@ SERVER_SOURCE = Path(__file__).with_name("_pool_server.py")
 # The server's share of its worker's memory cgroup, on top of the run's budget: the warm interpreter
 # (~15 MiB resident), the two bwrap processes, page tables and kernel memory of the namespace.
 SERVER_MEMORY = 48 << 20
-REPLY_GRACE_S = 3.0  # beyond a run's wall clock: the server's kill-all, wipe and reply
+REPLY_GRACE_S = 5.0  # beyond a run's wall clock: the server's kill-all, wipe (of up to tmp_bytes of files) and reply
 START_TIMEOUT_S = 60.0  # bwrap + interpreter + warm imports, on a loaded machine
 MAX_HEADER = 1 << 16
 
@@ -109,8 +110,8 @@ class PoolWorker:
     def run(self, mode: str, stdin: bytes, limits: Limits) -> RunResult:
         """One run in a forked child of the warm server (started or replaced first if needed)."""
         key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
-        if self.proc is not None and self.key != key:
-            self.stop()
+        if self.proc is not None and (self.key != key or self.proc.poll() is not None):
+            self.stop()  # other sandbox-level limits, or a server that died between runs (no run's doing)
         if self.proc is None:
             problem = self._start(limits)
             if problem is not None:
@@ -280,15 +281,15 @@ def _wait_fd(fd: int, events: int, deadline: float) -> bool:
     left = deadline - time.monotonic()
     if left <= 0:
         return False
-    with selectors.DefaultSelector() as sel:
-        sel.register(fd, events)
-        return bool(sel.select(left))
+    poller = select.poll()  # no descriptor of its own to create and close, unlike epoll
+    poller.register(fd, events)
+    return bool(poller.poll(max(1, math.ceil(left * 1000))))
 
 
 def _read_exactly(fd: int, n: int, deadline: float, why=lambda: "") -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        if not _wait_fd(fd, selectors.EVENT_READ, deadline):
+        if not _wait_fd(fd, select.POLLIN, deadline):
             raise WorkerLost("no reply in time", timed_out=True)
         chunk = os.read(fd, min(n - len(buf), 1 << 20))
         if not chunk:
@@ -300,7 +301,7 @@ def _read_exactly(fd: int, n: int, deadline: float, why=lambda: "") -> bytes:
 
 def _read_to_eof(fd: int, deadline: float, limit: int) -> bytes:
     buf = bytearray()
-    while len(buf) < limit and _wait_fd(fd, selectors.EVENT_READ, deadline):
+    while len(buf) < limit and _wait_fd(fd, select.POLLIN, deadline):
         chunk = os.read(fd, limit - len(buf))
         if not chunk:
             break
@@ -311,7 +312,7 @@ def _read_to_eof(fd: int, deadline: float, limit: int) -> bytes:
 def _write_all(fd: int, data: bytes, deadline: float) -> None:
     view = memoryview(data)
     while view:
-        if not _wait_fd(fd, selectors.EVENT_WRITE, deadline):
+        if not _wait_fd(fd, select.POLLOUT, deadline):
             raise WorkerLost("the server stopped reading", timed_out=True)
         try:
             view = view[os.write(fd, view[: 1 << 16]) :]
