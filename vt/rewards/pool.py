@@ -194,7 +194,6 @@ class PoolWorker:
                 raise WorkerLost(f"sent {str(hello)[:100]!r} instead of ready")
         except WorkerLost as e:
             self.stop()
-            self.stderr = None
             return f"sandbox server did not start ({e})"
         finally:
             os.close(info_r)

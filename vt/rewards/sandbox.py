@@ -25,6 +25,10 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
   - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
     print costs the grader at most the cap.
 
+The code reward's default is the warm pool (pool.py): the same bwrap arguments, layout, uid and limits,
+but one sandbox per worker slot (its memory cgroup shared with a small server that forks each run), not
+one per run.
+
 Without bubblewrap (or where it cannot create namespaces) the code reward refuses to run unless
 ``allow_unsandboxed=True``, which runs the harness as a plain subprocess with only rlimits and a
 process group: no file-system, network or daemon isolation. It warns loudly.
