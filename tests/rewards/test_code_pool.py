@@ -139,6 +139,8 @@ def reward():
     with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S, problem_time_limit_s=20) as r:
         assert r.pool is not None
         yield r
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []  # after every attack of this module, closing leaves nothing
 
 
 def fingerprint(reward) -> bytes:

@@ -14,8 +14,8 @@ and restores their mode, times and extended attributes, and only then replies. S
 the child's own copy of the interpreter) reaches the next run.
 
 The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
-its /proc files (memory, fds). It ignores the signals a child could send it except SIGKILL and SIGSTOP,
-which cannot be ignored: a server killed or stopped by a run stops replying, and the host then kills
+its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
+which cannot be blocked: a server killed or stopped by a run stops replying, and the host then kills
 the whole namespace and starts a fresh one.
 
 Protocol, on the server's original stdin (requests) and stdout (replies), moved to private fds: each
