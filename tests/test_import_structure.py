@@ -31,7 +31,7 @@ DEFERRED_OK = {
     "vt.model.splash": "TPU-only kernel (imports Pallas TPU)",
 }
 # Scripts run in their own (sandboxed) process, where what is imported and when is part of the isolation.
-WORKER_SCRIPTS = {"vt.rewards._harness", "vt.rewards._math_worker"}
+WORKER_SCRIPTS = {"vt.rewards._harness", "vt.rewards._math_worker", "vt.rewards._pool_server"}
 
 
 def module_name(path: Path) -> str:

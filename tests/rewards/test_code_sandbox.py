@@ -1,5 +1,8 @@
 """Attacks on the code sandbox: each must score 0 and leave the host untouched.
 
+They run against the default CodeReward, i.e. the warm sandbox pool (pool.py); attacks aimed at the pool
+itself (state left for the next run, a run against its own server) are in test_code_pool.py.
+
 Most attacks come with a *control*: the same program graded against the output it prints when the
 attack fails must score 1, proving the program really ran and the attack really was blocked (rather
 than the program crashing for an unrelated reason).
@@ -34,7 +37,15 @@ CAP = 4 << 20
 @pytest.fixture(scope="module")
 def reward():
     with CodeReward(workers=2, test_time_limit_s=TEST_LIMIT_S, output_bytes=CAP, problem_time_limit_s=20) as r:
+        assert r.pool is not None  # these attacks are run against the warm pool
         yield r
+
+
+def leftovers(reward) -> list[int]:
+    """Live processes of the sandbox uids besides the pool's idle workers (outer bwrap, namespace init,
+    server: started once per slot, they run no candidate code): whatever a run left behind."""
+    idle = reward.pool.pids() if reward.pool is not None else set()
+    return [p for p in processes_matching(reward.sandbox_uids) if p not in idle]
 
 
 def block(src: str) -> str:
@@ -272,7 +283,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(reward, kind):
     assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
     # RLIMIT_NPROC (64) plus the two bwrap processes, never thousands.
     assert count.peak <= 64 + 4, count.peak
-    assert processes_matching(uids) == []
+    assert leftovers(reward) == []
 
 
 @pytest.mark.parametrize("parent", ["exits", "sleeps"])
@@ -298,7 +309,7 @@ def test_setsid_daemon_dies_with_the_sandbox(reward, parent, kind):
     while processes_matching(needle=marker.encode()) and time.monotonic() - returned < 1.0:
         time.sleep(0.05)
     assert processes_matching(needle=marker.encode()) == []
-    assert processes_matching(reward.sandbox_uids) == []
+    assert leftovers(reward) == []
     assert returned - t0 < TEST_LIMIT_S + 2
 
 
@@ -354,13 +365,15 @@ def test_dev_is_read_only_and_dev_shm_is_size_capped(reward):
         assert_blocked(reward, src, "wrote 1 GiB")
 
 
-def _run_rss_bytes(uids) -> int:
-    """Resident memory of every live process of the sandbox uids, summed."""
+def _run_memory_bytes(uids) -> int:
+    """Memory of every live process of the sandbox uids, summed as proportional set sizes (Pss): a page
+    shared by n processes counts 1/n in each. Every run process is a fork of its warm server, so summed
+    RSS would count the server's pages once per process of the run (six times here), not once."""
     total = 0
     for pid in processes_matching(uids):
         try:
-            with open(f"/proc/{pid}/status") as f:
-                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:")), 0)
         except (FileNotFoundError, ProcessLookupError):
             continue
     return total
@@ -396,13 +409,12 @@ def test_forked_children_share_one_memory_budget(bound):
                 pytest.skip("no writable memory cgroup on this host (cgroup v2 delegation or v1 as root)")
         else:
             r.sandbox.cgroups = None  # what a host without usable cgroups gets
-        with Sampler(lambda: _run_rss_bytes(r.sandbox_uids), period_s=0.005) as rss:
+        with Sampler(lambda: _run_memory_bytes(r.sandbox_uids), period_s=0.005) as mem:
             attack = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=256))])[0]
         control = r([stdio("all allocated")], [block(FORKED_ALLOCATORS.format(mib=32))])[0]
     assert attack.score == 0.0, attack
-    # RSS sums count the interpreter pages the forked children share once per child: some slack; the attack
-    # unbounded holds 4 x 256 MiB plus those.
-    assert rss.peak <= budget + (64 << 20), (rss.peak, budget)
+    # Slack for the warm server and the two bwrap processes; the attack unbounded holds 4 x 256 MiB plus those.
+    assert mem.peak <= budget + (64 << 20), (mem.peak, budget)
     assert control.score == 1.0, control
 
 

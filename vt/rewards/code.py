@@ -22,8 +22,10 @@ Record shapes read as they come (all become the ``tests`` list above, vt's one i
 ``func_name``); and verl / PRIME / APPS code data, whose ``reward_model.ground_truth`` (or
 ``ground_truth``) holds ``{"inputs": [...], "outputs": [...], "fn_name"?: str}`` as JSON.
 
-Each test is a separate sandboxed run (sandbox.py) with the per-test time limit; tests stop at the first
-failure and when the per-problem time budget is spent. Failure kinds: wrong, timeout, runtime_error,
+A sample's tests run one after another in one warm sandbox of the pool (pool.py), each test in its own
+forked child with the per-test limits; tests stop at the first failure and when the per-problem time
+budget is spent. ``pool=False`` (and unsandboxed mode) runs each test in a cold sandbox of its own
+(sandbox.py), as before the pool: same verdicts, slower. Failure kinds: wrong, timeout, runtime_error,
 output_limit, memory, format (no Python code block); a sandbox that could not start is a verifier error.
 """
 from __future__ import annotations
@@ -63,6 +65,7 @@ from vt.rewards.base import (
     passed,
     verifier_error,
 )
+from vt.rewards.pool import SandboxPool
 from vt.rewards.sandbox import Limits, RunResult, Sandbox, force_rmtree, prepare_code_dir
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -444,6 +447,7 @@ class CodeConfig:
     nproc: int = 64
     python: str | None = None  # interpreter inside the sandbox; default: the system python3
     allow_unsandboxed: bool = False  # run WITHOUT isolation when bwrap is unavailable (warns loudly)
+    pool: bool = True  # warm sandboxes (pool.py); False: a cold sandbox per test run (for comparison)
 
     def limits(self, wall_s: float) -> Limits:
         return Limits(
@@ -465,7 +469,14 @@ class CodeReward(RewardFunction):
         self.config = dataclasses.replace(config or CodeConfig(), **overrides)
         c = self.config
         self.sandbox = Sandbox(c.python, c.allow_unsandboxed, slots=c.workers)
-        self._slots = _Slots(self.sandbox.uids or [None] * c.workers)
+        uids = self.sandbox.uids or [None] * c.workers
+        # Unsandboxed runs keep the cold path: the pool's guarantees rest on the sandbox's namespaces.
+        self.pool = SandboxPool(self.sandbox, uids) if c.pool and self.sandbox.isolated else None
+        self._slots = _Slots(uids)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
 
     @property
     def sandbox_uids(self) -> list[int]:
@@ -485,16 +496,20 @@ class CodeReward(RewardFunction):
         lang, source = block
         if lang not in PYTHON_TAGS:
             return failed("format", reason=f"code block language {lang!r} is not Python")
+        if self.pool is not None:
+            with self.pool.worker(source) as worker:
+                return self._run_tests(worker.run, tests)
         uid = self._slots.acquire()
         root = Path(tempfile.mkdtemp(prefix="vt-code-"))
         try:
             code_dir = prepare_code_dir(root, source)
-            return self._run_tests(code_dir, tests, uid)
+            return self._run_tests(lambda mode, stdin, limits: self.sandbox.run(code_dir, mode, stdin, limits, uid), tests)
         finally:
             force_rmtree(root)
             self._slots.release(uid)
 
-    def _run_tests(self, code_dir: Path, tests: list, uid: int | None) -> RewardResult:
+    def _run_tests(self, execute, tests: list) -> RewardResult:
+        """``execute(mode, stdin, limits) -> RunResult``: one sandboxed run of the sample's solution."""
         c = self.config
         budget_end = time.monotonic() + c.problem_time_limit_s
         for j, test in enumerate(tests):
@@ -502,7 +517,7 @@ class CodeReward(RewardFunction):
             if left <= 0:
                 return failed("timeout", reason="problem time limit", tests_passed=j, tests_total=len(tests))
             wall = min(c.test_time_limit_s, left)
-            verdict = self._run_one(code_dir, test, c.limits(wall), uid)
+            verdict = self._run_one(execute, test, c.limits(wall))
             if verdict is not None:
                 kind, info = verdict
                 details = {"tests_passed": j, "tests_total": len(tests), "failed_test": j, **info}
@@ -511,10 +526,10 @@ class CodeReward(RewardFunction):
                 return failed(kind, **details)
         return passed(tests_passed=len(tests), tests_total=len(tests))
 
-    def _run_one(self, code_dir: Path, test, limits: Limits, uid) -> tuple[str, dict] | None:
+    def _run_one(self, execute, test, limits: Limits) -> tuple[str, dict] | None:
         """None if the test passed, else (failure kind, details)."""
         if isinstance(test, StdioTest):
-            run = self.sandbox.run(code_dir, "stdin", test.input.encode(), limits, uid)
+            run = execute("stdin", test.input.encode(), limits)
             bad = classify_run(run)
             if bad is not None:
                 return bad
@@ -525,10 +540,10 @@ class CodeReward(RewardFunction):
         nonce = secrets.token_hex(16)
         if isinstance(test, ProgramTest):
             request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test, "expose": test.exposed})
-            run = self.sandbox.run(code_dir, "program", request.encode(), limits, uid)
+            run = execute("program", request.encode(), limits)
             return classify_run(run) or judge_program_result(run.stdout, nonce)
         request = json.dumps({"nonce": nonce, "fn_name": test.fn_name, "args": test.args})
-        run = self.sandbox.run(code_dir, "call", request.encode(), limits, uid)
+        run = execute("call", request.encode(), limits)
         bad = classify_run(run)
         if bad is not None:
             return bad
@@ -553,7 +568,7 @@ def classify_run(run: RunResult) -> tuple[str, dict] | None:
     if sig == signal.SIGXFSZ or (run.returncode != 0 and full):
         return "output_limit", {**info, "reason": "file size limit"}
     if run.returncode != 0:
-        kind = "memory" if "MemoryError" in stderr else "runtime_error"
+        kind = "memory" if "MemoryError" in stderr or run.oom_killed else "runtime_error"
         return kind, {**info, "returncode": run.returncode, "stderr": clip(stderr)}
     return None
 

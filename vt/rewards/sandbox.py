@@ -25,6 +25,10 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
   - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
     print costs the grader at most the cap.
 
+The code reward's default is the warm pool (pool.py): the same bwrap arguments, layout, uid and limits,
+but one sandbox per worker slot (its memory cgroup shared with a small server that forks each run), not
+one per run.
+
 Without bubblewrap (or where it cannot create namespaces) the code reward refuses to run unless
 ``allow_unsandboxed=True``, which runs the harness as a plain subprocess with only rlimits and a
 process group: no file-system, network or daemon isolation. It warns loudly.
@@ -95,6 +99,7 @@ class RunResult:
     stdout: bytes
     stderr_tail: bytes
     wall_s: float
+    oom_killed: bool = False  # the kernel's OOM killer killed a process of the run (its memory cgroup was full)
 
     @property
     def signal(self) -> int | None:
@@ -142,6 +147,18 @@ class MemoryCgroups:
             path.rmdir()
             raise
         return path
+
+    def oom_kills(self, path: Path) -> int:
+        """How many processes the OOM killer has killed in this cgroup so far (0 if the kernel does not say)."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            for line in (path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
 
     @staticmethod
     def remove(path: Path) -> None:
@@ -243,6 +260,13 @@ def _enter_cgroup_then_drop_to(procs_file: str | None, uid: int | None):
     return pre
 
 
+def _popen_ids(cgroup: Path | None, uid: int | None) -> dict:
+    """Popen arguments that start bwrap in ``cgroup`` (joined first: that needs root) as ``uid``."""
+    if cgroup is not None:
+        return {"preexec_fn": _enter_cgroup_then_drop_to(str(cgroup / "cgroup.procs"), uid)}
+    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+
+
 def allocate_uids(n: int) -> list[int]:
     global _uid_next
     with _uid_lock:
@@ -330,10 +354,7 @@ class Sandbox:
                 cwd = str(work)
                 if uid is not None:
                     os.chown(work, uid, uid)
-            if cgroup is not None:  # join the cgroup first, then drop to uid (needs root for the join)
-                ids = {"preexec_fn": _enter_cgroup_then_drop_to(str(cgroup / "cgroup.procs"), uid)}
-            else:
-                ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+            ids = _popen_ids(cgroup, uid)
             start = time.monotonic()
             proc = subprocess.Popen(
                 argv,
@@ -353,6 +374,7 @@ class Sandbox:
                 proc, start + limits.wall_s, limits.output_bytes, info_r if self.isolated else None
             )
             wall = time.monotonic() - start
+            oom = cgroup is not None and self.cgroups.oom_kills(cgroup) > 0
         finally:
             if info_w >= 0:
                 os.close(info_w)
@@ -361,7 +383,7 @@ class Sandbox:
                 self.cgroups.remove(cgroup)
         if status == "exited" and not started:
             status = "sandbox_error"
-        return RunResult(status, proc.returncode, out, err, wall)
+        return RunResult(status, proc.returncode, out, err, wall, oom)
 
 
 def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int,

@@ -1,0 +1,445 @@
+"""Attacks aimed at the warm sandbox pool (vt/rewards/pool.py, _pool_server.py).
+
+A worker serves run after run, so a run could try to leave something for the next one, or turn on the
+server it was forked from. Each attack goes through CodeReward (the path training takes); then:
+  - a *probe* run in the same worker prints a fingerprint of everything a run can observe (scratch
+    files and their directories' mode, times and attributes; modules, builtins, the server module's
+    globals; environment; signal dispositions and mask; umask, cwd; other processes; System V IPC
+    objects; a lock on the solution; rlimits) and it must equal the fingerprint taken before the attack;
+  - the next honest run scores 1;
+  - no process of the sandbox uid is left but the idle workers', and none at all once the reward is
+    closed.
+An attack on the server itself (kill, stop, ptrace, starve it) must fail the run (never pass, never a
+verifier error) and get the worker replaced.
+"""
+from __future__ import annotations
+
+import secrets
+import textwrap
+import time
+
+import pytest
+
+from vt.rewards import pool as pool_mod
+from vt.rewards.code import CodeReward
+
+from .conftest import processes_matching
+
+TEST_LIMIT_S = 2.0
+
+PROBE = """
+import builtins, fcntl, json, os, resource, signal, sys
+def scratch(d):
+    st = os.stat(d)
+    return [oct(st.st_mode), st.st_atime_ns, st.st_mtime_ns, sorted(os.listxattr(d)), sorted(os.listdir(d))]
+lock = open("/code/solution.py")
+try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    locked = "free"
+except OSError:
+    locked = "held"
+print(json.dumps({
+    "scratch": [scratch("/tmp"), scratch("/dev/shm")],
+    "modules": sorted(sys.modules),
+    "builtins": sorted(dir(builtins)), "print": repr(builtins.print), "len": len([1, 2]),
+    "main": sorted(vars(sys.modules["__main__"])),
+    "env": sorted(os.environ.items()),
+    "signals": [repr(signal.getsignal(s)) for s in range(1, signal.NSIG) if s not in (9, 19, 32, 33)],
+    "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "umask": os.umask(0o22), "cwd": os.getcwd(),
+    "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())],
+    "sysv": [open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")],
+    "lock": locked,
+    "limits": [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_AS)],
+}, sort_keys=True))
+"""
+
+# What a run may leave behind, one attack per kind of state; each ends by printing "done".
+STATE_ATTACKS = {
+    "files": """
+        import os
+        open("/tmp/left", "w").write("for the next run")
+        os.makedirs("/tmp/d/e")
+        open("/tmp/d/e/f", "w").write("x")
+        os.chmod("/tmp/d/e", 0)
+        os.chmod("/tmp/d", 0o500)
+        open("/dev/shm/left", "w").write("x")
+        os.setxattr("/tmp", "user.left", b"x")
+        os.utime("/tmp", (1, 1))
+        os.utime("/dev/shm", (2, 2))
+        os.chmod("/dev/shm", 0o700)
+        os.chmod("/tmp", 0o500)
+    """,
+    "interpreter": """
+        import builtins, gc, os, sys, types
+        sys.modules["planted"] = types.ModuleType("planted")
+        builtins.PLANTED = True
+        builtins.len = lambda x: 42
+        sys.modules["__main__"].PLANTED = True
+        for obj in gc.get_objects():  # the harness module and the server's objects, as inherited
+            if isinstance(obj, types.ModuleType) and getattr(obj, "__name__", "") == "_harness":
+                obj.SOLUTION = "/tmp/evil.py"
+        os.umask(0o777)
+        os.chdir("/")
+        builtins.print("done")
+        builtins.print = lambda *a, **k: None
+    """,
+    "environment": """
+        import os
+        os.environ["PLANTED"] = "1"
+        os.putenv("PLANTED_TOO", "1")
+    """,
+    "signals": """
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGALRM, lambda *a: None)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGCHLD])
+    """,
+    "daemon-and-lock": """
+        import fcntl, os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                lock = open("/code/solution.py")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                while True:  # keeps writing: a survivor would show up in the next run's /tmp
+                    open("/tmp/alive", "w").write(str(time.time()))
+                    time.sleep(0.01)
+            os._exit(0)
+        time.sleep(0.2)
+    """,
+    "sysv-ipc": """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        IPC_CREAT, IPC_PRIVATE = 0o1000, 0
+        assert libc.shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0o600) >= 0
+        assert libc.shmget(4242, 1 << 16, IPC_CREAT | 0o600) >= 0
+        assert libc.semget(4243, 1, IPC_CREAT | 0o600) >= 0
+        assert libc.msgget(4244, IPC_CREAT | 0o600) >= 0
+    """,
+}
+
+
+def block(src: str) -> str:
+    return "<think>let me write it</think>\n```python\n" + textwrap.dedent(src).strip() + "\n```\n"
+
+
+def stdio(output: str, inp: str = "") -> dict:
+    return {"tests": [{"input": inp, "output": output}]}
+
+
+HONEST = (stdio("7", "3 4"), block("a, b = map(int, input().split())\nprint(a + b)"))
+
+
+@pytest.fixture(scope="module")
+def reward():
+    # One worker: every run of this module goes to the same warm server (unless an attack gets it replaced).
+    with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S, problem_time_limit_s=20) as r:
+        assert r.pool is not None
+        yield r
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []  # after every attack of this module, closing leaves nothing
+
+
+def fingerprint(reward) -> bytes:
+    with reward.pool.worker(textwrap.dedent(PROBE)) as worker:
+        run = worker.run("stdin", b"", reward.config.limits(TEST_LIMIT_S * 2))
+    assert run.status == "exited" and run.returncode == 0, run
+    return run.stdout
+
+
+def leftovers(reward) -> list[int]:
+    idle = reward.pool.pids()
+    return [p for p in processes_matching(reward.sandbox_uids) if p not in idle]
+
+
+def assert_next_run_clean(reward):
+    honest = reward([HONEST[0]], [HONEST[1]])[0]
+    assert honest.score == 1.0, honest
+    assert leftovers(reward) == []
+
+
+@pytest.mark.parametrize("attack", sorted(STATE_ATTACKS))
+def test_nothing_a_run_leaves_reaches_the_next_run(reward, attack):
+    before = fingerprint(reward)
+    src = textwrap.dedent(STATE_ATTACKS[attack]) + "\nprint('done')\n"
+    r = reward([stdio("done")], [block(src)])[0]
+    assert r.score == 1.0, r  # the attack ran to its end (and is a correct program)
+    assert fingerprint(reward) == before
+    assert_next_run_clean(reward)
+
+
+def test_tests_of_one_sample_do_not_see_each_other(reward):
+    """All tests of a sample run in the same warm sandbox, each in a fresh child: the second test sees
+    no file, module or environment the first one made."""
+    src = """
+        import os, sys, types
+        fresh = not os.path.exists("/tmp/seen") and "seen" not in sys.modules and "SEEN" not in os.environ
+        open("/tmp/seen", "w").write("x")
+        sys.modules["seen"] = types.ModuleType("seen")
+        os.environ["SEEN"] = "1"
+        print("fresh" if fresh else "stale", input())
+    """
+    rec = {"tests": [{"input": str(i), "output": f"fresh {i}"} for i in range(4)]}
+    r = reward([rec], [block(src)])[0]
+    assert r.score == 1.0 and r.details["tests_passed"] == 4, r
+
+
+@pytest.mark.parametrize("record", [HONEST[0], {"tests": [{"fn_name": "add", "args": [3, 4], "expected": 7}]}],
+                         ids=["stdin", "call"])
+def test_a_run_that_rebinds_exit_still_ends_in_its_own_process(reward, record):
+    """The run's child is a fork of the server: whatever it rebinds (os._exit, sys.exit, atexit), it ends
+    without ever returning into the server's loop."""
+    src = """
+        import atexit, os, sys
+        os._exit = lambda *a: None
+        sys.exit = lambda *a: None
+        atexit.register(os._exit, 0)
+        def add(a, b):
+            return a + b
+        if __name__ == "__main__":
+            a, b = map(int, input().split())
+            print(add(a, b))
+    """
+    r = reward([record], [block(src)])[0]
+    assert r.score == 1.0, r
+    assert_next_run_clean(reward)
+
+
+def test_the_pool_is_warm(reward):
+    """Honest runs do not replace the server: it is the same process run after run."""
+    assert_next_run_clean(reward)
+    pids, replaced = reward.pool.pids(), reward.pool.replaced
+    res = reward([HONEST[0]] * 6, [HONEST[1]] * 6)
+    assert [x.score for x in res] == [1.0] * 6
+    assert reward.pool.pids() == pids and reward.pool.replaced == replaced
+
+
+# ---- attacks on the server -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "src, kinds",
+    [
+        # print the right answer, then kill the server before it can report the run
+        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)", ("runtime_error",)),
+        ("import os, signal\nprint('7', flush=True)\nos.kill(-1, signal.SIGKILL)", ("runtime_error",)),
+        # stop it: no reply ever comes
+        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGSTOP)", ("timeout",)),
+        # from a daemon, after the run's main process has exited
+        ("import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(0.05)\n"
+         "    os.kill(1, signal.SIGKILL)\n    os.kill(2, signal.SIGKILL)\n    os._exit(0)\nprint('7')", ("runtime_error", None)),
+    ],
+    ids=["kill-parent", "kill-all", "stop-parent", "daemon-kills-server"],
+)
+def test_a_run_that_kills_or_stops_its_server_fails_and_the_worker_is_replaced(reward, src, kinds):
+    replaced = reward.pool.replaced
+    t0 = time.monotonic()
+    r = reward([HONEST[0]], [block(src)])[0]
+    if None in kinds and r.score == 1.0:
+        # The server may kill the daemon before it acts (the run ended): then nothing happened.
+        assert reward.pool.replaced == replaced
+    else:
+        assert r.score == 0.0 and r.failure in kinds, r
+        assert reward.pool.replaced == replaced + 1
+    assert time.monotonic() - t0 < TEST_LIMIT_S + pool_mod.REPLY_GRACE_S + 5
+    assert_next_run_clean(reward)
+
+
+def test_signals_to_the_server_are_ignored(reward):
+    src = """
+        import os, signal
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+                  signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT, signal.SIGXCPU):
+            os.kill(os.getppid(), s)
+        print(7)
+    """
+    replaced = reward.pool.replaced
+    r = reward([HONEST[0]], [block(src)])[0]
+    assert r.score == 1.0, r
+    assert reward.pool.replaced == replaced
+    assert_next_run_clean(reward)
+
+
+def test_the_server_cannot_be_traced_or_read(reward):
+    """Non-dumpable: a run (same uid) can neither ptrace its server nor open its memory or fds."""
+    src = """
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        ppid, got = os.getppid(), []
+        for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE
+            if libc.ptrace(request, ppid, None, None) == 0:
+                got.append("ptrace %d" % request)
+        for what in ["mem", "environ", "maps"] + ["fd/%d" % fd for fd in range(12)]:
+            try:
+                with open("/proc/%d/%s" % (ppid, what), "rb") as f:
+                    f.read(1)
+                got.append(what)
+            except OSError:
+                pass
+        class IoVec(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+        buf = ctypes.create_string_buffer(64)
+        local, remote = IoVec(ctypes.addressof(buf), 64), IoVec(0x400000, 64)
+        if libc.process_vm_readv(ppid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:
+            got.append("process_vm_readv")
+        print(got or "blocked")
+    """
+    blocked = reward([stdio("blocked")], [block(src)])[0]
+    assert blocked.score == 1.0, blocked
+    assert_next_run_clean(reward)
+
+
+def test_a_run_that_fills_its_memory_fails_and_the_next_run_has_all_of_it():
+    budget = 256 << 20
+    with CodeReward(workers=1, test_time_limit_s=10, memory_bytes=budget) as r:
+        if r.sandbox.cgroups is None:
+            pytest.skip("no writable memory cgroup on this host (cgroup v2 delegation or v1 as root)")
+        # Forked children, each under the address-space limit, together far over the worker's cgroup.
+        hog = """
+            import os, time
+            for _ in range(6):
+                if os.fork() == 0:
+                    block = b'x' * (120 << 20)
+                    time.sleep(5)
+                    os._exit(0)
+            ok = True
+            while True:
+                try:
+                    ok = os.wait()[1] == 0 and ok
+                except ChildProcessError:
+                    break
+            print('survived' if ok else 'killed')
+        """
+        # System V shared memory outlives its process, charged to the cgroup until removed.
+        shm = """
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmat.restype = ctypes.c_void_p
+            seg = libc.shmget(0, 160 << 20, 0o1000 | 0o600)
+            addr = libc.shmat(seg, None, 0)
+            ctypes.memset(addr, 1, 160 << 20)
+            print('survived')
+        """
+        honest = block("b = b'y' * (160 << 20)\nprint(len(b) >> 20)")
+        for attack in (hog, shm):
+            res = r([stdio("survived")], [block(attack)])[0]
+            if attack is hog:
+                assert res.score == 0.0 and res.failure in ("memory", "runtime_error", "wrong"), res
+            again = r([stdio("160")], [honest])[0]
+            assert again.score == 1.0, (attack, again)
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []
+
+
+def test_fork_bomb_then_the_next_run_is_clean(reward):
+    src = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    r = reward([HONEST[0]], [block(src)])[0]
+    assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
+    assert_next_run_clean(reward)
+
+
+@pytest.mark.parametrize(
+    "src",
+    ["while True:\n    pass", "import time\ntime.sleep(100)", "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(100)"],
+    ids=["busy", "sleep", "closed-stdio"],
+)
+def test_a_run_that_never_returns_times_out_and_the_next_run_is_clean(reward, src):
+    t0 = time.monotonic()
+    r = reward([HONEST[0]], [block(src)])[0]
+    assert r.score == 0.0 and r.failure == "timeout", r
+    assert time.monotonic() - t0 < TEST_LIMIT_S + 2
+    assert_next_run_clean(reward)
+
+
+# ---- what a run can find in its own memory -------------------------------------------------------
+
+SCAN_OWN_MEMORY = textwrap.dedent("""
+    import ctypes, re
+    def scan(pattern):
+        # Reads its own anonymous memory (heap, stack, mmaps) directly: a solution's process may be
+        # non-dumpable (forked by the test process), so /proc/self/mem may be closed to it.
+        found = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if not fields[1].startswith("r") or (len(fields) > 5 and fields[5] not in ("[heap]", "[stack]")):
+                    continue
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                found += re.findall(pattern, ctypes.string_at(lo, hi - lo))
+        return found
+""")
+
+
+
+def test_the_solution_never_holds_the_test_program(reward):
+    """Program tests: the solution's process is forked before the test process reads its request, and
+    the server copies each request into a memfd without keeping it: the test code (here, a canary in a
+    comment) appears nowhere in the solution's memory."""
+    canary = "VT-CANARY-" + secrets.token_hex(8)
+    src = SCAN_OWN_MEMORY + "\ndef leaked():\n    return [m.decode() for m in scan(rb'VT-CANARY-[0-9a-f]{16}')]\n"
+    test = f"# {canary}\nassert leaked() == [], leaked()\n"
+    r = reward([{"tests": [{"program": test}] * 2}], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
+def test_a_run_never_finds_an_earlier_runs_output_in_its_memory(reward):
+    """Each run is forked from the server; the server keeps no copy of what a run printed."""
+    printer = block("import secrets\nprint('VT-OUTPUT-' + secrets.token_hex(8) * 200)")
+    assert reward([stdio("x")], [printer])[0].failure == "wrong"
+    src = SCAN_OWN_MEMORY + "\nprint(len(scan(rb'VT-OUTPUT-[0-9a-f]{16}')))\n"
+    r = reward([stdio("0")], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
+# ---- the server misbehaving ----------------------------------------------------------------------
+
+FAKE_SERVERS = {
+    # replies garbage to the first request
+    "garbage": "os.write(1, (20).to_bytes(8, 'big') + b'not json at all!!!!!')",
+    # claims more stdout than the cap allows
+    "oversized": "h = json.dumps({'status': 'exited', 'returncode': 0, 'wall_s': 0.1, 'clean': True, "
+    "'stdout': 1 << 40, 'stderr': 0}).encode()\nos.write(1, len(h).to_bytes(8, 'big') + h)",
+    # never replies
+    "silent": "time.sleep(100)",
+    # dies mid-run
+    "dies": "os._exit(3)",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FAKE_SERVERS))
+def test_a_misbehaving_server_fails_the_run_and_is_replaced(tmp_path, monkeypatch, how):
+    fake = tmp_path / "fake_server.py"
+    fake.write_text(
+        "import json, os, sys, time\n"
+        "h = json.dumps({'ready': True}).encode()\n"
+        "os.write(1, len(h).to_bytes(8, 'big') + h)\n"
+        "os.read(0, 1 << 16)\n" + FAKE_SERVERS[how] + "\ntime.sleep(100)\n"
+    )
+    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", fake)
+    with CodeReward(workers=1, test_time_limit_s=1.0) as r:
+        t0 = time.monotonic()
+        res = r([HONEST[0]], [HONEST[1]])[0]
+        assert res.score == 0.0 and res.failure in ("runtime_error", "timeout"), res
+        assert time.monotonic() - t0 < 1.0 + pool_mod.REPLY_GRACE_S + 3
+        assert r.pool.replaced == 1 and r.pool.workers[0].proc is None  # killed; the next run starts a fresh one
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []
+
+
+# ---- slots ---------------------------------------------------------------------------------------
+
+
+def test_concurrent_slots_never_share_a_uid_and_close_leaves_nothing():
+    with CodeReward(workers=2, test_time_limit_s=5) as r:
+        if not r.sandbox_uids:
+            pytest.skip("per-sandbox uids exist only when the grader runs as root (CI does)")
+        src = block("import os, time\ntime.sleep(0.5)\nprint(os.getuid(), os.getppid() == 2)")
+        res = r([stdio("never")] * 2, [src] * 2)
+        seen = [x.details["stdout"] for x in res]
+        assert sorted(seen) == sorted(f"{u} True" for u in r.sandbox_uids), seen  # each run forked by its server
+        uids = r.sandbox_uids
+        assert processes_matching(uids)  # the warm workers
+    assert processes_matching(uids) == []

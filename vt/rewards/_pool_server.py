@@ -1,0 +1,482 @@
+"""The warm sandbox server: one per worker slot, inside that slot's bwrap sandbox (see sandbox.py's
+SandboxPool). Python stdlib only; it never imports vt and never runs candidate code itself.
+
+Usage (by sandbox.py): python3 -I /code/_pool_server.py     (next to /code/_harness.py and solution.py)
+
+It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time:
+each run is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE``
+would be in a fresh sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only
+that child ever sees the solution. When the run ends (exit, wall clock, output cap), the server kills
+every process in the PID namespace but the namespace's init and itself, until none is left (setsid
+daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
+and restores their mode, times and extended attributes, and only then replies. So nothing a run leaves
+(files, processes, locks, IPC objects, modules, globals, environment, signal handlers: those live in
+the child's own copy of the interpreter) reaches the next run.
+
+The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
+its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
+which cannot be blocked: a server killed or stopped by a run stops replying, and the host then kills
+the whole namespace and starts a fresh one.
+
+Protocol, on the server's original stdin (requests) and stdout (replies), moved to private fds: each
+message is an 8-byte big-endian length, a JSON header, then the raw payloads the header announces.
+  server -> host, once:  {"ready": true}
+  host -> server:        {"mode": str, "limits": LIMITS_JSON, "wall_s": float, "output_bytes": int,
+                          "stdin": n}  + n bytes of stdin
+  server -> host:        {"status": "exited"|"timeout"|"output_limit", "returncode": int|null,
+                          "wall_s": float, "clean": bool, "stdout": n, "stderr": m}
+                         + n bytes of stdout (at most output_bytes + 1) + m bytes of stderr (its tail)
+"clean" is false when the server could not clear the namespace; the host then replaces it.
+"""
+import atexit
+import ctypes
+import gc
+import importlib.util
+import io
+import json
+import mmap
+import os
+import resource
+import select
+import signal
+import sys
+import threading
+import time
+
+HARNESS = "/code/_harness.py"
+STDERR_KEEP = 8192  # as sandbox.STDERR_KEEP: the tail of stderr the host keeps
+MAX_REQUEST = 1 << 30
+SCRATCH = ("/tmp", "/dev/shm")
+_libc = ctypes.CDLL(None, use_errno=True)
+_exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 4, 36, 0
+# Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
+# what solutions import all the time (HumanEval's prompts import typing): every page of the server is
+# copied into each run's page tables at fork, which costs more than a rare import in the child.
+WARM_MODULES = (
+    "collections", "collections.abc", "functools", "itertools", "heapq", "bisect", "math", "re", "string",
+    "typing", "random", "copy", "operator",
+)  # fmt: skip
+# Signals a run could send to the server (same uid) to disturb it. The server blocks them rather than
+# ignoring them: a blocked signal stays pending and is never delivered, the dispositions stay the fresh
+# interpreter's, and a forked child starts with no pending signal (fork clears them), so it only has to
+# unblock. SIGKILL and SIGSTOP cannot be blocked: the host replaces a server they reach.
+SHIELDED = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
+    signal.SIGVTALRM, signal.SIGPROF, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGPIPE,
+    signal.SIGXCPU, signal.SIGXFSZ, signal.SIGURG, signal.SIGWINCH, signal.SIGIO, signal.SIGTRAP,
+)  # fmt: skip
+
+
+def load_harness():
+    spec = importlib.util.spec_from_file_location("_harness", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- framing -------------------------------------------------------------------------------------
+
+
+def read_exactly(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def send(fd, header, *payloads):
+    head = json.dumps(header).encode()
+    write_all(fd, len(head).to_bytes(8, "big") + head)
+    for p in payloads:
+        write_all(fd, p)
+
+
+def receive_header(fd):
+    """The next request's header (no payload: see copy_stdin), or None when the host closed the pipe."""
+    size = read_exactly(fd, 8)
+    if size is None:
+        return None
+    return json.loads(read_exactly(fd, int.from_bytes(size, "big")))
+
+
+def copy_stdin(src, n):
+    """A run's stdin (n bytes on the request pipe) -> a fresh anonymous memfd, through a buffer that is
+    unmapped afterwards. A run's stdin may hold a program test's code and nonce, which the solution's
+    process must never see: no copy of it may stay in this process's memory, which the next run's
+    children inherit."""
+    if not 0 <= n <= MAX_REQUEST:
+        raise ValueError("stdin size out of range")
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    with mmap.mmap(-1, 1 << 16) as buf:
+        view = memoryview(buf)
+        try:
+            while n:
+                got = os.readv(src, [view[: min(n, len(buf))]])
+                if not got:
+                    raise EOFError("request pipe closed mid-request")
+                write_all(fd, view[:got])
+                n -= got
+        finally:
+            view.release()
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+class Output:
+    """A run's stdout (up to cap + 1 bytes) or the tail of its stderr (``keep`` bytes), in an anonymous
+    mapping that is unmapped after the reply: one run's output never stays in this process's memory."""
+
+    def __init__(self, cap, keep_tail=False):
+        self.cap, self.tail = cap, keep_tail
+        self.buf = mmap.mmap(-1, max(1, 2 * cap if keep_tail else cap + 1))
+        self.view = memoryview(self.buf)
+        self.n = 0
+
+    def read_from(self, fd):
+        """Read what is there; 0 at end of file."""
+        if self.tail and self.n == len(self.buf):
+            self.buf.move(0, self.n - self.cap, self.cap)  # keep the last cap bytes
+            self.n = self.cap
+        if self.n == len(self.buf):
+            return -1  # stdout past its cap: the caller has stopped the run already
+        got = os.readv(fd, [self.view[self.n :]])
+        self.n += got
+        return got
+
+    def full(self):
+        return not self.tail and self.n > self.cap
+
+    def data(self):
+        return self.view[max(0, self.n - self.cap) : self.n] if self.tail else self.view[: self.n]
+
+    def close(self):
+        self.view.release()
+        self.buf.close()
+
+
+# ---- one run -------------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self):
+        # The protocol moves to private fds; 0 and 1 become /dev/null until a child takes them over.
+        self.requests, self.replies = os.dup(0), os.dup(1)
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.close(null)
+        self.me = os.getpid()
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+        if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+        # Orphans of a run (a daemon's parent exited) are re-parented to us, so we can reap them.
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
+        self.harness = load_harness()
+        for name in WARM_MODULES:
+            __import__(name)
+        self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
+        for d in SCRATCH:
+            st = os.stat(d)
+            self.scratch[d] = (st.st_mode & 0o7777, st.st_atime_ns, st.st_mtime_ns)
+        # Everything allocated so far is the server's: out of the garbage collector's sight, so that a
+        # collection in a run's child never walks (and so copies, page by page) the inherited heap.
+        gc.collect()
+        gc.freeze()
+
+    def serve(self):
+        send(self.replies, {"ready": True})
+        while True:
+            request = receive_header(self.requests)
+            if request is None:
+                return  # the host closed the pipe
+            stdin_fd = copy_stdin(self.requests, request["stdin"])
+            out, err = Output(int(request["output_bytes"])), Output(STDERR_KEEP, keep_tail=True)
+            try:
+                reply = self.run(request, stdin_fd, out, err)
+                reply["clean"] = self.clear()
+                reply["stdout"], reply["stderr"] = len(out.data()), len(err.data())
+                send(self.replies, reply, out.data(), err.data())
+            finally:
+                out.close()
+                err.close()
+
+    def run(self, request, stdin_fd, out, err):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            self.child(stdin_fd, out_w, err_w, request)  # never returns
+        for fd in (stdin_fd, out_w, err_w):
+            os.close(fd)
+        deadline = start + float(request["wall_s"])
+        status, wait_status = "exited", None
+        pidfd = open_pidfd(pid)
+        poller = select.poll()
+        for fd in (out_r, err_r, pidfd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        open_fds = {out_r, err_r}
+        try:
+            while open_fds or wait_status is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    status = "timeout"
+                    break
+                # Without a pidfd (kernel < 5.3) the child's exit is polled every 5 ms.
+                ready = poller.poll(max(1, int(min(left, 3600 if pidfd is not None else 0.005) * 1000)))
+                if wait_status is None and (pidfd is None or any(fd == pidfd for fd, _ in ready)):
+                    done, st = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        wait_status = st
+                        if pidfd is not None:
+                            poller.unregister(pidfd)
+                        # The run's main process is done: the rest of it dies now, as a fresh sandbox's
+                        # namespace does when its init's only child exits. Their output so far stays
+                        # in the pipes and is read to the end below.
+                        if open_fds:
+                            self.kill_all()
+                for fd, _ in ready:
+                    if fd == pidfd:
+                        continue
+                    elif (out if fd == out_r else err).read_from(fd) == 0:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                    elif out.full():
+                        status = "output_limit"
+                        break
+                if status != "exited":
+                    break
+            wall = time.monotonic() - start
+        finally:
+            for fd in (out_r, err_r, pidfd):
+                if fd is not None:
+                    os.close(fd)
+        if wait_status is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                wait_status = os.waitpid(pid, 0)[1]
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        returncode = None
+        if wait_status is not None:
+            code = os.waitstatus_to_exitcode(wait_status)
+            returncode = 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
+        return {"status": status, "returncode": returncode, "wall_s": wall}
+
+    def child(self, stdin_fd, out_w, err_w, request):
+        """Become a fresh ``python3 -I /code/_harness.py LIMITS MODE`` on this run's stdio; never returns."""
+        try:
+            os.setsid()  # its own session and process group: kill(0, ...) from the run cannot reach us
+            os.dup2(stdin_fd, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # our protocol pipes included
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any fresh process: /proc/self readable by itself
+            try:  # memory pressure kills the run's processes first, never the server
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")
+            except OSError:
+                pass
+            sys.stdin, sys.stdout, sys.stderr = fresh_stdio(0), fresh_stdio(1), fresh_stdio(2)
+            sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+            os.umask(self.umask)
+            os.chdir("/tmp")
+            # POSIX message queues are not files anywhere we could wipe: the run may create none.
+            resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+            sys.argv = [HARNESS, request["limits"], request["mode"]]
+        except BaseException:  # noqa: BLE001 - a child that could not be set up runs nothing
+            _exit(125)
+        code = 0
+        try:
+            self.harness.main()  # call and program modes end in os._exit themselves
+        except SystemExit as e:
+            code = exit_code(e.code)
+        except BaseException:  # noqa: BLE001 - as the interpreter does: traceback on stderr, status 1
+            try:
+                sys.excepthook(*sys.exc_info())
+            finally:
+                code = 1
+        _exit(finalize(code))
+
+    # ---- between runs ----------------------------------------------------------------------------
+
+    def kill_all(self, timeout_s=5.0):
+        """SIGKILL every process of the namespace but its init and us, until none is left.
+
+        kill(-1) signals every process we may signal in our PID namespace except init and ourselves, in
+        one pass under the kernel's task-list lock, so a fork bomb cannot outrun it: a process forking
+        at that moment is killed before its child exists. Orphans are re-parented to us (subreaper)."""
+        end = time.monotonic() + timeout_s
+        while True:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.reap()
+            if not self.others():
+                return True
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.001)
+
+    @staticmethod
+    def reap():
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def others(self):
+        return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, self.me)]
+
+    def clear(self):
+        """After a run: no process, IPC object or scratch file of it is left. False if that failed."""
+        ok = self.kill_all()
+        ok = remove_sysv_ipc() and ok
+        for d, (mode, atime, mtime) in self.scratch.items():
+            ok = wipe(d, mode, atime, mtime) and ok
+        return ok
+
+
+def open_pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def fresh_stdio(fd):
+    """sys.stdin / stdout / stderr as the interpreter makes them at start-up (create_stdio): the server's
+    were made for the protocol pipes (e.g. stdin marked not seekable); the run's fd 0 is a memfd."""
+    like = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
+    encoding = getattr(like, "encoding", "utf-8")
+    errors = getattr(like, "errors", "backslashreplace" if fd == 2 else "strict")
+    buffered = io.open(fd, "rb" if fd == 0 else "wb", -1, closefd=False)
+    buffered.raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+    line_buffering = fd == 2 or os.isatty(fd)
+    text = io.TextIOWrapper(buffered, encoding, errors, "\n", line_buffering, False)
+    text.mode = "r" if fd == 0 else "w"
+    return text
+
+
+def exit_code(code):
+    """SystemExit's code as the interpreter turns it into an exit status."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def finalize(code):
+    """What interpreter shutdown does before the process ends: wait for non-daemon threads, run atexit
+    hooks, flush stdio (a failed stdout flush is status 120)."""
+    try:
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = exit_code(e.code)
+    except BaseException:  # noqa: BLE001
+        pass
+    try:
+        sys.stdout.flush()
+    except BaseException:  # noqa: BLE001
+        code = 120
+    try:
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    return code
+
+
+def remove_sysv_ipc():
+    """Remove every System V shared memory segment, semaphore set and message queue of this IPC
+    namespace (the sandbox's own): they outlive the processes that made them."""
+    ok = True
+    for kind, remove in (
+        ("shm", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+        ("sem", lambda i: _libc.semctl(i, 0, IPC_RMID)),
+        ("msg", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+    ):
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 1 and fields[1].isdigit() and remove(int(fields[1])) != 0:
+                ok = False
+    return ok
+
+
+def wipe(path, mode, atime_ns, mtime_ns):
+    """Empty a scratch directory (whatever permissions the run set on what it made) and restore the
+    directory's own mode, extended attributes and times (last: listing a directory updates its atime)."""
+    try:
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            remove_tree(os.path.join(path, name))
+        empty = not os.listdir(path)
+        for attr in os.listxattr(path):
+            if attr.startswith("user."):  # the only namespace an unprivileged run can write
+                os.removexattr(path, attr)
+        os.chmod(path, mode)
+        os.utime(path, ns=(atime_ns, mtime_ns))
+    except (OSError, RecursionError):
+        return False
+    return empty
+
+
+def remove_tree(path):
+    """rm -r, making directories the run locked (chmod 0) writable first."""
+    try:
+        os.unlink(path)
+        return True
+    except IsADirectoryError:
+        pass
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        os.chmod(path, 0o700)  # a directory the run made unreadable or unwritable
+        for name in os.listdir(path):
+            remove_tree(os.path.join(path, name))
+        os.rmdir(path)
+        return True
+    except OSError:
+        return False
+
+
+def main():
+    # kill(-1) between runs must only ever reach a sandbox's own PID namespace: under bwrap this server
+    # is pid 2 (bwrap's init is 1); anywhere else (a host, where pid 2 is the kernel's kthreadd) refuse.
+    if os.getpid() != 2:
+        sys.exit("_pool_server.py runs only as the first process of a fresh PID namespace (bwrap)")
+    Server().serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+"""Warm sandboxes: one long-lived bwrap sandbox per worker slot, forking one fresh child per run.
+
+Cold (sandbox.Sandbox.run), every test run starts bubblewrap and a Python interpreter and imports the
+harness: tens of milliseconds before the first line of the solution runs, most of a short test's cost.
+Here each slot keeps one sandbox with exactly that isolation (same bwrap arguments and layout, the slot's
+own uid, rlimits, capped /tmp, /dev/shm and output) around a server (_pool_server.py) that has imported
+the harness and forks one child per run; the host only sends a request and reads the reply.
+
+What the pool adds to the cold path's guarantees, and how:
+  - nothing of a run reaches the next one: the server kills every process of the namespace but itself,
+    removes System V IPC objects, wipes /tmp and /dev/shm, and only then replies (see _pool_server.py);
+    interpreter state (modules, globals, builtins, environment, signal handlers) lives in the run's own
+    forked copy and dies with it;
+  - the solution of a sample is written by the host, read-only to the sandbox, at /code/solution.py for
+    that sample's runs only (``load``); the server itself never reads it;
+  - memory: one cgroup per worker, sized to the run's budget plus the server's own share
+    (``SERVER_MEMORY``); the run's processes are the OOM killer's first choice (oom_score_adj 1000);
+  - a run that kills, stops or starves its server, a server that replies late or garbage: the host kills
+    the worker's whole namespace and the run fails (timeout, runtime_error, memory), never passes and is
+    never a verifier error; the next run gets a fresh worker. Only a worker that cannot *start* (before
+    any candidate code ran) is a sandbox error, as a cold sandbox that cannot start is.
+
+bwrap's --die-with-parent fires when the *thread* that started it exits, so workers are started on the
+pool's own long-lived thread, never on the short-lived threads that score a batch.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import logging
+import os
+import math
+import queue
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from vt.rewards.sandbox import (
+    STDERR_KEEP,
+    Limits,
+    RunResult,
+    Sandbox,
+    _child_pid,
+    _clean_env,
+    _popen_ids,
+    _wait_dead,
+    bwrap_argv,
+    force_rmtree,
+    kill_tree,
+    prepare_code_dir,
+)
+
+log = logging.getLogger(__name__)
+
+SERVER_SOURCE = Path(__file__).with_name("_pool_server.py")
+# The server's share of its worker's memory cgroup, on top of the run's budget: the warm interpreter
+# (~15 MiB resident), the two bwrap processes, page tables and kernel memory of the namespace.
+SERVER_MEMORY = 48 << 20
+REPLY_GRACE_S = 5.0  # beyond a run's wall clock: the server's kill-all, wipe (of up to tmp_bytes of files) and reply
+START_TIMEOUT_S = 60.0  # bwrap + interpreter + warm imports, on a loaded machine
+MAX_HEADER = 1 << 16
+
+
+class WorkerLost(Exception):
+    """The server died, stopped replying, or replied with something malformed."""
+
+    def __init__(self, reason: str, timed_out: bool = False):
+        super().__init__(reason)
+        self.timed_out = timed_out
+
+
+class PoolWorker:
+    """One slot: its uid, its code directory, and (while started) one warm server in one sandbox."""
+
+    def __init__(self, sandbox: Sandbox, uid: int | None, spawn):
+        self.sandbox, self.uid, self._spawn = sandbox, uid, spawn
+        self.root = Path(tempfile.mkdtemp(prefix="vt-pool-"))
+        self.code_dir = prepare_code_dir(self.root, "")
+        shutil.copyfile(SERVER_SOURCE, self.code_dir / "_pool_server.py")
+        os.chmod(self.code_dir / "_pool_server.py", 0o644)
+        self.proc: subprocess.Popen | None = None
+        self.key: tuple | None = None  # the sandbox-level limits this server was started with
+        self.ns_init: int | None = None
+        self.cgroup: Path | None = None
+        self.stderr = None
+        self.lost = 0  # servers killed because of a run (or that broke): each is replaced on the next run
+
+    # ---- per sample ------------------------------------------------------------------------------
+
+    def load(self, source: str) -> None:
+        """The sample's solution at /code/solution.py (read-only inside), replacing the last one."""
+        path = self.code_dir / "solution.py"
+        tmp = self.code_dir / ".solution.tmp"
+        tmp.write_text(source, encoding="utf-8", errors="surrogatepass")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+
+    def unload(self) -> None:
+        self.load("")
+
+    # ---- per run ---------------------------------------------------------------------------------
+
+    def run(self, mode: str, stdin: bytes, limits: Limits) -> RunResult:
+        """One run in a forked child of the warm server (started or replaced first if needed)."""
+        key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
+        if self.proc is not None and (self.key != key or self.proc.poll() is not None):
+            self.stop()  # other sandbox-level limits, or a server that died between runs (no run's doing)
+        if self.proc is None:
+            problem = self._start(limits)
+            if problem is not None:
+                return RunResult("sandbox_error", None, b"", problem.encode(), 0.0)
+        request = {
+            "mode": mode,
+            "limits": limits.harness_json(with_nproc=True, memory_cgroup=self.cgroup is not None),
+            "wall_s": limits.wall_s,
+            "output_bytes": limits.output_bytes,
+            "stdin": len(stdin),
+        }
+        ooms = self._oom_kills()
+        start = time.monotonic()
+        try:
+            # The server is idle and reading: a failed send means it died between runs (not this run's
+            # doing: no candidate code of it ran), so it is a sandbox error if a fresh one fails too.
+            self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
+        except WorkerLost as e:
+            self._lose(e)
+            if self._start(limits) is not None:
+                return RunResult("sandbox_error", None, b"", f"sandbox server lost between runs: {e}".encode(), 0.0)
+            start = time.monotonic()
+            try:
+                self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
+            except WorkerLost as e2:
+                self._lose(e2)
+                return RunResult("sandbox_error", None, b"", f"sandbox server lost: {e2}".encode(), 0.0)
+        try:
+            reply, out, err = self._receive(start + limits.wall_s + REPLY_GRACE_S, limits.output_bytes)
+        except WorkerLost as e:
+            # This run killed, stopped or starved its server (or the server broke): the run fails.
+            wall = time.monotonic() - start
+            oom = self._oom_kills() > ooms
+            self._lose(e)
+            if e.timed_out and not oom:
+                return RunResult("timeout", None, b"", b"", wall)
+            return RunResult("exited", 128 + signal.SIGKILL, b"", f"sandbox server lost: {e}".encode(), wall, oom)
+        if not reply["clean"]:
+            self._lose("it could not clear its namespace after a run")
+        oom = self.cgroup is not None and self._oom_kills() > ooms
+        return RunResult(reply["status"], reply["returncode"], out, err, reply["wall_s"], oom)
+
+    # ---- the server's life -----------------------------------------------------------------------
+
+    def _start(self, limits: Limits) -> str | None:
+        """Start a server; None when it is ready, else why not (and nothing of it is left)."""
+        sb = self.sandbox
+        self.cgroup = sb.cgroups.create(limits.memory_bytes + SERVER_MEMORY) if sb.cgroups is not None else None
+        self.stderr = tempfile.TemporaryFile()  # bwrap's and the server's own errors; runs have their own
+        info_r, info_w = os.pipe()
+        argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
+        argv += [sb.python, "-I", "/code/_pool_server.py"]
+        try:
+            self.proc = self._spawn(
+                lambda: subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=self.stderr,
+                    env=_clean_env(),
+                    cwd="/",
+                    start_new_session=True,
+                    pass_fds=(info_w,),
+                    close_fds=True,
+                    **_popen_ids(self.cgroup, self.uid),
+                )
+            )
+        except OSError as e:
+            os.close(info_r)
+            os.close(info_w)
+            self.stop()
+            return f"could not start bwrap: {e}"
+        os.close(info_w)
+        self.key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            self.ns_init = _child_pid(_read_to_eof(info_r, deadline, 4096))
+            hello = self._read_message(deadline)
+            if hello != {"ready": True}:
+                raise WorkerLost(f"sent {str(hello)[:100]!r} instead of ready")
+        except WorkerLost as e:
+            self.stop()
+            return f"sandbox server did not start ({e})"
+        finally:
+            os.close(info_r)
+        return None
+
+    def _lose(self, why) -> None:
+        log.info("sandbox server killed, a fresh one starts on the next run: %s", why)
+        self.lost += 1
+        self.stop()
+
+    def stop(self) -> None:
+        """Kill the worker's whole namespace and wait until nothing of it is left."""
+        if self.proc is not None:
+            kill_tree(self.proc, self.ns_init)
+            if self.ns_init is not None:
+                _wait_dead(self.ns_init)
+            for f in (self.proc.stdin, self.proc.stdout):
+                with contextlib.suppress(OSError):
+                    f.close()
+            self.proc = None
+        self.ns_init = None
+        if self.cgroup is not None:
+            self.sandbox.cgroups.remove(self.cgroup)
+            self.cgroup = None
+        if self.stderr is not None:
+            self.stderr.close()
+            self.stderr = None
+
+    def close(self) -> None:
+        self.stop()
+        force_rmtree(self.root)
+
+    def _oom_kills(self) -> int:
+        return self.sandbox.cgroups.oom_kills(self.cgroup) if self.cgroup is not None else 0
+
+    def _stderr_tail(self) -> str:
+        try:
+            self.stderr.seek(0, os.SEEK_END)
+            self.stderr.seek(max(0, self.stderr.tell() - 600))
+            return self.stderr.read().decode(errors="replace").strip()
+        except (OSError, AttributeError):
+            return ""
+
+    # ---- protocol (see _pool_server.py) ----------------------------------------------------------
+
+    def _send(self, header: dict, payload: bytes, deadline: float) -> None:
+        head = json.dumps(header).encode()
+        _write_all(self.proc.stdin.fileno(), len(head).to_bytes(8, "big") + head + payload, deadline)
+
+    def _read_message(self, deadline: float) -> dict:
+        fd = self.proc.stdout.fileno()
+        size = int.from_bytes(_read_exactly(fd, 8, deadline, self._stderr_tail), "big")
+        if size > MAX_HEADER:
+            raise WorkerLost(f"reply header of {size} bytes")
+        try:
+            header = json.loads(_read_exactly(fd, size, deadline, self._stderr_tail))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise WorkerLost(f"unparseable reply header ({e})") from None
+        if not isinstance(header, dict):
+            raise WorkerLost("reply header is not an object")
+        return header
+
+    def _receive(self, deadline: float, output_bytes: int) -> tuple[dict, bytes, bytes]:
+        reply = self._read_message(deadline)
+        ok = (
+            reply.get("status") in ("exited", "timeout", "output_limit")
+            and (reply.get("returncode") is None or type(reply.get("returncode")) is int)
+            and type(reply.get("wall_s")) in (int, float)
+            and type(reply.get("clean")) is bool
+            and type(reply.get("stdout")) is int
+            and 0 <= reply["stdout"] <= output_bytes + 1
+            and type(reply.get("stderr")) is int
+            and 0 <= reply["stderr"] <= STDERR_KEEP
+        )
+        if not ok:
+            raise WorkerLost(f"malformed reply {str(reply)[:200]!r}")
+        fd = self.proc.stdout.fileno()
+        out = _read_exactly(fd, reply["stdout"], deadline, self._stderr_tail)
+        err = _read_exactly(fd, reply["stderr"], deadline, self._stderr_tail)
+        return reply, out, err
+
+
+def _wait_fd(fd: int, events: int, deadline: float) -> bool:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    poller = select.poll()  # no descriptor of its own to create and close, unlike epoll
+    poller.register(fd, events)
+    return bool(poller.poll(max(1, math.ceil(left * 1000))))
+
+
+def _read_exactly(fd: int, n: int, deadline: float, why=lambda: "") -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        if not _wait_fd(fd, select.POLLIN, deadline):
+            raise WorkerLost("no reply in time", timed_out=True)
+        chunk = os.read(fd, min(n - len(buf), 1 << 20))
+        if not chunk:
+            detail = why()
+            raise WorkerLost("the server exited" + (f": {detail}" if detail else ""))
+        buf += chunk
+    return bytes(buf)
+
+
+def _read_to_eof(fd: int, deadline: float, limit: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < limit and _wait_fd(fd, select.POLLIN, deadline):
+        chunk = os.read(fd, limit - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+def _write_all(fd: int, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        if not _wait_fd(fd, select.POLLOUT, deadline):
+            raise WorkerLost("the server stopped reading", timed_out=True)
+        try:
+            view = view[os.write(fd, view[: 1 << 16]) :]
+        except (BrokenPipeError, OSError) as e:
+            raise WorkerLost(f"request pipe closed ({e})") from None
+
+
+class SandboxPool:
+    """``len(uids)`` warm workers, one per uid (two concurrent runs never share a uid); started lazily."""
+
+    def __init__(self, sandbox: Sandbox, uids: list):
+        if not sandbox.isolated:
+            raise ValueError("the warm pool needs bwrap isolation; unsandboxed runs use the cold path")
+        # One long-lived thread starts every bwrap (see the module docstring).
+        self._spawner = cf.ThreadPoolExecutor(1, thread_name_prefix="vt-sandbox-spawn")
+        self.workers = [PoolWorker(sandbox, uid, self._spawn) for uid in uids]
+        self._idle: queue.Queue[PoolWorker] = queue.Queue()
+        for w in self.workers:
+            self._idle.put(w)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _spawn(self, start):
+        return self._spawner.submit(start).result()
+
+    @contextlib.contextmanager
+    def worker(self, source: str) -> Iterator[PoolWorker]:
+        """A free worker with ``source`` loaded as the solution, for one sample's runs."""
+        if self._closed:
+            raise RuntimeError("sandbox pool is closed")
+        w = self._idle.get()
+        try:
+            w.load(source)
+            yield w
+        finally:
+            w.unload()
+            self._idle.put(w)
+
+    @property
+    def replaced(self) -> int:
+        """Servers killed because of a run (it killed, stopped or starved them) or because they broke."""
+        return sum(w.lost for w in self.workers)
+
+    def pids(self) -> set[int]:
+        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, server): everything of
+        the sandbox uids that may exist between runs."""
+        found = set()
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                found.add(w.proc.pid)
+                if w.ns_init is not None:
+                    found.add(w.ns_init)
+                    with contextlib.suppress(OSError):
+                        children = Path(f"/proc/{w.ns_init}/task/{w.ns_init}/children").read_text().split()
+                        found.update(int(c) for c in children)
+        return found
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for w in self.workers:
+            w.close()
+        self._spawner.shutdown(wait=True)
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
