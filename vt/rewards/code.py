@@ -535,7 +535,7 @@ class CodeReward(RewardFunction):
                 return bad
             got = run.stdout.decode("utf-8", errors="replace")
             if not stdout_matches(got, test.output, test.grader):
-                return "wrong", {"reason": "output differs", "stdout": clip(got)}
+                return "wrong", {"reason": "output differs", "stdout": clip("\n".join(normalise_stdout(got)))}
             return None
         nonce = secrets.token_hex(16)
         if isinstance(test, ProgramTest):
