@@ -62,24 +62,32 @@ class _NoRaisedTracebacks(logging.Filter):
         return not (record.levelno >= logging.ERROR and record.exc_info)
 
 
-def _closed_loop_callback(exc: BaseException) -> bool:
-    """tensorstore reporting (PyErr_Print, so through sys.excepthook) a write that completed after Orbax stopped
-    its event loop: what a failed save leaves behind, after the failure itself was raised to the caller."""
+def _closed_loop_callback(exc: BaseException | None) -> bool:
+    """tensorstore reporting (through sys.excepthook or sys.unraisablehook) a write that completed after Orbax
+    stopped its event loop: what a failed save leaves behind, after the failure itself was raised to the caller."""
     return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
 
 
-def _install_excepthook() -> None:
-    previous = sys.excepthook
-    if getattr(previous, "drops_closed_loop_callbacks", False):  # main() called again in the same process
+def _install_hooks() -> None:
+    """Drop _closed_loop_callback's reports (logged at debug level), pass on everything else."""
+    if getattr(sys.excepthook, "drops_closed_loop_callbacks", False):  # main() called again in this process
         return
+    log = logging.getLogger("vt")
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
 
-    def hook(exc_type, exc, tb):
+    def on_exception(exc_type, exc, tb):
         if _closed_loop_callback(exc):
-            logging.getLogger("vt").debug("dropped a late tensorstore callback: %s", exc)
-            return
-        previous(exc_type, exc, tb)
-    hook.drops_closed_loop_callbacks = True
-    sys.excepthook = hook
+            log.debug("dropped a late tensorstore callback: %s", exc)
+        else:
+            excepthook(exc_type, exc, tb)
+
+    def on_unraisable(unraisable):
+        if _closed_loop_callback(unraisable.exc_value):
+            log.debug("dropped a late tensorstore callback: %s", unraisable.exc_value)
+        else:
+            unraisablehook(unraisable)
+    on_exception.drops_closed_loop_callbacks = True
+    sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
 
 
 _NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
@@ -88,7 +96,7 @@ _NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").addFilter(_NO_RAISED_TRACEBACKS)
     logging.getLogger("asyncio").addFilter(_NO_RAISED_TRACEBACKS)
-    _install_excepthook()
+    _install_hooks()
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -54,7 +54,7 @@ def test_writing_names_what_could_not_be_written_and_call_all_runs_everything():
 
 
 def _events(path: Path) -> list:
-    """Parse a TensorBoard event file, checking each record's framing and CRCs."""
+    """Parse a TensorBoard event file with tensorboardX's protos and CRC, checking each record's framing."""
     from tensorboardX.proto.event_pb2 import Event
     from tensorboardX.record_writer import masked_crc32c
     data, out, i = path.read_bytes(), [], 0
@@ -79,7 +79,7 @@ def test_metrics_are_written_by_the_caller_and_read_back(tmp_path):
     w.close()
     # a resumed run from step 1: history past it dropped, TensorBoard told to hide what the killed run wrote
     w = MetricsWriter(tmp_path, total_steps=3, start_step=1, progress=False)
-    w.write(2, {"loss": 0.25})
+    w.write(2, {"loss": 0.25, "grad_norm": 1e300, "tokens": 7, "é/x": -2.5})
     w.close()
     assert [json.loads(x)["loss"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1.0, 0.25]
     # (one file per writer, or one appended to twice when both started in the same second)
@@ -87,13 +87,14 @@ def test_metrics_are_written_by_the_caller_and_read_back(tmp_path):
 
     def what(e):
         if e.file_version:
-            return e.file_version
+            return [e.file_version]
         if e.HasField("session_log"):
-            return (e.step, "START" if e.session_log.status == e.session_log.START else e.session_log.status)
-        return (e.step, e.summary.value[0].tag, e.summary.value[0].simple_value)
-    assert [what(e) for e in events] == [
+            return [(e.step, "START" if e.session_log.status == e.session_log.START else e.session_log.status)]
+        return [(e.step, v.tag, v.simple_value) for v in e.summary.value]
+    assert [x for e in events for x in what(e)] == [
         "brain.Event:2", (1, "loss", 1.0), (1, "lr", 0.5), (2, "loss", 0.5), (2, "lr", 0.5),
-        "brain.Event:2", (2, "START"), (2, "loss", 0.25)]  # the restart marker: TensorBoard hides steps >= 2 before it
+        "brain.Event:2", (2, "START"), (2, "loss", 0.25), (2, "grad_norm", float("inf")), (2, "tokens", 7.0),
+        (2, "é/x", -2.5)]  # the restart marker: TensorBoard hides steps >= 2 before it
 
 
 def test_full_disk_under_each_metrics_sink_is_named(tmp_path):
