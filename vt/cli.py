@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import sys
+import warnings
 
 from vt import EXIT_PREEMPTED, Terminated, VtError
 from vt.checkpoint.seal import set_verify
@@ -88,6 +89,8 @@ def _install_hooks() -> None:
             unraisablehook(unraisable)
     on_exception.drops_closed_loop_callbacks = True
     sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
+    # The same failed save leaves write coroutines Orbax never awaited, which Python reports at exit.
+    warnings.filterwarnings("ignore", message=r"coroutine '.*async_serialize_from_host", category=RuntimeWarning)
 
 
 _NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
