@@ -178,7 +178,11 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     since the last line)` adds what needs the wall time. Held-out `evaluate(state, step)` -> `eval_key` runs
     every `eval_every` steps and at the end (and at step 0 with `eval_at_start`). A checkpoint is saved every
     `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
-    last, however the loop ends."""
+    last, however the loop ends.
+
+    A full disk stops the run at the step any writer meets it (a background save's failure is looked for after
+    every step): OutOfSpace naming what could not be written and the newest sealed step. Errors after a SIGTERM
+    become Preempted (exit status EXIT_PREEMPTED); a SIGTERM while stopping raises Terminated (Preemption)."""
     ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
     writer: MetricsWriter | None = None
     history: list[tuple[int, float]] = []
