@@ -28,7 +28,7 @@ from vt import Preempted, Terminated, VtError
 from vt.checkpoint.manager import CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
 from vt.distributed import enable_compilation_cache
-from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, writing
+from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, out_of_space, writing
 from vt.model.config import ModelConfig, preset
 from vt.model.qwen2 import create_model
 from vt.sharding import make_mesh
@@ -261,6 +261,8 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
 def _as_reported(error: BaseException, preempted: bool, ckpt: CheckpointManager) -> BaseException:
     """The error a run stopped with, as the CLI reports it: a full disk says which step the run resumes from;
     after a SIGTERM an error the user can act on is a Preempted (the preemption's exit status)."""
+    if out_of_space(error) and not isinstance(error, VtError):  # a writer not wrapped in vt.io.writing
+        error = OutOfSpace(f"out of disk space ({error_detail(error)})").with_traceback(error.__traceback__)
     if isinstance(error, OutOfSpace):
         latest = ckpt.latest_step()
         resume = "no checkpoint was sealed yet" if latest is None else \

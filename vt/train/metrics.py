@@ -164,12 +164,18 @@ class MetricsWriter:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
     def _truncate_after(self, step: int) -> None:
-        """A resumed run rewrites history from its checkpoint on: drop lines a killed run wrote past it (a new
-        file renamed over the old: a full disk leaves the old one whole)."""
+        """A resumed run rewrites history from its checkpoint on: drop lines a killed run wrote past it, and a line
+        it did not finish (a new file renamed over the old: a full disk leaves the old one whole)."""
         if not self.path.is_file():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:  # the end of a line a kill or a full disk cut short
+                continue
+            if row.get("step", 0) <= step:
+                keep.append(line)
         with writing(self.path):
             atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
