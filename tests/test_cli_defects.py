@@ -6,11 +6,13 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from testutil import REPO, small_tmpfs
 from vt import VtError
 from vt.cli import main
 
@@ -70,13 +72,8 @@ def test_checkpoint_without_params_metadata_is_named(ckpt, tmp_path, capsys):
 @pytest.fixture
 def full_disk(tmp_path):
     """A 32 KiB tmpfs: too small for any checkpoint. Needs root (CI runs as root)."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip()})")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "full", "32k") as mnt:
+        yield mnt
 
 
 # Orbax's writer thread, stopped by the failure, leaves an "Event loop is closed" behind for the collector.
@@ -90,6 +87,22 @@ def test_disk_full_in_convert_and_merge_is_one_line_and_leaves_nothing(ckpt, ful
         # No output appears. (Orbax's writer threads can outlive the failed save for a moment and re-create files
         # in the hidden temporary directory after it was removed; in a `vt` process they die with it.)
         assert [p.name for p in full_disk.iterdir() if not p.name.startswith(".")] == [], "a half-written output"
+
+
+def test_disk_full_in_convert_and_merge_processes_prints_one_line(ckpt, full_disk):
+    """The same in a `vt` process of its own, where what Orbax's threads and tensorstore's late callbacks print
+    (issue 23: "Event loop is closed" tracebacks before the line) reaches the real stderr. The three run at once."""
+    runs = {name: subprocess.Popen([sys.executable, "-m", "vt", *argv], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            for name, argv in {"convert hf-to-orbax": ["convert", "hf-to-orbax", str(ckpt.parent / "hf"),
+                                                       str(full_disk / "ck")],
+                               "convert orbax-to-hf": ["convert", "orbax-to-hf", str(ckpt), str(full_disk / "hf")],
+                               "merge": ["merge", str(ckpt), str(ckpt), "--out", str(full_disk / "m")]}.items()}
+    for name, p in runs.items():
+        _, err = p.communicate(timeout=300)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in err, f"vt {name}:\n{err}"
+        assert lines[0].startswith(f"vt {name}: error: out of disk space"), lines[0]
 
 
 def write_records(path: Path, n: int) -> Path:

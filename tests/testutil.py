@@ -1,11 +1,14 @@
 """Shared test helpers: tiny random-weight transformers Qwen2 checkpoints built on the spot (no downloads)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,3 +51,27 @@ def run_multidevice(code: str, devices: int = 8, timeout: int = 600) -> str:
     if proc.returncode != 0:
         raise AssertionError(f"multi-device subprocess failed:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    """A tmpfs of `size` ("32k", "5m") mounted at `path` for the block: a disk that really fills (ENOSPC from the
+    kernel, for every writer and thread). Needs root (CI runs as root); skips the test otherwise."""
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.decode().strip() or 'not root'})")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "--lazy", str(path)], check=True)
+
+
+def fill_disk(directory: Path) -> None:
+    """Write zeros into `directory` until its file system refuses more."""
+    with open(directory / "filler", "wb", buffering=0) as f:  # unbuffered: closing has nothing left to write
+        try:
+            while f.write(b"\0" * (1 << 16)):
+                pass
+        except OSError:
+            pass

@@ -6,14 +6,15 @@ heavy imports (jax, torch) happen inside the handlers so `vt --help` stays insta
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import os
 import sys
+import warnings
 
-from vt import VtError
+from vt import EXIT_PREEMPTED, Terminated, VtError
 from vt.checkpoint.seal import set_verify
+from vt.io import error_detail, out_of_space
 from vt.validation import ArgumentParser
 
 # Modules that contribute subcommands, in the order `vt --help` lists them.
@@ -51,28 +52,45 @@ def _name_leaves(parser: ArgumentParser) -> None:
         parser.set_defaults(command_name=parser.prog)
 
 
-def out_of_space(e: BaseException) -> bool:
-    """Whether ``e`` is the file system running out of space, however the writer reports it (OSError from
-    Python, ValueError "RESOURCE_EXHAUSTED ... [OS error 28]" from Orbax/tensorstore, SafetensorError)."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return True
-    text = str(e)
-    return any(s in text for s in ("No space left on device", "Disk quota exceeded", "os error 28",
-                                   "OS error 28", "File too large"))
-
-
-def _os_error_text(e: OSError) -> str:
-    if e.filename is not None:
-        return f"{e.filename}: {e.strerror or e}"
-    return str(e)
-
-
 class _NoRaisedTracebacks(logging.Filter):
     """Orbax logs (through absl) the traceback of a writer-thread error that it then raises to its caller, where
-    `main` reports it in one line or re-raises it: drop the logged copy."""
+    `main` reports it in one line or re-raises it: drop the logged copy. asyncio logs, when they are collected,
+    the failed write tasks of a save that failed for want of space, which `main` reports: drop those too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("asyncio"):
+            return not (record.exc_info and out_of_space(record.exc_info[1]))
         return not (record.levelno >= logging.ERROR and record.exc_info)
+
+
+def _closed_loop_callback(exc: BaseException | None) -> bool:
+    """tensorstore reporting (through sys.excepthook or sys.unraisablehook) a write that completed after Orbax
+    stopped its event loop: what a failed save leaves behind, after the failure itself was raised to the caller."""
+    return isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
+
+
+def _install_hooks() -> None:
+    """Drop _closed_loop_callback's reports (logged at debug level), pass on everything else."""
+    if getattr(sys.excepthook, "drops_closed_loop_callbacks", False):  # main() called again in this process
+        return
+    log = logging.getLogger("vt")
+    excepthook, unraisablehook = sys.excepthook, sys.unraisablehook
+
+    def on_exception(exc_type, exc, tb):
+        if _closed_loop_callback(exc):
+            log.debug("dropped a late tensorstore callback: %s", exc)
+        else:
+            excepthook(exc_type, exc, tb)
+
+    def on_unraisable(unraisable):
+        if _closed_loop_callback(unraisable.exc_value):
+            log.debug("dropped a late tensorstore callback: %s", unraisable.exc_value)
+        else:
+            unraisablehook(unraisable)
+    on_exception.drops_closed_loop_callbacks = True
+    sys.excepthook, sys.unraisablehook = on_exception, on_unraisable
+    # The same failed save leaves write coroutines Orbax never awaited, which Python reports at exit.
+    warnings.filterwarnings("ignore", message=r"coroutine '.*async_serialize_from_host", category=RuntimeWarning)
 
 
 _NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
@@ -80,6 +98,8 @@ _NO_RAISED_TRACEBACKS = _NoRaisedTracebacks()
 
 def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").addFilter(_NO_RAISED_TRACEBACKS)
+    logging.getLogger("asyncio").addFilter(_NO_RAISED_TRACEBACKS)
+    _install_hooks()
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -98,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except VtError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
+    except Terminated as e:
+        # SIGTERM while stopping: exit now. Not through the interpreter's shutdown, which would wait for the
+        # writers' threads (the wait the signal cut short); everything sealed is safe against a kill.
+        print(f"{name}: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_PREEMPTED)
     except BrokenPipeError:  # `vt info ... | head` closed our stdout: stop quietly (before the OSError clause below)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
         return 0
@@ -107,11 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         # checkpoints committed by rename), so a full disk leaves nothing half-written that would be used:
         # one line rather than a writer's traceback.
         if out_of_space(e):
-            detail = _os_error_text(e) if isinstance(e, OSError) else str(e).splitlines()[0][:300]
-            print(f"{name}: error: out of disk space ({detail})", file=sys.stderr)
+            print(f"{name}: error: out of disk space ({error_detail(e)})", file=sys.stderr)
             return 2
         if isinstance(e, OSError) and e.filename is not None:  # a path the file system refused, named
-            print(f"{name}: error: {_os_error_text(e)}", file=sys.stderr)
+            print(f"{name}: error: {error_detail(e)}", file=sys.stderr)
             return 2
         raise
     except KeyboardInterrupt:

@@ -19,7 +19,7 @@ import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -95,6 +95,65 @@ def exclusive(target: Path | str, name: str, *, inside: bool, enabled: bool = Tr
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         os.close(fd)
+# A full file system, however the writer reports it: OSError from Python, ValueError "RESOURCE_EXHAUSTED ... [OS
+# error 28]" from Orbax/tensorstore (a page of text), SafetensorError. Each errno with the texts that carry it.
+_OUT_OF_SPACE = {errno.ENOSPC: ("No space left on device", "os error 28", "OS error 28", "os_error_code='28'"),
+                 errno.EDQUOT: ("Disk quota exceeded", "os_error_code='122'"),
+                 errno.EFBIG: ("File too large", "os_error_code='27'")}
+
+
+def out_of_space_reason(e: BaseException | None) -> str | None:
+    """"No space left on device" (or the quota's, or the file size limit's reason) when ``e`` is the file system
+    running out of space or an error it caused (its __cause__ chain); else None."""
+    while e is not None:
+        for code, texts in _OUT_OF_SPACE.items():
+            if (isinstance(e, OSError) and e.errno == code) or any(t in str(e) for t in texts):
+                return os.strerror(code)
+        e = e.__cause__
+    return None
+
+
+def out_of_space(e: BaseException | None) -> bool:
+    return out_of_space_reason(e) is not None
+
+
+def error_detail(e: BaseException) -> str:
+    """An OSError's file and reason, else the first line of the message (writers' messages run to pages)."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename is not None else e.strerror
+    return (str(e).splitlines() or [type(e).__name__])[0][:300]
+
+
+class OutOfSpace(VtError):
+    """The disk (or quota) refused a write: one line naming what could not be written."""
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Writes inside the block that fail for want of space raise OutOfSpace naming `what` (buffered writers report
+    the failure without a file name, and Orbax's reports run to pages)."""
+    try:
+        yield
+    except OutOfSpace:
+        raise
+    except Exception as e:
+        reason = out_of_space_reason(e)
+        if reason is not None:
+            raise OutOfSpace(f"out of disk space: cannot write {what} ({reason})") from e
+        raise
+
+
+def call_all(fns: Iterable[Callable[[], Any]]) -> None:
+    """Call each of `fns` (closing what a run opened), then raise the first error any of them raised: one failing
+    (a full disk) neither stops the others nor hides behind a later one's error."""
+    error = None
+    for fn in fns:
+        try:
+            fn()
+        except Exception as e:
+            error = error or e
+    if error is not None:
+        raise error
 
 
 def plain(x: Any) -> Any:

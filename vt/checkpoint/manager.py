@@ -47,7 +47,7 @@ from vt.checkpoint.params import CONFIG_FILE, load_model_config
 from vt.checkpoint.seal import (CHECKSUM_FILE, BackgroundVerify, is_sealed, missing_files,  # noqa: F401
                                 read_seal, sealed_steps, verify_enabled, write_seal)
 from vt.data.shards import STATE_KEY, is_sharded_state
-from vt.io import LOCK_FILE
+from vt.io import LOCK_FILE, writing
 from vt.model.config import ModelConfig
 from vt.validation import AT_LEAST_1, check_fields
 
@@ -183,6 +183,7 @@ class CheckpointManager:
             policies.append(pp.BestN(get_metric_fn=lambda m: m[metric], reverse=cfg.best_mode == "min", n=1,
                                      keep_checkpoints_without_metrics=False))
         self._pending: list[int] = []
+        self._in_flight: int | None = None  # the step of the async save Orbax may still be writing
         self._lock = threading.Lock()
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies),
@@ -256,12 +257,16 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.directory / str(step)
 
+    def _what(self, step: int | None) -> str:
+        return f"checkpoint step {step} ({self.step_dir(step)})" if step is not None else str(self.directory)
+
     # --- save ---------------------------------------------------------------------------------------------------
     def save(self, step: int, state, data_iterator=None, metrics: dict | None = None) -> bool:
         """Start saving `state` (a TrainState) as `step`; returns at once when async. `metrics` (scalars) feed
         the best-checkpoint policy. A step that already exists is not saved again."""
         if step in self._mgr.all_steps():
             return False
+        self._wait_in_flight()  # Orbax waits for the previous save anyway; its error is named by its step here
         self._seal_committed(saving=step)  # a sync save (or a missed callback) leaves its predecessor to seal
         items = dict(
             params=ocp.args.PyTreeSave(state.params),
@@ -275,10 +280,25 @@ class CheckpointManager:
             metric = {self.cfg.best_metric: float(metrics[self.cfg.best_metric])}
         with self._lock:
             self._pending.append(step)
-        saved = self._mgr.save(step, args=ocp.args.Composite(**items), metrics=metric, force=True)
+        with writing(self._what(step)):
+            if self.cfg.async_save:
+                self._in_flight = step
+            saved = self._mgr.save(step, args=ocp.args.Composite(**items), metrics=metric, force=True)
         if not self.cfg.async_save:
             self._seal_committed(saving=step)
         return saved
+
+    def _wait_in_flight(self) -> None:
+        """Block until Orbax has written the save in flight; its error (a full disk) raised naming the step."""
+        with writing(self._what(self._in_flight)):
+            self._mgr.wait_until_finished()
+        self._in_flight = None
+
+    def check(self) -> None:
+        """Raise the error of a background save that failed (a full disk) now, rather than at the next save
+        (maybe thousands of steps later) or at the end. Cheap (a flag read) while a save is being written."""
+        if self._in_flight is not None and not self._mgr.is_saving_in_progress():
+            self._wait_in_flight()
 
     def _seal_in_flight(self) -> None:
         """Orbax's post-finalisation callback: every item of the step in flight is written, and Orbax has not yet
@@ -312,7 +332,8 @@ class CheckpointManager:
             if d.is_dir():
                 if not is_sealed(d):
                     try:
-                        seal(d, step, self.model_cfg, self.cfg.checksum)
+                        with writing(f"the seal of {self._what(step)}"):
+                            seal(d, step, self.model_cfg, self.cfg.checksum)
                     except FileNotFoundError:
                         if d.exists():
                             raise  # else Orbax retired the step (keep) while it was being sealed: nothing to seal
@@ -323,7 +344,7 @@ class CheckpointManager:
 
     def wait(self) -> None:
         """Block until every started save is on disk and sealed."""
-        self._mgr.wait_until_finished()
+        self._wait_in_flight()
         self._seal_committed()
 
     def close(self) -> None:

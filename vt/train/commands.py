@@ -16,7 +16,9 @@ def register(subparsers) -> None:
                                           "long2short.py, instruct_rl.py); "
                                           "a workdir with checkpoints resumes from the newest one. "
                                           "Override any field with --config.key=value. On SIGTERM it saves a "
-                                          f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume).")
+                                          f"checkpoint and exits with status {EXIT_PREEMPTED} (re-run to resume); "
+                                          "a SIGTERM while it is stopping, or a second one, ends it at once. A full "
+                                          "disk stops it with one line and exit status 2.")
     p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
     p.add_argument("--workdir", required=True, type=Path,
                    help="checkpoints, metrics.jsonl and tb/ go here: a new or empty directory, or the workdir of "

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
@@ -24,11 +25,11 @@ from typing import Annotated, Any, Callable, Iterator
 import jax
 import numpy as np
 
-from vt import VtError
+from vt import Preempted, Terminated, VtError
 from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
 from vt.distributed import enable_compilation_cache, is_primary
-from vt.io import exclusive
+from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, exclusive, out_of_space, writing
 from vt.model.config import ModelConfig, preset
 from vt.model.qwen2 import create_model
 from vt.sharding import make_mesh
@@ -93,7 +94,9 @@ def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, j
 def write_run_config(cfg, workdir: Path) -> None:
     """workdir/config.json: the resolved config of the run (process 0)."""
     if jax.process_index() == 0:
-        (workdir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+        path = workdir / "config.json"
+        with writing(path):
+            atomic_write_text(path, json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
 
 
 @contextlib.contextmanager
@@ -110,15 +113,27 @@ def run_workdir(cfg, workdir: Path | str) -> Iterator[Path]:
 
 
 class Preemption:
-    """SIGTERM sets a flag the loop polls after each step (a handler must not touch JAX)."""
+    """SIGTERM sets a flag the loop polls after each step (a handler must not touch JAX): the loop saves and
+    stops. A SIGTERM once the run is stopping (`stop()`: waiting for saves in flight, after the end, a
+    preemption or an error), or a second one, raises Terminated: the process ends now, not after the wait."""
 
     def __init__(self):
         self.requested = False
+        self.stopping: str | None = None  # why the run is stopping, once it is
         self._old = None
+
+    def stop(self, error: BaseException | None) -> None:
+        self.stopping = f"error: {error_detail(error)}" if error is not None else \
+            "stopping after a preemption" if self.requested else "stopping at the end"
 
     def __enter__(self):
         def handler(signum, frame):
-            self.requested = True
+            if self.stopping is None and not self.requested:
+                self.requested = True
+                return
+            why = self.stopping or "a second SIGTERM"
+            raise Terminated(f"{why}; SIGTERM: stopped without waiting for saves in flight (checkpoints sealed "
+                             f"so far are intact; re-run to resume)")
         try:
             self._old = signal.signal(signal.SIGTERM, handler)
         except ValueError:  # not the main thread: preemption is then the caller's business
@@ -178,9 +193,13 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     every `eval_every` steps (0: never in between) and at the last step (and at step 0 with `eval_at_start`),
     not at a step a SIGTERM stops the run after. A checkpoint is saved every
     `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
-    last, however the loop ends."""
+    last, however the loop ends.
+
+    A full disk stops the run at the step any writer meets it (a background save's failure is looked for after
+    every step): OutOfSpace naming what could not be written and the newest sealed step. Errors after a SIGTERM
+    become Preempted (exit status EXIT_PREEMPTED); a SIGTERM while stopping raises Terminated (Preemption)."""
     ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
-    writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress)
+    writer: MetricsWriter | None = None
     history: list[tuple[int, float]] = []
     last: dict[str, Any] = {}
     pending: dict | None = None  # {"step", "metrics" (maybe on device), "extra" (host)}: not yet written
@@ -210,8 +229,10 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
         writer.write(pending["step"], m)
         last, pending = m, None
 
-    try:
-        with Preemption() as preempt:
+    error: BaseException | None = None
+    with Preemption() as preempt:
+        try:
+            writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress)
             if evaluate is not None and eval_at_start and start == 0:
                 history.append((0, evaluate(state, 0)))
                 writer.write(0, {eval_key: history[-1][1]})
@@ -233,14 +254,50 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
                     flush()  # check this step before its state can reach disk
                 if final or done % every == 0:
                     ckpt.save(done, state, data_iterator, metrics=last)
+                ckpt.check()  # a background save that failed (a full disk) stops the run now
                 step = done
                 if preempt.requested:
                     status = "preempted"
                     break
             flush()
-    finally:
-        ckpt.close()
-        writer.close()
-        if close is not None:
-            close()
+        except Terminated:
+            raise
+        except BaseException as e:  # every error still closes what the run opened; the first one is reported
+            error = e
+        preempt.stop(error)
+        _test_hold("stopping")
+        try:
+            call_all([ckpt.close] + [f.close for f in (writer,) if f is not None] + ([close] if close else []))
+        except Exception as e:
+            error = error or e
+    if error is not None:
+        raise _as_reported(error, preempt.requested, ckpt)
     return TrainResult(step=step, status=status, last_metrics=last, eval_history=history)
+
+
+def _as_reported(error: BaseException, preempted: bool, ckpt: CheckpointManager) -> BaseException:
+    """The error a run stopped with, as the CLI reports it: a full disk says which step the run resumes from;
+    after a SIGTERM an error the user can act on is a Preempted (the preemption's exit status)."""
+    if out_of_space(error) and not isinstance(error, VtError):  # a writer not wrapped in vt.io.writing
+        error = OutOfSpace(f"out of disk space ({error_detail(error)})").with_traceback(error.__traceback__)
+    if isinstance(error, OutOfSpace):
+        latest = ckpt.latest_step()
+        resume = "no checkpoint was sealed yet" if latest is None else \
+            f"the newest sealed checkpoint is step {latest} (free space and re-run to resume from it)"
+        error = OutOfSpace(f"{error}; {resume}").with_traceback(error.__traceback__)
+    if preempted and isinstance(error, VtError) and not isinstance(error, Preempted):
+        error = Preempted(f"SIGTERM, then {error}").with_traceback(error.__traceback__)
+    return error
+
+
+def _test_hold(point: str) -> None:
+    """Fault injection for the signal tests: at `point`, when VT_TEST_HOLD_AT names it, create the file
+    VT_TEST_HOLD_FILE and wait until the test deletes it (at most 60 s), signals handled meanwhile: a window of
+    microseconds (after a full disk stopped the run, before its clean-up) made as long as the test needs."""
+    hold = os.environ.get("VT_TEST_HOLD_FILE", "")
+    if os.environ.get("VT_TEST_HOLD_AT") != point or not hold:
+        return
+    open(hold, "w").close()
+    end = time.monotonic() + 60
+    while os.path.exists(hold) and time.monotonic() < end:
+        time.sleep(0.01)
