@@ -19,6 +19,13 @@ Determinism: prompts of step s are a fixed function of (data.seed, s) and the sa
 function of (rollout.sampler.seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
 
+Asynchronous RL (rollout.max_staleness = k >= 1, Learner.async_step_fn): the rollouts of step s + k are sampled
+and verified by the sampler's own copy of the weights of version s while the device runs step s's update, so
+host work (verification, judges' HTTP round trips, packing) overlaps device work. Samples keep the version that
+generated them (vt.rl.buffer: whole groups, stale ones dropped and counted, the buffer saved with each
+checkpoint) and their behaviour log-probs; the update's truncated importance weight min(pi_old / pi_behaviour,
+mgpo.is_cap) corrects for the lag. The schedule is a function of the step: resume stays exact.
+
 Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
