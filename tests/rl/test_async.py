@@ -1,10 +1,17 @@
 """Asynchronous RL (rollout.max_staleness = k): k = 0 is the synchronous learner; k >= 1 learns on the toy task
 with samples at most k versions old, resumes exactly, and its buffer releases whole groups and drops stale ones."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
 import jax
 import numpy as np
 import pytest
 
 from rl_helpers import build_task, metrics, rl_config
+from testutil import REPO
 from vt import VtError
 from vt.checkpoint.params import flat_params, load_model
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
@@ -125,15 +132,24 @@ def test_async_learns_with_samples_at_most_k_versions_old(task, tmp_path, k):
     assert any(r["is_weight_mean"] != 1.0 for r in rows[k:])  # stale samples: the importance weight is at work
 
 
-def test_async_resume_continues_as_an_uninterrupted_run(task, tmp_path):
+RESUME = {"train.eval_every": 0, "data.eval": "", "checkpoint.every": 3, "rollout.max_staleness": 1}
+
+
+@pytest.fixture(scope="module")
+def straight(task, tmp_path_factory):
+    """6 uninterrupted steps at k = 1: what every interrupted run must reproduce."""
+    workdir = tmp_path_factory.mktemp("straight")
+    train_rl(rl_config(task, **{**RESUME, "train.steps": 6}), workdir)
+    return workdir
+
+
+def test_async_resume_continues_as_an_uninterrupted_run(task, straight, tmp_path):
     """k = 1: stop at the checkpoint of step 3, resume to 6: the buffer's groups and versions come back from
     the checkpoint, so the updates use the same samples (hashes) and the weights equal 6 straight steps'."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    over = {"train.eval_every": 0, "data.eval": "", "checkpoint.every": 3, "rollout.max_staleness": 1}
-    train_rl(rl_config(task, **{**over, "train.steps": 6}), straight)
-    train_rl(rl_config(task, **{**over, "train.steps": 3}), resumed)
+    resumed = tmp_path / "resumed"
+    train_rl(rl_config(task, **{**RESUME, "train.steps": 3}), resumed)
     assert (resumed / "checkpoints" / "3" / "data").is_dir()  # the buffer: the batch of step 4, version 2
-    train_rl(rl_config(task, **{**over, "train.steps": 6}), resumed)
+    train_rl(rl_config(task, **{**RESUME, "train.steps": 6}), resumed)
     a = {r["step"]: r for r in metrics(straight) if "rollout_hash" in r}
     b = {r["step"]: r for r in metrics(resumed) if "rollout_hash" in r}
     assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
@@ -142,4 +158,29 @@ def test_async_resume_continues_as_an_uninterrupted_run(task, tmp_path):
             assert a[s][key] == b[s][key], (s, key)
     assert_params_equal(final_params(straight, 6), final_params(resumed, 6))
     with pytest.raises(VtError, match="rollout.max_staleness=2"):
-        train_rl(rl_config(task, **{**over, "train.steps": 7, "rollout.max_staleness": 2}), resumed)
+        train_rl(rl_config(task, **{**RESUME, "train.steps": 7, "rollout.max_staleness": 2}), resumed)
+
+
+@pytest.mark.parametrize("point", ["rl-update-in-flight:5", "rl-sampled-ahead:4"])
+def test_async_kill_9_then_restart_equals_an_uninterrupted_run(task, straight, tmp_path, point):
+    """k = 1, a checkpoint every step: SIGKILL while an update is in flight and the next batch about to be
+    sampled (step 5), or once that batch is sampled and not yet saved (step 4); the restart (from the last
+    sealed step, its buffer) ends with the weights of 6 straight steps."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
+        from pathlib import Path
+        from rl_helpers import rl_config
+        from vt.rl.learner import train_rl
+        task = {{"root": Path({str(task['root'])!r}), "ckpt": Path({str(task['ckpt'])!r}),
+                "tok": Path({str(task['tok'])!r})}}
+        train_rl(rl_config(task, **{{**{RESUME!r}, "checkpoint.every": 1, "train.steps": 6}}), sys.argv[1])
+    """)
+    workdir = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, "-c", code, str(workdir)], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "VT_TEST_KILL_AT": point})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    killed_in = int(point.split(":")[1])
+    assert max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == killed_in - 1
+    train_rl(rl_config(task, **{**RESUME, "checkpoint.every": 1, "train.steps": 6}), workdir)
+    assert_params_equal(final_params(straight, 6), final_params(workdir, 6))

@@ -54,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from vt import VtError
-from vt.checkpoint.manager import CheckpointConfig
+from vt.checkpoint.manager import CheckpointConfig, crash_test_point
 from vt.data.curriculum import load_pass_rates
 from vt.data.sources import Malformed, open_source
 from vt.data.tokenizer import load_tokenizer
@@ -421,6 +421,7 @@ class Learner:
             t1 = time.perf_counter()
             pending = self.dispatch_update(state, used)
             t_dispatched = time.perf_counter()
+            crash_test_point("rl-update-in-flight", step + 1)  # crash tests: the update dispatched, sampling ahead
             done_at = []
             waiter = threading.Thread(target=lambda: done_at.append(
                 (jax.block_until_ready(pending[0].params), time.perf_counter())[1]), daemon=True)
@@ -428,6 +429,7 @@ class Learner:
             if step + k < total:  # the batch of step s + k, sampled by version s while the update runs
                 sampled.append(sample(step + k, step))
             t2 = time.perf_counter()
+            crash_test_point("rl-sampled-ahead", step + 1)  # crash tests: the next batch sampled, not yet saved
             waiter.join()
             state, metrics = self.finish_update(*pending)
             if metrics["finite"]:
