@@ -401,7 +401,6 @@ class Learner:
         k, E, C = cfg.rollout.max_staleness, cfg.rollout.prompts_per_step, cfg.rollout.group_size
         mine = process_slice(E, "rollout.prompts_per_step")
         E_mine = mine.stop - mine.start  # this process's groups per step
-        total = cfg.train.steps
 
         def sample(step: int, version: int) -> Scored:
             scored = self.rollout_batch(step)
@@ -412,7 +411,7 @@ class Learner:
             t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
             # A fresh run (or one resumed without the batches of its next steps) samples what is missing now,
             # with the current weights: the first k steps' batches, at version `step`.
-            sampled = [sample(j, step) for j in range(step + len(buffer) // E_mine, min(step + k, total))]
+            sampled = [sample(j, step) for j in range(step + len(buffer) // E_mine, step + k)]
             taken = buffer.take(E_mine, step)
             if taken is None:  # groups were dropped as stale: sample the step's batch now, on-policy
                 sampled.append(sample(step, step))
@@ -426,8 +425,10 @@ class Learner:
             waiter = threading.Thread(target=lambda: done_at.append(
                 (jax.block_until_ready(pending[0].params), time.perf_counter())[1]), daemon=True)
             waiter.start()
-            if step + k < total:  # the batch of step s + k, sampled by version s while the update runs
-                sampled.append(sample(step + k, step))
+            # The batch of step s + k, sampled by version s while the update runs: also at the run's last steps
+            # (k batches of rollouts unused unless the run is continued), so that the checkpoint holds what a
+            # longer run (train.steps raised, then resumed) would have used; a resume stays exact.
+            sampled.append(sample(step + k, step))
             t2 = time.perf_counter()
             crash_test_point("rl-sampled-ahead", step + 1)  # crash tests: the next batch sampled, not yet saved
             waiter.join()
