@@ -16,7 +16,12 @@ left out), and summed over them the learner's idle seconds (sync: the step's sam
 time_rollout_s; async: the step's wall time outside its update's dispatch-to-done span), the sampler's idle
 seconds (sync: the update, time_train_s; async: the step's wall time outside sampling + verification) and the
 groups dropped as stale. --json FILE writes {"async": [{"workload", "k", "steps_per_s", "learner_idle_s",
-"sampler_idle_s", "dropped_groups"}, ...]}.
+"sampler_idle_s", "dropped_groups"}, ...]}. The toy task's verifier workload is math (the issue's "code" stage is
+not benchmarked: the toy model and tokenizer know no code). Measured 2026-12-02 on the shared 2-core CPU box
+(load ~12, --steps 4 --warmup 1), steps/s vs sync: math k=1 1.07x, k=2 1.20x; judge k=1 1.36x, k=2 1.57x
+(judge: learner idle 6.5 / 4.6 / 3.1 s, sampler idle 5.1 / 0.8 / 1.4 s for k = 0 / 1 / 2). On one device the
+sampler still samples one batch at a time, so with a tiny model (update << sampling + judging) the learner
+waits on the sampler whatever k is.
 
 --long-tail times the learner's step alone (no sampling, no reward) on scripted rollouts whose completion
 lengths are long-tailed (log-normal, median 1/16 of the window, a few at the window; long_tail_workload):
