@@ -112,7 +112,8 @@ def test_staleness_metrics_count_samples_by_age_and_refuse_older_than_k():
 def test_async_learns_with_samples_at_most_k_versions_old(task, tmp_path, k):
     """The held-out accuracy rises as the synchronous learner's does (tests/rl/test_learner.py: +0.15 or more
     in 30 steps, measured 0.31 -> 0.63), here over 20 steps with a margin of +0.1; every update's samples are
-    0..k versions old (from the recorded versions), the steady state's exactly k; no group was dropped."""
+    0..k versions old (from the recorded versions), the steady state's exactly k; no group was dropped.
+    Measured when written (one seed): k = 1 0.41 -> 0.74, k = 2 0.41 -> 0.63 held-out avg@4 in 20 steps."""
     E, C = 16, 8
     result = train_rl(rl_config(task, **{"rollout.max_staleness": k, "train.steps": 20, "train.eval_every": 0}),
                       tmp_path / f"k{k}")
