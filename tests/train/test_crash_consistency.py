@@ -1,7 +1,7 @@
 """Issue 16 item 2: kill -9 while a checkpoint is sealed or an old one deleted, for SFT and RL: no step Orbax
 committed is ever lost and the restart resumes from it with no human involved.
 
-VT_TEST_KILL_AT (vt.checkpoint.manager._test_kill_point) SIGKILLs the learner at an exact point: right after the
+VT_TEST_KILL_AT (vt.checkpoint.manager.crash_test_point) SIGKILLs the learner at an exact point: right after the
 seal is written into Orbax's temporary directory (before Orbax's commit rename), and while retired steps are
 deleted. A plain kill -9 the moment a new step directory appears covers whatever window remains."""
 import os

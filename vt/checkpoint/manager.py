@@ -142,7 +142,7 @@ def _valid_json(path: Path) -> bool:
         return False
 
 
-def _test_kill_point(name: str, step: int) -> None:
+def crash_test_point(name: str, step: int) -> None:
     """Fault injection for the crash-consistency tests: SIGKILL this process at the named point of saving `step`
     when VT_TEST_KILL_AT is "<name>:<step>", or at the first time the point is reached while saving a step >= N
     when it is "<name>:<N>+" (the only way to hit a window of microseconds deterministically). The "+" form is
@@ -243,7 +243,7 @@ class CheckpointManager:
         if trash.is_dir():
             for p in trash.iterdir():
                 if saving is not None:
-                    _test_kill_point("deleting-old-step", saving)
+                    crash_test_point("deleting-old-step", saving)
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
     # --- queries ------------------------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class CheckpointManager:
             tmps = [p for p in self.directory.glob(f"{step}{_TMP_MARK}*") if p.is_dir()]
             if len(tmps) == 1 and not self.step_dir(step).exists():
                 seal(tmps[0], step, self.model_cfg, self.cfg.checksum)
-                _test_kill_point("sealed-before-commit", step)
+                crash_test_point("sealed-before-commit", step)
                 with self._lock:
                     self._pending.remove(step)
                 return

@@ -19,6 +19,13 @@ Determinism: prompts of step s are a fixed function of (data.seed, s) and the sa
 function of (rollout.sampler.seed, s, request, sample), so a run resumed from the checkpoint of step s regenerates
 exactly the rollouts a straight run would have made: params and rollouts match bitwise on CPU.
 
+Asynchronous RL (rollout.max_staleness = k >= 1, Learner.async_step_fn): the rollouts of step s + k are sampled
+and verified by the sampler's own copy of the weights of version s while the device runs step s's update, so
+host work (verification, judges' HTTP round trips, packing) overlaps device work. Samples keep the version that
+generated them (vt.rl.buffer: whole groups, stale ones dropped and counted, the buffer saved with each
+checkpoint) and their behaviour log-probs; the update's truncated importance weight min(pi_old / pi_behaviour,
+mgpo.is_cap) corrects for the lag. The schedule is a function of the step: resume stays exact.
+
 Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
@@ -36,6 +43,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -46,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from vt import VtError
-from vt.checkpoint.manager import CheckpointConfig
+from vt.checkpoint.manager import CheckpointConfig, crash_test_point
 from vt.data.curriculum import load_pass_rates
 from vt.data.sources import Malformed, open_source
 from vt.data.tokenizer import load_tokenizer
@@ -54,6 +62,7 @@ from vt.distributed import allgather, global_batch, process_mesh
 from vt.rewards.registry import make_reward
 from vt.rewards.shaping import long2short
 from vt.rl import objectives as obj
+from vt.rl.buffer import RolloutBuffer, staleness_metrics
 from vt.rl.hosts import LocalReplicas, process_slice
 from vt.rl.rollouts import TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
@@ -94,6 +103,11 @@ class Rollout:
     # Verify each sample as soon as its slot finishes, beside decoding (rewards that score item by item: math,
     # code, stem, instruct); False: the whole batch after decoding. The same rewards either way.
     stream_rewards: bool = True
+    # k: the rollouts of step s + k are sampled while the learner updates on step s's (one device: the update is
+    # dispatched, then the sampler decodes and verifies with its own copy of the weights), so an update may use
+    # samples up to k policy versions old, corrected by mgpo.is_cap's truncated importance weight (vt.rl.buffer).
+    # 0: on-policy, every rollout sampled by the weights it updates (the synchronous learner).
+    max_staleness: Annotated[int, Range(ge=0, le=16)] = 0
 
     def __post_init__(self):
         check_fields(self)
@@ -278,6 +292,11 @@ class Learner:
     def train_on(self, state: TrainState, s: Scored) -> tuple[TrainState, dict]:
         """`mini_batches` updates on the rows of every process's groups, each on its micro-batches' summed
         gradients; pi_old and the KL reference are scored for all of them before the first update."""
+        return self.finish_update(*self.dispatch_update(state, s))
+
+    def dispatch_update(self, state: TrainState, s: Scored) -> tuple[TrainState, dict, list, dict]:
+        """train_on's device work, dispatched and not waited for: (new state, the last mini-batch's metrics and
+        every update's `finite`, both on device, host metrics)."""
         m = self.cfg.mgpo
         adv, w = step_advantages(s, m)
         T = int(allgather(batch_length(s, self.model_cfg.max_position_embeddings)).max())
@@ -294,10 +313,15 @@ class Learner:
         for micro in batches:
             state, metrics = self.update(state, micro)
             finite.append(metrics["finite"])
+        return state, metrics, finite, {"w_mean": float(allgather(w.mean()).mean()), "tokens": tokens, "T": T}
+
+    def finish_update(self, state: TrainState, metrics: dict, finite: list, host: dict) -> tuple[TrainState, dict]:
+        """Wait for dispatch_update's metrics: train_on's result."""
+        w_mean, tokens, T = host["w_mean"], host["tokens"], host["T"]
         # Metrics describe the last mini-batch, except `finite`: any skipped (non-finite) update halts the run.
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
-        metrics["w_mean"] = float(allgather(w.mean()).mean())  # every process holds as many groups
+        metrics["w_mean"] = w_mean  # every process holds as many groups
         metrics.update(tokens)  # the learner's tokens per pass: real (what tokens/s and MFU count) vs computed
         metrics["row_length"] = float(T)
         return state, metrics
@@ -317,11 +341,13 @@ class Learner:
 
     def run(self) -> TrainResult:
         cfg = self.cfg
-        state, start = self.setup.initial_state(updates_per_step=cfg.mgpo.mini_batches)
+        k = cfg.rollout.max_staleness
+        buffer = RolloutBuffer(k) if k else None  # restored with the checkpoint (its data-iterator state)
+        state, start = self.setup.initial_state(buffer, updates_per_step=cfg.mgpo.mini_batches)
         if cfg.mgpo.kl_coef:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
-        self.engine = Engine((self.md.graphdef, self.sampler_weights(state.params)), cfg.rollout.sampler,
-                             mesh=self.sampler_mesh, tokenizer=self.tokenizer)
+        self.engine = Engine((self.md.graphdef, self.sampler_weights(self.sampler_copy(state.params))),
+                             cfg.rollout.sampler, mesh=self.sampler_mesh, tokenizer=self.tokenizer)
 
         def step_fn(state, step):
             t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
@@ -344,10 +370,87 @@ class Learner:
             for r in self.rewards.values():
                 r.close()
 
-        return run_loop(self.setup, state, start, cfg.train.steps, step_fn,
+        return run_loop(self.setup, state, start, cfg.train.steps,
+                        self.async_step_fn(buffer) if buffer is not None else step_fn,
                         evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
                         eval_every=cfg.train.eval_every, eval_at_start=True, progress=cfg.train.progress,
-                        close=close)
+                        data_iterator=buffer, close=close)
+
+    def sampler_copy(self, params):
+        """The params the sampler is given. Synchronous: the learner's own arrays (the update that donates them
+        runs after the sampling that reads them). Asynchronous: a copy, which the sampler decodes with while
+        the update consumes (donates) the learner's."""
+        return jax.tree.map(jnp.copy, params) if self.cfg.rollout.max_staleness else params
+
+    def async_step_fn(self, buffer: RolloutBuffer):
+        """The step of rollout.max_staleness = k >= 1. Step s (the learner at version s, i.e. after s steps):
+            take the batch of step s from the buffer (sampled at version s - k or, the first k steps of a fresh
+            run, at version 0);
+            dispatch its updates (not waited for);
+            sample and verify the batch of step s + k with the sampler's copy of version s, on the host while
+            the device computes (and decodes between the update's programs);
+            wait for the update, give the sampler a copy of version s + 1.
+        So no update uses a sample more than k versions old (the buffer checks and drops older groups), and the
+        schedule (which version samples which step's prompts, with which seeds) is a function of the step
+        alone: a run resumed from a checkpoint (which holds the buffer's groups and versions) continues as an
+        uninterrupted one. Beside the synchronous step's metrics: staleness/<age> (samples of the update by age
+        0..k), staleness_max, sample_version_min, dropped_groups (all so far), time_learner_idle_s and
+        time_sampler_idle_s (the step's wall time outside the update's dispatch-to-done span, and outside
+        sampling + verification)."""
+        cfg = self.cfg
+        k, E, C = cfg.rollout.max_staleness, cfg.rollout.prompts_per_step, cfg.rollout.group_size
+        mine = process_slice(E, "rollout.prompts_per_step")
+        E_mine = mine.stop - mine.start  # this process's groups per step
+
+        def sample(step: int, version: int) -> Scored:
+            scored = self.rollout_batch(step)
+            buffer.put(scored, version)
+            return scored
+
+        def step_fn(state, step):
+            t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
+            # A fresh run (or one resumed without the batches of its next steps) samples what is missing now,
+            # with the current weights: the first k steps' batches, at version `step`.
+            sampled = [sample(j, step) for j in range(step + len(buffer) // E_mine, step + k)]
+            taken = buffer.take(E_mine, step)
+            if taken is None:  # groups were dropped as stale: sample the step's batch now, on-policy
+                sampled.append(sample(step, step))
+                taken = buffer.take(E_mine, step)
+            used, versions = taken
+            t1 = time.perf_counter()
+            pending = self.dispatch_update(state, used)
+            t_dispatched = time.perf_counter()
+            crash_test_point("rl-update-in-flight", step + 1)  # crash tests: the update dispatched, sampling ahead
+            done_at = []
+            waiter = threading.Thread(target=lambda: done_at.append(
+                (jax.block_until_ready(pending[0].params), time.perf_counter())[1]), daemon=True)
+            waiter.start()
+            # The batch of step s + k, sampled by version s while the update runs: also at the run's last steps
+            # (k batches of rollouts unused unless the run is continued), so that the checkpoint holds what a
+            # longer run (train.steps raised, then resumed) would have used; a resume stays exact.
+            sampled.append(sample(step + k, step))
+            t2 = time.perf_counter()
+            crash_test_point("rl-sampled-ahead", step + 1)  # crash tests: the next batch sampled, not yet saved
+            waiter.join()
+            state, metrics = self.finish_update(*pending)
+            if metrics["finite"]:
+                self.engine.update_weights(self.sampler_weights(self.sampler_copy(state.params)))
+            t3 = time.perf_counter()
+            fresh = Scored.concat(sampled) if sampled else None
+            times = {t: (getattr(fresh, t) if fresh is not None else 0.0) for t in TIMES}
+            metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, times["time_sample_s"],
+                                           done_at[0] - t1))
+            busy_sampling = (t1 - t0) + (t2 - t_dispatched)
+            metrics.update(rollout_metrics(used, sorted(self.rewards)), time_rollout_s=busy_sampling,
+                           time_train_s=done_at[0] - t1, **times, prompts_dropped=self.dropped,
+                           time_learner_idle_s=(t3 - t0) - (done_at[0] - t1),
+                           time_sampler_idle_s=(t3 - t0) - busy_sampling,
+                           dropped_groups=float(allgather(buffer.dropped_groups).sum()),
+                           sample_version_min=float(allgather(versions.min()).min()),
+                           **staleness_metrics(allgather(versions).reshape(-1), step, k, C))
+            return state, metrics
+
+        return step_fn
 
     def initial_reference(self, state: TrainState):
         """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
