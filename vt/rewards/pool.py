@@ -49,7 +49,7 @@ from vt.rewards.sandbox import (
     Sandbox,
     _child_pid,
     _clean_env,
-    _popen_ids,
+    _launcher,
     _wait_dead,
     bwrap_argv,
     force_rmtree,
@@ -164,10 +164,11 @@ class PoolWorker:
         info_r, info_w = os.pipe()
         argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
         argv += [sb.python, "-I", "/code/_pool_server.py"]
+        prefix, ids = _launcher(self.cgroup, self.uid)
         try:
             self.proc = self._spawn(
                 lambda: subprocess.Popen(
-                    argv,
+                    prefix + argv,
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=self.stderr,
@@ -176,7 +177,7 @@ class PoolWorker:
                     start_new_session=True,
                     pass_fds=(info_w,),
                     close_fds=True,
-                    **_popen_ids(self.cgroup, self.uid),
+                    **ids,
                 )
             )
         except OSError as e:

@@ -59,6 +59,7 @@ STDERR_KEEP = 8192  # trailing stderr bytes kept for classification and details
 _UID_BASE = 1_000_000
 _uid_lock = threading.Lock()
 _uid_next = _UID_BASE + (os.getpid() % 50_000) * 256
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"  # util-linux: drops to a sandbox uid after the cgroup join
 # Without a memory cgroup: processes (and threads) per run, the two bwrap processes included.
 FALLBACK_PROCS = 8
 
@@ -240,31 +241,16 @@ def memory_cgroups() -> MemoryCgroups:
     return MemoryCgroups()
 
 
-def _enter_cgroup_then_drop_to(procs_file: str | None, uid: int | None):
-    """preexec_fn: runs in the forked child before exec, as root still, so that it can join the run's
-    cgroup (every later process of the run is born inside it), then becomes ``uid``. Only system calls:
-    nothing that could wait on a lock another thread of the host held at fork time."""
-
-    def pre():
-        if procs_file is not None:
-            fd = os.open(procs_file, os.O_WRONLY)
-            try:
-                os.write(fd, b"0\n")
-            finally:
-                os.close(fd)
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-
-    return pre
-
-
-def _popen_ids(cgroup: Path | None, uid: int | None) -> dict:
-    """Popen arguments that start bwrap in ``cgroup`` (joined first: that needs root) as ``uid``."""
-    if cgroup is not None:
-        return {"preexec_fn": _enter_cgroup_then_drop_to(str(cgroup / "cgroup.procs"), uid)}
-    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+def _launcher(cgroup: Path | None, uid: int | None) -> tuple[list[str], dict]:
+    """(argv prefix, Popen arguments) that start a command in ``cgroup`` as ``uid``, with no Python code
+    between fork and exec: a ``preexec_fn`` would run the host's fork handlers in a child of a process
+    that has JAX's threads (JAX warns that this may deadlock). The cgroup is joined by a shell as root
+    (every later process of the run is born inside it), then setpriv drops to ``uid`` and execs the
+    command, all in one process (one pid: the command's)."""
+    if cgroup is None:
+        return [], ({"user": uid, "group": uid, "extra_groups": []} if uid is not None else {})
+    drop = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
+    return ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *drop], {}
 
 
 def allocate_uids(n: int) -> list[int]:
@@ -354,10 +340,10 @@ class Sandbox:
                 cwd = str(work)
                 if uid is not None:
                     os.chown(work, uid, uid)
-            ids = _popen_ids(cgroup, uid)
+            prefix, ids = _launcher(cgroup, uid)
             start = time.monotonic()
             proc = subprocess.Popen(
-                argv,
+                prefix + argv,
                 stdin=stdin_f,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
