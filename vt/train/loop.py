@@ -164,7 +164,8 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
     last, however the loop ends."""
     ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
-    writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress)
+    writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress,
+                           logging_cfg=setup.cfg.logging, config=dataclasses.asdict(setup.cfg), job_type=setup.cfg.learner)
     history: list[tuple[int, float]] = []
     last: dict[str, Any] = {}
     pending: dict | None = None  # {"step", "metrics" (maybe on device), "extra" (host)}: not yet written

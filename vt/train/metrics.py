@@ -1,4 +1,5 @@
-"""Run metrics: TensorBoard (tensorboardX), a JSONL file and a tqdm progress bar, written by process 0.
+"""Run metrics: TensorBoard (tensorboardX), a JSONL file, a tqdm progress bar and, when `logging.wandb_project`
+is set, a Weights & Biases run (vt.tracking), written by process 0. TensorBoard and W&B get the same scalars.
 
 The train loop hands over each step's metrics as device arrays and reads them one step later (see
 vt.train.sft), so the host never makes the device wait. MFU is model FLOPs per second over the peak:
@@ -8,7 +9,6 @@ plus attention scores and values at row length T), counting every position of th
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import jax
 from tqdm import tqdm
 
 from vt.model.config import ModelConfig, param_count
+from vt.tracking import LoggingConfig, open_wandb_run, scalars
 
 # Dense bf16 peak FLOP/s per device, by substring of jax's device_kind. Unknown kinds report no MFU unless
 # `peak_flops` is configured.
@@ -41,10 +42,13 @@ class MetricsWriter:
     """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}."""
 
     def __init__(self, workdir: Path | str, *, total_steps: int, start_step: int = 0, progress: bool = True,
-                 tensorboard: bool = True):
+                 tensorboard: bool = True, logging_cfg: LoggingConfig = LoggingConfig(), config: dict | None = None,
+                 job_type: str = "train"):
+        """`logging_cfg` opens a W&B run (resumed across restarts of the same workdir) with `config`, the run's
+        resolved config, as its config."""
         self.enabled = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
-        self._tb = self._bar = None
+        self._tb = self._bar = self._wandb = None
         if not self.enabled:
             return
         Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -53,6 +57,7 @@ class MetricsWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(str(Path(workdir) / "tb"), purge_step=start_step + 1 if start_step else None)
+        self._wandb = open_wandb_run(logging_cfg, workdir, config=config or {}, job_type=job_type)
         if progress:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
@@ -70,10 +75,12 @@ class MetricsWriter:
         clean = {k: _plain(v) for k, v in values.items()}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
+        plotted = scalars(clean)
         if self._tb is not None:
-            for k, v in clean.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            for k, v in plotted.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(plotted, step=step)
         if self._bar is not None and "loss" in clean:
             self._bar.n = step
             self._bar.set_postfix({k: f"{clean[k]:.4g}" for k in ("loss", "lr", "eval_loss") if k in clean},
@@ -85,6 +92,8 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
         if self._bar is not None:
             self._bar.close()
 

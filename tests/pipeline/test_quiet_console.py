@@ -1,0 +1,53 @@
+"""A quiet console: what `vt train` prints for a tiny SFT run and an RL run started from one of its step checkpoints
+(a restore of a learner's params item, math-verify worker processes started from a JAX process) holds no Orbax
+metadata warning and no fork RuntimeWarning; so does a code reward graded from a process that has JAX running."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from testutil import REPO, run_vt
+
+NOISE = ("Metadata file does not exist", "_CHECKPOINT_METADATA", "os.fork() was called")
+
+
+def assert_quiet(text: str) -> None:
+    noisy = [line for line in text.splitlines() if any(n in line for n in NOISE)]
+    assert not noisy, "\n".join(noisy[:5])
+
+
+def test_sft_then_rl_from_a_step_checkpoint_prints_no_noise(tmp_path):
+    sft = run_vt("train", "--config", "configs/sft_stage1.py:smoke", "--workdir", str(tmp_path / "sft"),
+                 "--config.train.steps=2", "--config.checkpoint.every=1", "--config.train.progress=False")
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    assert_quiet(sft.stdout + sft.stderr)
+    step = tmp_path / "sft" / "checkpoints" / "2"
+    assert not (step / "params" / "_CHECKPOINT_METADATA").exists()  # the item the warning was about
+    rl = run_vt("train", "--config", "configs/mgpo_math.py:smoke", "--workdir", str(tmp_path / "rl"),
+                f"--config.model.init_checkpoint={step}", "--config.train.steps=1")
+    assert rl.returncode == 0, rl.stderr[-3000:]
+    assert_quiet(rl.stdout + rl.stderr)
+    assert "finished at step 1" in rl.stdout
+
+
+# vt/rewards/sandbox.py joins each run's memory cgroup and drops to its uid in a preexec_fn: Python code between
+# fork and exec, which is what makes JAX warn (and is the real deadlock risk). Where the host offers no memory
+# cgroup (not root) the sandbox starts programs without one and this passes already.
+@pytest.mark.xfail(strict=False, reason="vt/rewards/sandbox.py still starts programs with a preexec_fn "
+                                        "(cgroup join + uid drop); being rewritten on another branch")
+def test_code_reward_from_a_jax_process_forks_nothing():
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        jnp.ones(4).block_until_ready()  # JAX's threads are up: a fork now is what it warns about
+        from vt.rewards.code import CodeReward
+        with CodeReward(workers=2, allow_unsandboxed=True) as r:
+            res = r([{"tests": [{"input": "1 2", "output": "3"}]}],
+                    ["```python\\na, b = map(int, input().split())\\nprint(a + b)\\n```"])
+        print("score", res[0].score)
+    """)
+    proc = subprocess.run([sys.executable, "-W", "default", "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "score 1.0" in proc.stdout
+    assert_quiet(proc.stdout + proc.stderr)
