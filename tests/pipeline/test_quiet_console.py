@@ -51,3 +51,31 @@ def test_code_reward_from_a_jax_process_forks_nothing():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "score 1.0" in proc.stdout
     assert_quiet(proc.stdout + proc.stderr)
+
+
+# Modules that may fork: the code harness runs inside the sandbox, a process that never imports JAX; sandbox.py is
+# the known exception above (its preexec_fn), until its rewrite lands.
+MAY_FORK = {"vt/rewards/_harness.py", "vt/rewards/sandbox.py"}
+
+
+def test_no_module_forks_without_exec():
+    """Read from the source: nothing in vt calls os.fork, passes a preexec_fn (Python code between fork and exec)
+    or uses multiprocessing (whose default start method on Linux is a bare fork) outside MAY_FORK. Subprocesses
+    start through subprocess without a preexec_fn: fork/vfork and exec in C, no Python in between."""
+    import ast
+    found = []
+    for path in sorted((REPO / "vt").rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in MAY_FORK:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.keyword) and node.arg == "preexec_fn":
+                found.append(f"{rel}:{node.value.lineno}: preexec_fn")
+            elif isinstance(node, ast.Attribute) and node.attr in ("fork", "forkpty") and \
+                    isinstance(node.value, ast.Name) and node.value.id == "os":
+                found.append(f"{rel}:{node.lineno}: os.{node.attr}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n.split(".")[0] == "multiprocessing" for n in names):
+                    found.append(f"{rel}:{node.lineno}: multiprocessing")
+    assert not found, found
