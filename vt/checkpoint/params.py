@@ -9,7 +9,6 @@ takes a checkpoint (`vt sample --ckpt`, `vt convert orbax-to-hf`, `vt info`) acc
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from pathlib import Path
@@ -48,17 +47,12 @@ def _checkpointer():
     return ocp.PyTreeCheckpointer()
 
 
-@contextlib.contextmanager
-def _item_reader():
-    """Reads a params item through Orbax's item handler, not a Checkpointer: a Checkpointer treats its directory
-    as a whole step and looks for the step's _CHECKPOINT_METADATA there, which a learner's step/params item does
-    not have (the manager writes it one level up), so every restore of one logged an absl warning. The item's
-    own _METADATA is all that the handler reads; completeness is the seal's job (vt.checkpoint.seal)."""
-    handler = ocp.PyTreeCheckpointHandler()
-    try:
-        yield handler
-    finally:
-        handler.close()
+def _item_metadata(params_dir: Path):
+    """The params item's tree metadata, read through Orbax's item handler rather than `Checkpointer.metadata`:
+    that one treats its directory as a whole step and first reads the step's _CHECKPOINT_METADATA, which a
+    learner's step/params item does not have (the manager writes it one level up), so every load of a learner
+    checkpoint logged 'WARNING:absl:Metadata file does not exist'. The restore itself reads no step metadata."""
+    return ocp.PyTreeCheckpointHandler().metadata(params_dir)
 
 
 def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -> Path:
@@ -116,8 +110,7 @@ def load_model(ckpt_dir: Path | str, mesh: Mesh | None = None, **config_override
     _check_keys(set(stored.keys()), set(target), params_dir, cfg, stored)
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     try:
-        with _item_reader() as reader:
-            restored = reader.restore(params_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
+        restored = _checkpointer().restore(params_dir, args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args))
     except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
         verification.result()
         raise VtError(f"{params_dir}: cannot restore ({reader_error(e)})") from None
@@ -130,8 +123,7 @@ def stored_param_metadata(params_dir: Path) -> dict:
     VtError when the item's metadata is missing or unreadable (Orbax itself returns None for that)."""
     params_dir = Path(params_dir).absolute()
     try:
-        with _item_reader() as reader:
-            stored = reader.metadata(params_dir)
+        stored = _item_metadata(params_dir)
     except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
         raise VtError(f"{params_dir}: unreadable checkpoint metadata ({reader_error(e)})") from None
     stored = getattr(stored, "tree", stored)
