@@ -4,6 +4,7 @@ import dataclasses
 import ml_collections
 
 from vt.sampling.engine import SamplerConfig
+from vt.tracking import logging_defaults
 
 
 def parse_arg(arg: str | None, *variants: str) -> str:
@@ -12,6 +13,12 @@ def parse_arg(arg: str | None, *variants: str) -> str:
     if arg and arg not in variants:
         raise ValueError(f"unknown variant {arg!r}; known: {', '.join(variants) or '(none)'}")
     return arg
+
+
+def logging_section() -> ml_collections.ConfigDict:
+    """A `logging` section (vt.tracking.LoggingConfig: W&B project, entity, run name, group, tags, mode), every
+    field at its default (W&B off), so each can be set with --config.logging.<field>=VALUE."""
+    return ml_collections.ConfigDict(logging_defaults())
 
 
 def sampler(**values) -> ml_collections.ConfigDict:

@@ -15,7 +15,7 @@ Smoke (tiny random model and tokenizer, 2 problems, a few tokens, on CPU):
 """
 import ml_collections
 
-from configs.common import parse_arg, sampler
+from configs.common import parse_arg, sampler, logging_section
 
 
 def get_config(arg=None):
@@ -63,6 +63,8 @@ def get_config(arg=None):
     c.clr.runs = 8  # RECIPE: mean over 8 independent runs (runs * K <= n)
     c.clr.claim_max_new_tokens = 4096  # not published: claim extraction replies
     c.clr.verify_max_new_tokens = 16384  # not published: each claim's self-verification
+
+    c.logging = logging_section()  # W&B: one run per evaluation, its summary as the run's summary (vt.tracking)
 
     if variant == "clr":
         c.sampling.n = 256

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, logging_section
 
 SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
 
@@ -119,6 +119,8 @@ def get_config(arg=None):
     c.rewards = ml_collections.ConfigDict()  # per-domain options for vt.rewards.make_reward
     c.rewards.math = ml_collections.ConfigDict()
     c.rewards.math.workers = 8  # killable math-verify worker processes
+
+    c.logging = logging_section()  # W&B beside TensorBoard: --config.logging.wandb_project=NAME (vt.tracking)
 
     return smoke(c, "math.jsonl", "math") if variant == "smoke" else c
 

@@ -13,7 +13,7 @@ Distillation scores them per domain and merges the winners (vt.train.selection, 
 """
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, logging_section
 
 
 def get_config(arg=None):
@@ -82,6 +82,8 @@ def get_config(arg=None):
     c.checkpoint.best_mode = "min"  # lower eval loss is better
     c.checkpoint.async_save = True  # write in the background while training continues
     c.checkpoint.checksum = True  # sha256 seal per step, verified before every restore
+
+    c.logging = logging_section()  # W&B beside TensorBoard: --config.logging.wandb_project=NAME (vt.tracking)
 
     return smoke(c) if variant == "smoke" else c
 

@@ -30,7 +30,7 @@ import ml_collections
 
 from configs import (eval_aime25, eval_gpqa, eval_ifeval, eval_lcb, instruct_rl, long2short, mgpo_code, mgpo_math,
                      mgpo_stem, self_distill, sft_stage1, sft_stage2)
-from configs.common import parse_arg, sampler
+from configs.common import parse_arg, sampler, logging_section
 
 
 def rl_stage(c, domain, train, steps, *, eval_data=""):
@@ -63,6 +63,9 @@ def get_config(arg=None):
     c.base_checkpoint = "checkpoints/qwen2.5-coder-3b"  # vt checkpoint of the base model (SFT stage 1 starts here)
     c.tokenizer = "checkpoints/qwen2.5-coder-3b-hf"  # HF tokenizer directory shared by every stage
     c.compilation_cache = ""  # a JAX persistent compilation cache directory saves recompiles across stages
+    # W&B for the whole pipeline: one run per stage (named <name>/<stage>), grouped by work directory; a stage's
+    # own logging section, when it names a project, wins.
+    c.logging = logging_section()
 
     c.probe = ml_collections.ConfigDict()  # the held-out accuracy table after each training stage
     c.probe.data = {}  # domain -> prompt file; {} = no table (the eval stage reports the benchmarks)

@@ -20,6 +20,7 @@ DEFERRED_OK = {
     "safetensors.torch": "optional extra",
     "matplotlib": "optional extra (plots)",
     "tensorboardX": "optional extra (metrics)",
+    "wandb": "optional extra (W&B logging, vt.tracking)",
     "tensorflow_datasets": "optional extra (TFDS sources)",
     "grain.sources": "ArrayRecord files only; grain takes over a second to import",
     "array_record": "ArrayRecord files only",

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -75,3 +77,80 @@ def fill_disk(directory: Path) -> None:
                 pass
         except OSError:
             pass
+
+
+# --- readers: W&B's offline .wandb file and TensorBoard's event files, both read from the bytes -----------------
+
+def _leveldb_log_records(data: bytes):
+    """The records of a .wandb file: wandb's header (":W&B", magic, version), then LevelDB's log format (32 KiB
+    blocks of chunks: crc32c, length, type FULL/FIRST/MIDDLE/LAST)."""
+    from wandb.proto.wandb_internal_pb2 import Record  # the wandb extra
+    ident, _magic, _version = struct.unpack("<4sHB", data[:7])
+    assert ident == b":W&B", ident
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and n == 0:
+            break
+        buf += data[pos + 7:pos + 7 + n]
+        pos += 7 + n
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            rec = Record()
+            rec.ParseFromString(buf)
+            buf = b""
+            yield rec
+
+
+def _key(item) -> str:
+    return item.key or "/".join(item.nested_key)  # wandb-core writes keys as nested_key
+
+
+def wandb_runs(workdir: Path) -> list[dict]:
+    """Every offline run directory under workdir/wandb, oldest first: its run id, name, group, tags, config,
+    job type, history ({step: {key: value}}) and summary."""
+    import wandb
+    wandb.teardown()  # run.finish() returns before wandb-core has written the file out; its shutdown waits for that
+    out = []
+    for d in sorted((workdir / "wandb").glob("offline-run-*")):
+        run = {"history": {}, "summary": {}, "config": {}}
+        for rec in _leveldb_log_records(next(d.glob("run-*.wandb")).read_bytes()):
+            kind = rec.WhichOneof("record_type")
+            if kind == "run":
+                r = rec.run
+                run.update(id=r.run_id, name=r.display_name, group=r.run_group, tags=list(r.tags), job_type=r.job_type,
+                           project=r.project)
+                run["config"].update({i.key: json.loads(i.value_json) for i in r.config.update if i.key != "_wandb"})
+            elif kind == "config":
+                run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update if i.key != "_wandb"})
+            elif kind == "history":
+                items = {_key(i): json.loads(i.value_json) for i in rec.history.item}
+                run["history"][rec.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+            elif kind == "summary":
+                run["summary"].update({_key(i): json.loads(i.value_json) for i in rec.summary.update
+                                       if not _key(i).startswith("_")})
+        out.append(run)
+    return out
+
+
+def tensorboard_scalars(tb_dir: Path) -> dict[int, dict[str, float]]:
+    """{step: {tag: value}} from TFRecord event files in write order, honouring tensorboardX's purge_step (a
+    file that starts at step s discards what earlier files hold at steps >= s)."""
+    from tensorboardX.proto.event_pb2 import Event
+    out: dict[int, dict[str, float]] = {}
+    for f in sorted(tb_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns):
+        data, pos, first = f.read_bytes(), 0, True
+        while pos < len(data):
+            (n,) = struct.unpack("<Q", data[pos:pos + 8])
+            ev = Event()
+            ev.ParseFromString(data[pos + 12:pos + 12 + n])
+            pos += 12 + n + 4
+            if first and ev.step > 0:
+                out = {s: v for s, v in out.items() if s < ev.step}
+            first = False
+            for v in ev.summary.value:
+                out.setdefault(ev.step, {})[v.tag] = v.simple_value
+    return out

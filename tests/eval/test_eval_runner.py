@@ -144,3 +144,19 @@ def test_a_failed_run_does_not_block_the_corrected_one(tmp_path, aime_rows, math
     with pytest.raises(VtError, match="holds results of different settings"):
         run_eval(config(model=EvalModelConfig(ckpt=str(tmp_path / "other"))), tmp_path / "out",
                  generator=StandIn(aime_rows), reward=math_reward)
+
+
+def test_wandb_run_holds_the_summary_and_logging_is_not_a_result_setting(tmp_path, aime_rows, math_reward,
+                                                                          monkeypatch):
+    pytest.importorskip("wandb")
+    from testutil import wandb_runs
+    from vt.tracking import LoggingConfig
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    summary = run_eval(config(logging=LoggingConfig(wandb_project="vt-test")), tmp_path / "o",
+                       generator=StandIn(aime_rows), reward=math_reward)
+    (run,) = wandb_runs(tmp_path / "o")
+    assert run["job_type"] == "eval" and run["name"] == "aime25" and run["config"]["data"] == str(AIME)
+    assert run["summary"]["pass@4"] == summary["pass@4"] and run["summary"]["problems"] == 30
+    # W&B off again: the same output directory resumes (logging is not one of the settings results depend on)
+    assert run_eval(config(), tmp_path / "o", generator=StandIn(aime_rows), reward=math_reward) == summary

@@ -47,6 +47,14 @@ def _checkpointer():
     return ocp.PyTreeCheckpointer()
 
 
+def _item_metadata(params_dir: Path):
+    """The params item's tree metadata, read through Orbax's item handler rather than `Checkpointer.metadata`:
+    that one treats its directory as a whole step and first reads the step's _CHECKPOINT_METADATA, which a
+    learner's step/params item does not have (the manager writes it one level up), so every load of a learner
+    checkpoint logged 'WARNING:absl:Metadata file does not exist'. The restore itself reads no step metadata."""
+    return ocp.PyTreeCheckpointHandler().metadata(params_dir)
+
+
 def save_model(ckpt_dir: Path | str, model: Qwen2, *, overwrite: bool = False) -> Path:
     """Write a model checkpoint atomically (the directory appears only when complete)."""
     ckpt_dir = Path(ckpt_dir).absolute()
@@ -115,10 +123,9 @@ def stored_param_metadata(params_dir: Path) -> dict:
     VtError when the item's metadata is missing or unreadable (Orbax itself returns None for that)."""
     params_dir = Path(params_dir).absolute()
     try:
-        stored = _checkpointer().metadata(params_dir)
+        stored = _item_metadata(params_dir)
     except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
         raise VtError(f"{params_dir}: unreadable checkpoint metadata ({reader_error(e)})") from None
-    stored = getattr(stored, "item_metadata", stored)
     stored = getattr(stored, "tree", stored)
     if not isinstance(stored, dict) or not stored:
         raise VtError(f"{params_dir}: no parameter metadata (_METADATA missing or empty); "

@@ -50,6 +50,7 @@ from vt.rewards.registry import make_reward
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
+from vt.tracking import LoggingConfig, log_summary
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class EvalConfig:
     model: EvalModelConfig = EvalModelConfig()
     sampling: SamplerConfig = SamplerConfig(n=64, top_p=0.95, max_new_tokens=32768, batch_size=256)  # n per problem
     clr: ClrConfig = ClrConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         check_fields(self)
@@ -123,7 +125,7 @@ class EvalConfig:
 def fingerprint(cfg: EvalConfig) -> dict:
     """The settings results depend on (not progress bars, worker counts or where the weights live)."""
     d = dataclasses.asdict(cfg)
-    for k in ("progress", "reward_workers", "save_text", "ks", "maj_ks"):
+    for k in ("progress", "reward_workers", "save_text", "ks", "maj_ks", "logging"):
         d.pop(k)
     d["model"] = {k: v for k, v in d["model"].items() if k in ("ckpt", "preset", "dtype")}
     for k in _SAMPLER_SPEED_FIELDS:
@@ -337,6 +339,7 @@ def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | N
             reward.close()
     if is_primary():
         write_report(cfg, summary, out_dir)
+        log_summary(cfg.logging, out_dir, summary, config=dataclasses.asdict(cfg), job_type="eval", name=cfg.name)
     return summary
 
 

@@ -28,11 +28,12 @@ from typing import Any, Callable
 from vt import VtError
 from vt.checkpoint.io import claim_dir
 from vt.config import to_dataclass
-from vt.distributed import enable_compilation_cache
+from vt.distributed import enable_compilation_cache, is_primary
 from vt.io import atomic_write_json
 from vt.recipe.report import format_table, write_outputs
 from vt.recipe.stages import (MANIFEST, STAGE_BY_NAME, STAGE_NAMES, Context, Plan, RecipeConfig, StageOutput,
-                              heldout_accuracy)
+                              heldout_accuracy, stage_logging)
+from vt.tracking import log_summary
 
 
 def substitute(obj, workdir: Path):
@@ -142,9 +143,17 @@ def plain_config(config):
     return config
 
 
+def _without_logging(obj):
+    if isinstance(obj, dict):
+        return {k: _without_logging(v) for k, v in obj.items() if k != "logging"}
+    return obj
+
+
 def fingerprint(config, workdir: Path) -> str:
-    """Hash of a stage's resolved config; the work directory's own path is left out, so it can move."""
-    text = json.dumps(plain_config(config), sort_keys=True, default=str).replace(str(workdir), "{workdir}")
+    """Hash of a stage's resolved config; the work directory's own path is left out, so it can move, and so are
+    the `logging` sections (W&B on or off changes no result)."""
+    text = json.dumps(_without_logging(plain_config(config)), sort_keys=True, default=str)
+    text = text.replace(str(workdir), "{workdir}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -217,6 +226,10 @@ def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out) -> dict:
                 "metrics": result.metrics, "heldout": heldout, "config": plain_config(plan.config),
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
     atomic_write_json(sdir / MANIFEST, manifest)
+    if is_primary():  # the stage's results as its W&B run's summary (the learner's run, when one trained)
+        log_summary(stage_logging(ctx, stage), result.learner_dir or sdir,
+                    {"wall_s": manifest["wall_s"], "heldout": heldout, **result.metrics},
+                    config=manifest["config"], job_type=stage)
     out(f"[pipeline] {stage}: done in {manifest['wall_s']:.0f} s" +
         (f"; checkpoint {result.checkpoint}" if result.checkpoint else ""))
     return manifest

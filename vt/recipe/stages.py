@@ -37,6 +37,7 @@ from vt.rl.learner import RLConfig, load_records, train_rl
 from vt.rl.profile import profile
 from vt.rl.rollouts import rollout_and_score
 from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.tracking import LoggingConfig
 from vt.train.selection import mean_pass_at_k, select_and_merge
 from vt.train.sft import SftConfig, train
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, check_fields
@@ -66,6 +67,7 @@ class RecipeConfig:
     compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off)
     probe: ProbeConfig = ProbeConfig()
     stages: dict = dataclasses.field(default_factory=dict)  # stage name -> its section (plan_* types it)
+    logging: LoggingConfig = LoggingConfig()  # W&B for every stage (stage_logging)
 
 
 @dataclasses.dataclass
@@ -73,6 +75,7 @@ class StageOutput:
     checkpoint: str | None = None
     metrics: dict = dataclasses.field(default_factory=dict)
     inputs: dict = dataclasses.field(default_factory=dict)
+    learner_dir: Path | None = None  # where the stage's learner ran (its W&B run), if one did
 
 
 @dataclasses.dataclass
@@ -120,6 +123,17 @@ class Context:
         if not self.cfg.base_checkpoint and stage != "sft1":
             raise VtError(f"stage {stage!r}: no earlier stage trains a model and base_checkpoint is empty")
         return self.cfg.base_checkpoint
+
+
+def stage_logging(ctx: Context, stage: str, own: LoggingConfig = LoggingConfig()) -> LoggingConfig:
+    """A stage's W&B settings: its own section's when that names a project, else the recipe's as one run per
+    stage, named <run name or recipe name>/<stage>, tagged with the stage, grouped by pipeline work directory."""
+    r = ctx.cfg.logging
+    if own.wandb_project or not r.wandb_project:
+        return own
+    return dataclasses.replace(r, wandb_run_name=f"{r.wandb_run_name or ctx.cfg.name}/{stage}",
+                               wandb_group=r.wandb_group or f"{ctx.cfg.name}-{ctx.workdir.name}",
+                               wandb_tags=(*r.wandb_tags, stage))
 
 
 def _split(section: dict, pipeline_fields: dict) -> tuple[dict, dict]:
@@ -216,7 +230,8 @@ def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
 def _sft_config(ctx: Context, section: dict, stage: str, init: str, **wiring):
     _, rest = _split(section, {})
     cfg = to_dataclass(SftConfig, rest, f"config.stages.{stage}")
-    changes = {"model.init_checkpoint": init, **wiring}
+    changes = {"model.init_checkpoint": init, "logging": stage_logging(ctx, stage.partition(".")[0], cfg.logging),
+               **wiring}
     if cfg.data.kind == "chat":
         changes["data.tokenizer"] = ctx.cfg.tokenizer
     return _replace(cfg, **changes)
@@ -253,7 +268,7 @@ def run_sft(ctx, plan: Plan, sdir: Path) -> StageOutput:
     metrics["checkpoints"] = [str(sdir / "checkpoints" / str(s)) for s in sealed_steps(sdir / "checkpoints")]
     return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
                        inputs={"init_checkpoint": plan.config.model.init_checkpoint, "train": plan.config.data.train,
-                               "pass_rates": plan.config.data.hard_subset.pass_rates})
+                               "pass_rates": plan.config.data.hard_subset.pass_rates}, learner_dir=sdir)
 
 
 # --- profiling ----------------------------------------------------------------------------------------------------
@@ -387,7 +402,8 @@ def plan_rl(stage: str):
     def plan(ctx, section, sdir) -> Plan:
         own, rest = _split(section, dict(RL_FIELDS))
         cfg = to_dataclass(RLConfig, rest, f"config.stages.{stage}")
-        wiring = {"model.init_checkpoint": ctx.checkpoint_before(stage), "data.tokenizer": ctx.cfg.tokenizer}
+        wiring = {"model.init_checkpoint": ctx.checkpoint_before(stage), "data.tokenizer": ctx.cfg.tokenizer,
+                  "logging": stage_logging(ctx, stage, cfg.logging)}
         if own["profile_k"] > 0:
             wiring["data.profile"] = str(sdir / "profile.jsonl")
         cfg = _replace(cfg, **wiring)
@@ -432,7 +448,7 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
     metrics["eval_history"] = result.eval_history
     return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
                        inputs={"init_checkpoint": cfg.model.init_checkpoint, "train": cfg.data.train,
-                               "profile": cfg.data.profile})
+                               "profile": cfg.data.profile}, learner_dir=sdir)
 
 
 # --- self-distillation --------------------------------------------------------------------------------------------
@@ -478,7 +494,8 @@ def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
                        metrics={"selection": report, "sft_steps": result.step,
                                 "sft_loss": result.last_metrics.get("loss")},
                        inputs={"student": d.student,
-                               "teachers": {dom: getattr(d.sources, dom).ckpt for dom in DISTILL_DOMAINS}})
+                               "teachers": {dom: getattr(d.sources, dom).ckpt for dom in DISTILL_DOMAINS}},
+                       learner_dir=sdir / "sft")
 
 
 # --- evaluation and export ----------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from vt.rl.rollouts import TIMES, Scored, batch_length, bucket_length, build_row
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig, state_shardings
+from vt.tracking import LoggingConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, initial_params, resolve_model_config,
                            run_loop, run_workdir)
 from vt.train.metrics import model_flops_per_token
@@ -164,6 +165,7 @@ class RLConfig:
     train: RLTrain = RLTrain()
     checkpoint: CheckpointConfig = CheckpointConfig()
     rewards: dict = dataclasses.field(default_factory=dict)  # domain -> reward constructor options
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         check_learner(self, "rl")

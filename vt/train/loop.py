@@ -232,7 +232,9 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     error: BaseException | None = None
     with Preemption() as preempt:
         try:
-            writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress)
+            writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress,
+                                   logging_cfg=setup.cfg.logging, config=dataclasses.asdict(setup.cfg),
+                                   job_type=setup.cfg.learner)
             if evaluate is not None and eval_at_start and start == 0:
                 history.append((0, evaluate(state, 0)))
                 writer.write(0, {eval_key: history[-1][1]})

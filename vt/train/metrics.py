@@ -1,4 +1,5 @@
-"""Run metrics: TensorBoard (tensorboardX), a JSONL file and a tqdm progress bar, written by process 0.
+"""Run metrics: TensorBoard (tensorboardX), a JSONL file, a tqdm progress bar and, when `logging.wandb_project`
+is set, a Weights & Biases run (vt.tracking), written by process 0. TensorBoard and W&B get the same scalars.
 
 The train loop hands over each step's metrics as device arrays and reads them one step later (see
 vt.train.sft), so the host never makes the device wait. Every write happens in the caller's thread and is flushed
@@ -22,6 +23,7 @@ from tqdm import tqdm
 
 from vt.io import atomic_write_text, call_all, writing
 from vt.model.config import ModelConfig, param_count
+from vt.tracking import LoggingConfig, open_wandb_run, scalars
 
 # Dense bf16 peak FLOP/s per device, by substring of jax's device_kind. Unknown kinds report no MFU unless
 # `peak_flops` is configured.
@@ -148,10 +150,13 @@ class MetricsWriter:
     """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}."""
 
     def __init__(self, workdir: Path | str, *, total_steps: int, start_step: int = 0, progress: bool = True,
-                 tensorboard: bool = True):
+                 tensorboard: bool = True, logging_cfg: LoggingConfig = LoggingConfig(), config: dict | None = None,
+                 job_type: str = "train"):
+        """`logging_cfg` opens a W&B run (resumed across restarts of the same workdir) with `config`, the run's
+        resolved config, as its config."""
         self.enabled = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
-        self._tb = self._bar = self._file = None
+        self._tb = self._bar = self._file = self._wandb = None
         if not self.enabled:
             return
         Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -160,6 +165,7 @@ class MetricsWriter:
             self._file = open(self.path, "a")
         if tensorboard:
             self._tb = EventFile(Path(workdir) / "tb", purge_step=start_step + 1 if start_step else None)
+        self._wandb = open_wandb_run(logging_cfg, workdir, config=config or {}, job_type=job_type)
         if progress:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
@@ -186,9 +192,11 @@ class MetricsWriter:
         with writing(self.path):
             self._file.write(json.dumps({"step": step, **clean}) + "\n")
             self._file.flush()
+        plotted = scalars(clean)
         if self._tb is not None:
-            self._tb.scalars(step, {k: v for k, v in clean.items()
-                                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)})
+            self._tb.scalars(step, plotted)
+        if self._wandb is not None:
+            self._wandb.log(plotted, step=step)
         if self._bar is not None and "loss" in clean:
             self._bar.n = step
             self._bar.set_postfix({k: f"{clean[k]:.4g}" for k in ("loss", "lr", "eval_loss") if k in clean},
@@ -196,7 +204,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         if self.enabled:
-            call_all([self._close_jsonl] + [s.close for s in (self._tb, self._bar) if s is not None])
+            call_all([self._close_jsonl] + [s.close for s in (self._tb, self._bar) if s is not None]
+                     + ([self._wandb.finish] if self._wandb is not None else []))
 
     def _close_jsonl(self) -> None:
         with writing(self.path):

@@ -46,6 +46,7 @@ from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, reso
 from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.step import BATCH_DTYPES, BATCH_KEYS, as_microbatches, batch_sharding, make_eval_step, make_train_step
+from vt.tracking import LoggingConfig
 from vt.train.synthetic import SyntheticTask, synthetic_dataset
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 
@@ -110,6 +111,7 @@ class SftConfig:
     optim: OptimConfig = OptimConfig()
     train: TrainSection = TrainSection()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
         check_learner(self, "sft")

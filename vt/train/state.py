@@ -61,7 +61,7 @@ class ModelDef:
                            temperature=temperature, chunk=chunk, with_entropy=with_entropy)
 
     def abstract_params(self) -> dict[str, jax.ShapeDtypeStruct]:
-        return {path_key(p): jax.ShapeDtypeStruct(v.value.shape, v.value.dtype)
+        return {path_key(p): jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype)
                 for p, v in nnx.to_flat_state(self.abstract_state)}
 
     def param_shardings(self, mesh: Mesh) -> dict[str, NamedSharding]:

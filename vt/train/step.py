@@ -71,7 +71,7 @@ def apply_update(optimizer: optax.GradientTransformation, schedule: optax.Schedu
                  loss: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimiser update of `state` by `grads`; a non-finite loss or gradient norm leaves `state` as it was.
     Returns the new state and {loss, grad_norm, lr (of this update), finite}."""
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)  # optax.global_norm is deprecated
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
