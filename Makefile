@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Re-install only when setup.py changes.
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
-# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward; shellcheck
-# lints the launchers.
-APT_PACKAGES := bubblewrap shellcheck
+# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward (util-linux's setpriv
+# drops each sandbox to its own uid); shellcheck lints the launchers.
+APT_PACKAGES := bubblewrap util-linux shellcheck
 
 .PHONY: test demo install system-deps qwen-tokenizer bench clean
 

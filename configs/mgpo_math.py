@@ -68,6 +68,9 @@ def get_config(arg=None):
     sampler.kv_pages = 0  # KV pool in pages; 0: kv_memory_fraction of the free device memory
     sampler.kv_memory_fraction = 0.5
     c.rollout.stream_rewards = True  # verify each sample as its slot finishes, beside decoding; False: after the batch
+    # Staleness bound k: 0 = the synchronous learner; k >= 1 samples the batch of step s + k with policy version s
+    # while step s updates (whole groups, truncated importance weight mgpo.is_cap against the behaviour policy).
+    c.rollout.max_staleness = 0
 
     c.mgpo = ml_collections.ConfigDict()
     c.mgpo.gamma = 1.0  # w(q) = exp(-gamma * D_ME(p || 0.5)); not published; 0 = GRPO

@@ -122,10 +122,13 @@ def stored_param_metadata(params_dir: Path) -> dict:
     """Tensor name -> stored metadata (shape, dtype) of a checkpoint's params item, read without the weights;
     VtError when the item's metadata is missing or unreadable (Orbax itself returns None for that)."""
     params_dir = Path(params_dir).absolute()
-    try:
-        stored = _item_metadata(params_dir)
-    except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
-        raise VtError(f"{params_dir}: unreadable checkpoint metadata ({reader_error(e)})") from None
+    if params_dir.is_dir() and not (params_dir / "_METADATA").is_file():
+        stored = None  # Orbax's item handler raises a page about it; name it as an empty one is named below
+    else:
+        try:
+            stored = _item_metadata(params_dir)
+        except Exception as e:  # orbax/tensorstore raise many types; surface the path and the cause
+            raise VtError(f"{params_dir}: unreadable checkpoint metadata ({reader_error(e)})") from None
     stored = getattr(stored, "tree", stored)
     if not isinstance(stored, dict) or not stored:
         raise VtError(f"{params_dir}: no parameter metadata (_METADATA missing or empty); "
