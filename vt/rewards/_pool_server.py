@@ -33,7 +33,6 @@ import ctypes
 import gc
 import importlib.util
 import io
-import json
 import mmap
 import os
 import resource
@@ -78,35 +77,17 @@ def load_harness():
 # ---- framing -------------------------------------------------------------------------------------
 
 
-def read_exactly(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 def write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def send(fd, header, *payloads):
-    head = json.dumps(header).encode()
-    write_all(fd, len(head).to_bytes(8, "big") + head)
+def send(harness, fd, header, *payloads):
+    """The header framed as the harness frames its messages (8-byte length + JSON), then raw payloads."""
+    harness.send(fd, header)
     for p in payloads:
         write_all(fd, p)
-
-
-def receive_header(fd):
-    """The next request's header (no payload: see copy_stdin), or None when the host closed the pipe."""
-    size = read_exactly(fd, 8)
-    if size is None:
-        return None
-    return json.loads(read_exactly(fd, int.from_bytes(size, "big")))
 
 
 def copy_stdin(src, n):
@@ -196,9 +177,9 @@ class Server:
         gc.freeze()
 
     def serve(self):
-        send(self.replies, {"ready": True})
+        send(self.harness, self.replies, {"ready": True})
         while True:
-            request = receive_header(self.requests)
+            request = self.harness.recv(self.requests)  # the header; its payload: copy_stdin
             if request is None:
                 return  # the host closed the pipe
             stdin_fd = copy_stdin(self.requests, request["stdin"])
@@ -207,7 +188,7 @@ class Server:
                 reply = self.run(request, stdin_fd, out, err)
                 reply["clean"] = self.clear()
                 reply["stdout"], reply["stderr"] = len(out.data()), len(err.data())
-                send(self.replies, reply, out.data(), err.data())
+                send(self.harness, self.replies, reply, out.data(), err.data())
             finally:
                 out.close()
                 err.close()
