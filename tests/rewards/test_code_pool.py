@@ -208,6 +208,20 @@ def test_a_run_that_rebinds_exit_still_ends_in_its_own_process(reward, record):
     assert_next_run_clean(reward)
 
 
+def test_a_run_starts_without_modules_that_hook_fork_and_they_work_when_imported(reward):
+    """As in a fresh interpreter, threading and random are not imported when a run starts (the server
+    never imports a module with an at-fork hook: it would run in every forked process); a run that imports
+    them gets working ones, and its non-daemon threads are waited for at exit, as the interpreter does."""
+    src = """
+        import sys
+        print(sorted(m for m in ("threading", "random") if m in sys.modules))
+        import random, threading, time
+        threading.Thread(target=lambda: (time.sleep(0.2), print("thread", random.random() < 1))).start()
+    """
+    r = reward([stdio("[]\nthread True")], [block(src)])[0]
+    assert r.score == 1.0, r
+
+
 def test_the_pool_is_warm(reward):
     """Honest runs do not replace the server: it is the same process run after run."""
     assert_next_run_clean(reward)

@@ -39,7 +39,6 @@ import resource
 import select
 import signal
 import sys
-import threading
 import time
 
 HARNESS = "/code/_harness.py"
@@ -51,10 +50,13 @@ _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 4, 36, 0
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
 # what solutions import all the time (HumanEval's prompts import typing): every page of the server is
-# copied into each run's page tables at fork, which costs more than a rare import in the child.
+# copied into each run's page tables at fork, which costs more than a rare import in the child. Never a
+# module that registers an at-fork hook (threading, random): the hook runs in every forked process (two
+# per program test) and touches, so copies, about 150 pages of the server per fork (threading's) or 40
+# (random's reseed): more than a run's own work on a short test. The few runs that use them import them.
 WARM_MODULES = (
     "collections", "collections.abc", "functools", "itertools", "heapq", "bisect", "math", "re", "string",
-    "typing", "random", "copy", "operator",
+    "typing", "copy", "operator",
 )  # fmt: skip
 # Signals a run could send to the server (same uid) to disturb it. The server blocks them rather than
 # ignoring them: a blocked signal stays pending and is never delivered, the dispositions stay the fresh
@@ -374,7 +376,9 @@ def finalize(code):
     """What interpreter shutdown does before the process ends: wait for non-daemon threads, run atexit
     hooks, flush stdio (a failed stdout flush is status 120)."""
     try:
-        threading._shutdown()
+        threading = sys.modules.get("threading")
+        if threading is not None:  # as the interpreter's shutdown: only a run that imported it has threads
+            threading._shutdown()
         atexit._run_exitfuncs()
     except SystemExit as e:
         code = exit_code(e.code)
