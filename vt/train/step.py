@@ -11,10 +11,10 @@ by the token count of the whole step, so the result is the per-token mean over t
 Shared with the RL step (vt.rl.step), so both learners update the same way:
   - `accumulate_gradients(loss_fn, params, acc, micro_batch)`: one micro-batch's gradients and metric sums
     added to the running fp32 sums (`zero_accumulator` starts them);
-Gradients, their sums and the optimiser state cover the trainable parameters only (vt.model.lora.trainable:
-all of them, or a LoRA model's adapters); the frozen base weights pass through an update untouched.
   - `apply_update(optimizer, schedule, state, grads, loss)`: the optimiser update, skipped on device when the
     loss or the gradient norm is not finite.
+Gradients, their sums and the optimiser state cover the trainable parameters only (vt.model.lora.trainable:
+all of them, or a LoRA model's adapters); the frozen base weights pass through an update untouched.
 A skipped update reports `finite = 0`; the host halts the run when it sees that, so no bad state can ever be
 checkpointed. Every step is a vt.distributed.MeshProgram: compiled ahead of time with in/out shardings, the state
 donated.
@@ -31,7 +31,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.distributed import MeshProgram
 from vt.model import lora
-from vt.model.lora import trainable
 from vt.sharding import logical_to_spec
 from vt.train.losses import DEFAULT_LOSS_CHUNK, masked_nll_sum
 from vt.train.state import ModelDef, TrainState
@@ -59,14 +58,14 @@ def as_microbatches(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def zero_accumulator(params, metric_keys: Sequence[str] = ()) -> dict:
     """fp32 zeros for the summed gradients, the summed loss and each summed metric in `metric_keys`."""
-    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable(params)), "loss": jnp.zeros((), jnp.float32),
-            **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
+    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), lora.trainable(params)),
+            "loss": jnp.zeros((), jnp.float32), **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
 
 
 def accumulate_gradients(loss_fn: Callable, params, acc: dict, micro_batch) -> dict:
     """`acc` plus one micro-batch's gradients, loss and metrics (fp32 sums). `loss_fn(params, micro_batch)`
     returns (loss, {metric: value}) with every metric key of `acc`, each already that micro-batch's share."""
-    train = trainable(params)
+    train = lora.trainable(params)
     frozen = {k: v for k, v in params.items() if k not in train}
     (loss, metrics), grads = jax.value_and_grad(lambda t, mb: loss_fn(frozen | t, mb), has_aux=True)(train, micro_batch)
     new = {"grads": grads, "loss": loss, **metrics}
@@ -78,7 +77,7 @@ def apply_update(optimizer: optax.GradientTransformation, schedule: optax.Schedu
     """One optimiser update of `state` by `grads`; a non-finite loss or gradient norm leaves `state` as it was.
     Returns the new state and {loss, grad_norm, lr (of this update), finite}."""
     grad_norm = optax.tree.norm(grads)  # optax.global_norm is deprecated
-    train = trainable(state.params)
+    train = lora.trainable(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, train)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     new = TrainState(step=state.step + 1, params=state.params | optax.apply_updates(train, updates),
@@ -111,10 +110,10 @@ def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: in
 
     def body(acc, mb):
         acc = accumulate_gradients(micro_loss, params, acc, mb)
-        return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], trainable(param_sh))}, None
+        return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], lora.trainable(param_sh))}, None
 
     zeros = zero_accumulator(params)
-    zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], trainable(param_sh))
+    zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], lora.trainable(param_sh))
     micro_batches = batch["input_ids"].shape[0]
     acc, _ = jax.lax.scan(body, zeros, (jnp.arange(micro_batches), batch))
     return acc["loss"], acc["grads"], num_tokens
