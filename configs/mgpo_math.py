@@ -34,6 +34,10 @@ def get_config(arg=None):
     c.model.attention_impl = "jax"  # jax.nn.dot_product_attention (cuDNN flash on NVIDIA GPUs with "cudnn")
     c.model.loss_chunk = 512  # positions per log-prob chunk: live fp32 logits are rows x 512 x vocab, not x seq_len
     c.model.seed = 0  # random init only when init_checkpoint is empty
+    c.model.lora_rank = 0  # 0: full fine-tuning; > 0: train LoRA adapters of this rank only (vt.model.lora)
+    c.model.lora_alpha = 16.0  # the adapters' term is scaled by lora_alpha / lora_rank
+    c.model.lora_dropout = 0.0  # dropout on the adapters' input (SFT only; the RL learner refuses it)
+    c.model.lora_targets = "q|k|v|o|gate|up|down"  # regex over the projections given adapters
 
     c.data = ml_collections.ConfigDict()
     c.data.train = "data/rl/math.parquet"  # prompts with ground truths (verl parquet or JSONL)

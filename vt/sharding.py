@@ -48,6 +48,8 @@ LOGICAL_RULES: Mapping[str, Any] = {
     # the leading axis of the scanned decoder stack (weights [L, ...], KV cache [L, B, S, K, H]): every device
     # holds all layers of its shard, since the scan visits each layer on every device
     "layers": None,
+    # the rank of a LoRA adapter (vt.model.lora): small, never split; the adapter's other axes follow its kernel's
+    "lora_rank": None,
 }
 
 

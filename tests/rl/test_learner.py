@@ -186,3 +186,25 @@ def test_non_finite_rl_step_halts_before_any_bad_checkpoint(tmp_path):
     assert saved == list(range(1, halted))  # every finite step saved, the bad one not
     assert [m["step"] for m in metrics(tmp_path)] == list(range(1, halted))
     assert f"no checkpoint after step {halted - 1} was written" in e.value.args[0]
+
+
+def test_lora_mgpo_raises_held_out_accuracy_with_the_base_frozen(task, tmp_path):
+    """LoRA (rank 8) on the SFT'd model: held-out accuracy rises, only the adapters change, and the sampler
+    (decoding with the adapters merged into its weights) reproduces the learner's log-probs (adapters applied).
+    Measured when written: held-out avg@4 0.371 -> 0.477 -> 0.508 -> 0.508 (steps 0, 10, 20, 30), mismatch_kl
+    below 2e-8 at every step."""
+    from vt.model import lora
+    cfg = rl_config(task, **{"model.lora_rank": 8, "model.lora_alpha": 16.0, "optim.lr": 1e-2,
+                             "optim.final_lr": 1e-2})
+    result = train_rl(cfg, tmp_path / "lora")
+    (s0, before), (s1, after) = result.eval_history[0], result.eval_history[-1]
+    print(f"LoRA MGPO held-out accuracy: {result.eval_history}")
+    assert s0 == 0 and s1 == 30
+    assert after >= before + 0.1, result.eval_history
+    steps = [r for r in metrics(tmp_path / "lora") if "loss" in r]
+    assert all(abs(r["mismatch_kl"]) < 1e-4 for r in steps)
+    start = flat_params(load_model(task["ckpt"]))
+    end = flat_params(load_model(tmp_path / "lora" / "checkpoints" / "30"))
+    assert set(end) - set(start) == {k for k in end if lora.is_adapter(k)}
+    for k in start:
+        assert np.array_equal(np.asarray(start[k]), np.asarray(end[k])), k

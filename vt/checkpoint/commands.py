@@ -27,6 +27,9 @@ def register(subparsers) -> None:
                      help="safetensors dtype (default: the checkpoint's param_dtype, so nothing is lost)")
     o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
     o2h.add_argument("--max-shard-gb", type=positive_float, default=2.0)
+    o2h.add_argument("--lora-format", choices=["merged", "peft"], default="merged",
+                     help="a LoRA checkpoint: merged = the adapters folded into the weights (a plain model, the "
+                          "default); peft = a PEFT adapter directory, with the frozen base model in base_model/")
     add_trust_flag(o2h)
     o2h.set_defaults(func=_orbax_to_hf)
 
@@ -46,9 +49,10 @@ def _hf_to_orbax(args: argparse.Namespace) -> int:
 
 
 def _orbax_to_hf(args: argparse.Namespace) -> int:
-    from vt.checkpoint.params import export_to_hf, load_model
+    from vt.checkpoint.params import export_peft, export_to_hf, load_model
     model = load_model(args.ckpt_dir)
-    export_to_hf(model, args.hf_dir, dtype=args.dtype, tokenizer_dir=args.tokenizer,
+    export = export_peft if args.lora_format == "peft" else export_to_hf
+    export(model, args.hf_dir, dtype=args.dtype, tokenizer_dir=args.tokenizer,
                  max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
     print(f"wrote {args.hf_dir} ({args.dtype or model.cfg.param_dtype})")
     return 0

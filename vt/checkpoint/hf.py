@@ -280,3 +280,44 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
             for f in copied:
                 shutil.copyfile(Path(tokenizer_dir) / f, tmp / f)
         write_seal(tmp)  # last: readers of vt's exports verify it (vt.checkpoint.seal)
+
+
+# --- PEFT LoRA adapters --------------------------------------------------------------------------------------------
+
+# vt projection -> the HF module path under a decoder layer (vt.model.lora.PROJECTIONS names the projections)
+_PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+
+
+def peft_adapter_tensors(cfg: ModelConfig, adapters: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """vt's stacked adapters ("layers.attn.q_lora_a" [L, in..., r], "..._lora_b" [L, r, out...]) as PEFT's
+    per-layer torch Linear factors: lora_A.weight [r, in], lora_B.weight [out, in -> r] (heads flattened as the
+    HF projections flatten them)."""
+    from vt.model.lora import PROJECTIONS, targets
+    out = {}
+    for name in targets(cfg.lora_targets):
+        module_name, _ = PROJECTIONS[name]
+        a_all, b_all = adapters[f"layers.{module_name}.{name}_lora_a"], adapters[f"layers.{module_name}.{name}_lora_b"]
+        r = cfg.lora_rank
+        for i in range(cfg.num_layers):
+            prefix = f"base_model.model.model.layers.{i}.{_PEFT_MODULES[name]}"
+            out[f"{prefix}.lora_A.weight"] = np.ascontiguousarray(np.asarray(a_all[i], np.float32).reshape(-1, r).T)
+            out[f"{prefix}.lora_B.weight"] = np.ascontiguousarray(np.asarray(b_all[i], np.float32).reshape(r, -1).T)
+    return out
+
+
+def write_peft_adapter(out_dir: Path, cfg: ModelConfig, adapters: dict[str, np.ndarray], *, base_model: str) -> None:
+    """adapter_config.json and adapter_model.safetensors (float32) of a LoRA model, into an existing `out_dir`
+    (process 0 writes; the caller seals)."""
+    from vt.model.lora import targets
+    tensors = peft_adapter_tensors(cfg, adapters)
+    if not is_primary():
+        return
+    save_file(tensors, str(out_dir / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+              "r": cfg.lora_rank, "lora_alpha": cfg.lora_alpha, "lora_dropout": cfg.lora_dropout,
+              "target_modules": [_PEFT_MODULES[n].split(".")[-1] for n in targets(cfg.lora_targets)],
+              "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+              "init_lora_weights": True, "modules_to_save": None, "inference_mode": True}
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    write_seal(out_dir)

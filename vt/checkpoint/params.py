@@ -22,10 +22,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from vt import VtError
-from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, read_hf_config, write_hf_dir
+from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, read_hf_config, write_hf_dir, write_peft_adapter
 from vt.checkpoint.io import atomic_output_dir, reader_error
 from vt.checkpoint.seal import BackgroundVerify, write_seal
 from vt.distributed import is_primary
+from vt.model import lora
 from vt.model.qwen2 import Qwen2, abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
@@ -202,13 +203,46 @@ def _gather(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
+def merge_adapters(model: Qwen2) -> Qwen2:
+    """A LoRA model (cfg.lora_rank) as the plain model it computes: each adapted kernel W + (alpha / r) A B
+    (vt.model.lora.merged_params, on device, in each kernel's sharding). A model without adapters as it is."""
+    if not model.cfg.lora_rank:
+        return model
+    cfg = lora.base_config(model.cfg)
+    graphdef, abstract_state = nnx.split(abstract_model(cfg))
+    merged = jax.jit(lambda p: lora.merged_params(p, model.cfg))(flat_params(model))
+    return _merge(graphdef, abstract_state, merged)
+
+
 def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str | None = None, tokenizer_dir: Path | str | None = None,
                  max_shard_bytes: int = 2 << 30) -> None:
-    """Write `model` as an HF directory, one tensor at a time (no second full copy on the host).
+    """Write `model` as an HF directory, one tensor at a time (no second full copy on the host). A LoRA model
+    is written merged (`merge_adapters`); `export_peft` writes its adapters for PEFT instead.
 
     `dtype` None keeps the model's `param_dtype`, so an export loses no precision unless a narrower dtype is
     asked for."""
+    model = merge_adapters(model)
     flat = flat_params(model)
     write_hf_dir(Path(hf_dir), model.cfg, iter_vt_to_hf(lambda path: _gather(flat[path_key(path)]), model.cfg),
                  dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
                  max_shard_bytes=max_shard_bytes)
+
+
+def export_peft(model: Qwen2, out_dir: Path | str, *, dtype: str | None = None,
+                tokenizer_dir: Path | str | None = None, max_shard_bytes: int = 2 << 30) -> None:
+    """`vt convert orbax-to-hf --lora-format peft`: a LoRA model as a PEFT adapter directory (adapter_config.json,
+    adapter_model.safetensors, float32) holding its frozen base model as an HF directory in `base_model/`, which
+    adapter_config.json names (`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(OUT/base_model),
+    OUT)`)."""
+    if not model.cfg.lora_rank:
+        raise VtError("--lora-format peft: the checkpoint has no LoRA adapters (model_config.json lora_rank is 0)")
+    out_dir = Path(out_dir).absolute()
+    flat = flat_params(model)
+    base_cfg = lora.base_config(model.cfg)
+    base = {k: v for k, v in flat.items() if not lora.is_adapter(k)}
+    with atomic_output_dir(out_dir) as tmp:
+        write_hf_dir(tmp / "base_model", base_cfg, iter_vt_to_hf(lambda path: _gather(base[path_key(path)]), base_cfg),
+                     dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
+                     max_shard_bytes=max_shard_bytes)
+        write_peft_adapter(tmp, model.cfg, {k: _gather(v) for k, v in flat.items() if lora.is_adapter(k)},
+                           base_model=str(out_dir / "base_model"))

@@ -46,6 +46,12 @@ class ModelConfig:
     bos_token_id: int | None = 151643
     eos_token_id: int | None = 151643
     initializer_range: float = 0.02
+    # LoRA adapters (vt.model.lora): rank 0 = none. alpha / rank scales the adapters' term; dropout applies to
+    # the adapters' input while training; targets is a regex matched against each whole projection name.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "q|k|v|o|gate|up|down"
 
     def __post_init__(self):
         _check_types(self)
@@ -61,6 +67,12 @@ class ModelConfig:
                               ("param_dtype", DTYPES), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise VtError(f"model config: field '{name}' is {getattr(self, name)!r}; expected one of {allowed}")
+        if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise VtError(f"model config: fields lora_rank={self.lora_rank} (>= 0), lora_alpha={self.lora_alpha} "
+                          f"(> 0), lora_dropout={self.lora_dropout} (in [0, 1)) out of range")
+        if self.lora_rank:
+            from vt.model.lora import targets
+            targets(self.lora_targets)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                      "vocab_pad_multiple"):
             if getattr(self, name) <= 0:

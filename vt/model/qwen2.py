@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vt.model import online_softmax
+from vt.model import lora, online_softmax
 from vt.model.blocked_attention import blocked_attention
 from vt.model.config import ModelConfig
 from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
@@ -235,9 +235,9 @@ class Attention(nnx.Module):
         """One layer's attention (its own, unstacked weights). With a cache, `layer` is this layer's index into
         the stacked cache, which comes back with this step's keys and values written."""
         cfg, dt = self.cfg, x_BTD.dtype
-        q = jnp.einsum("btd,dnh->btnh", x_BTD, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)
-        k = jnp.einsum("btd,dkh->btkh", x_BTD, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)
-        v = jnp.einsum("btd,dkh->btkh", x_BTD, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)
+        q = lora.project(self, "q", "btd,dnh->btnh", x_BTD) + self.q_bias[...].astype(dt)
+        k = lora.project(self, "k", "btd,dkh->btkh", x_BTD) + self.k_bias[...].astype(dt)
+        v = lora.project(self, "v", "btd,dkh->btkh", x_BTD) + self.v_bias[...].astype(dt)
         q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
 
@@ -266,7 +266,7 @@ class Attention(nnx.Module):
                 mask_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
                 out_BTNH = attention(q, new_cache.k[layer].astype(dt), new_cache.v[layer].astype(dt), mask_BTS, impl,
                                      segment_ids_BT)
-        out_BTD = jnp.einsum("btnh,nhd->btd", out_BTNH, self.o_kernel[...].astype(dt))
+        out_BTD = lora.project(self, "o", "btnh,nhd->btd", out_BTNH)
         return out_BTD, new_cache
 
 
@@ -280,11 +280,10 @@ class MLP(nnx.Module):
         self.down_kernel = _param(rngs, w, (F, D), ("mlp", "embed"), pd, stack)
 
     def __call__(self, x_BTD):
-        dt = x_BTD.dtype
-        gate = x_BTD @ self.gate_kernel[...].astype(dt)
-        up = x_BTD @ self.up_kernel[...].astype(dt)
+        gate = lora.project(self, "gate", "btd,df->btf", x_BTD)
+        up = lora.project(self, "up", "btd,df->btf", x_BTD)
         h_BTF = constrain(jax.nn.silu(gate) * up, ("batch", "sequence", "act_mlp"))
-        return h_BTF @ self.down_kernel[...].astype(dt)
+        return lora.project(self, "down", "btf,fd->btd", h_BTF)
 
 
 class DecoderLayer(nnx.Module):
@@ -323,6 +322,8 @@ class Qwen2(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, nnx.initializers.normal(cfg.initializer_range), (D, Vp),
                                   ("embed", "vocab"), pd)
+        if cfg.lora_rank:  # last, so the base weights draw the same numbers with or without adapters
+            lora.add_adapters(self.layers, cfg, rngs)
 
     def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None,
                  logits_at_B=None):
@@ -382,7 +383,8 @@ def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache
     def body(carry, xs):
         x_BTD, cache = carry
         weights, i = xs
-        x_BTD, cache = nnx.merge(graphdef, weights)(x_BTD, positions_BT, segment_ids_BT, cache, i)
+        with lora.layer_scope(i):  # folded into the LoRA dropout key, when there is one
+            x_BTD, cache = nnx.merge(graphdef, weights)(x_BTD, positions_BT, segment_ids_BT, cache, i)
         return (x_BTD, cache), None
 
     if cache is None and remat_policy != "none":

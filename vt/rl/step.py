@@ -30,6 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.distributed import MeshProgram
+from vt.model.lora import trainable
 from vt.rl.objectives import kl_to_reference, surrogate_per_token, truncated_importance_weight
 from vt.sharding import logical_to_spec
 from vt.train.losses import DEFAULT_LOSS_CHUNK
@@ -103,7 +104,7 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
         return new, m | out
 
     replicated = NamedSharding(mesh, P())
-    acc_sh = {"grads": state_sh.params, "loss": replicated, **{k: replicated for k in metric_keys}}
+    acc_sh = {"grads": trainable(state_sh.params), "loss": replicated, **{k: replicated for k in metric_keys}}
     zeros_prog = MeshProgram(zeros, mesh, in_shardings=(state_sh.params,), out_shardings=acc_sh)
     accumulate_prog = MeshProgram(accumulate, mesh, in_shardings=(state_sh.params, acc_sh, row_sharding(mesh)),
                                   out_shardings=acc_sh, donate_argnums=(1,))

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Callable, Iterator
 
 import jax
 import numpy as np
+from flax import nnx
 
 from vt import Preempted, Terminated, VtError
 from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
@@ -31,13 +32,14 @@ from vt.checkpoint.params import flat_params, load_model, load_model_config
 from vt.distributed import enable_compilation_cache, is_primary
 from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, exclusive, out_of_space, writing
 from vt.model.config import ModelConfig, preset
-from vt.model.qwen2 import create_model
+from vt.model import lora
+from vt.model.qwen2 import Qwen2, create_model
 from vt.sharding import make_mesh
 from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.metrics import MetricsWriter, peak_flops_per_device
 from vt.train.optim import make_optimizer
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
-from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
+from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, check_fields
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,13 @@ class ModelSection:
     # logits to rows x loss_chunk x vocab instead of rows x seq_len x vocab.
     loss_chunk: Annotated[int, AT_LEAST_1] = DEFAULT_LOSS_CHUNK
     seed: Annotated[int, NON_NEGATIVE] = 0  # random init
+    # LoRA (vt.model.lora): train rank-`lora_rank` adapters on the projections matching `lora_targets` (a regex
+    # over q, k, v, o, gate, up, down), the base weights frozen; 0 = full fine-tuning. param_dtype=bfloat16
+    # keeps the frozen base in bf16 (adapters and their optimiser state are float32).
+    lora_rank: Annotated[int, NON_NEGATIVE] = 0
+    lora_alpha: Annotated[float, POSITIVE] = 16.0  # the adapters' term is scaled by lora_alpha / lora_rank
+    lora_dropout: Annotated[float, Range(ge=0, lt=1)] = 0.0  # on the adapters' input, SFT only
+    lora_targets: str = "q|k|v|o|gate|up|down"
 
     def __post_init__(self):
         check_fields(self)
@@ -75,20 +84,36 @@ def check_learner(cfg, expected: str) -> None:
 
 
 def resolve_model_config(m: ModelSection) -> ModelConfig:
-    over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+    over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy, attention_impl=m.attention_impl,
+                lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
+                lora_targets=m.lora_targets)
     if m.init_checkpoint:
         return load_model_config(m.init_checkpoint, **over)
     return preset(m.preset, **over)
 
 
 def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, jax.Array]:
-    """The starting parameters of a run, created or restored directly in their sharding on `mesh`."""
-    if m.init_checkpoint:
-        model = load_model(m.init_checkpoint, mesh, param_dtype=m.param_dtype, dtype=m.dtype,
-                           remat_policy=m.remat_policy, attention_impl=m.attention_impl)
-    else:
-        model = create_model(model_cfg, mesh, seed=m.seed)
-    return flat_params(model)
+    """The starting parameters of a run, created or restored directly in their sharding on `mesh`. A LoRA run
+    (model_cfg.lora_rank) starts from the checkpoint's weights (a LoRA checkpoint's adapters merged into them)
+    with fresh adapters (vt.model.lora.add_adapters: B = 0, so the run starts at the checkpoint's function)."""
+    if not m.init_checkpoint:
+        return flat_params(create_model(model_cfg, mesh, seed=m.seed))
+    model = load_model(m.init_checkpoint, mesh, param_dtype=m.param_dtype, dtype=m.dtype,
+                       remat_policy=m.remat_policy, attention_impl=m.attention_impl)
+    params = flat_params(model)
+    if not model_cfg.lora_rank and not model.cfg.lora_rank:
+        return params
+    base = jax.jit(lambda p: lora.merged_params(p, model.cfg))(params)
+    if not model_cfg.lora_rank:
+        return base
+    return base | fresh_adapters(model_cfg, mesh, m.seed)
+
+
+def fresh_adapters(model_cfg: ModelConfig, mesh, seed: int) -> dict[str, jax.Array]:
+    """The initial LoRA adapters of `model_cfg`, in their sharding. The jitted init draws the whole model; XLA
+    drops the base weights' random ops, which nothing returns, so no base-sized buffer is made."""
+    out = lora.trainable(ModelDef(model_cfg).param_shardings(mesh)) if mesh is not None else None
+    return jax.jit(lambda: lora.trainable(flat_params(Qwen2(model_cfg, rngs=nnx.Rngs(seed)))), out_shardings=out)()
 
 
 def write_run_config(cfg, workdir: Path) -> None:

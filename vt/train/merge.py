@@ -2,7 +2,9 @@
 
     merged[k] = sum_i w_i * params_i[k],   w_i >= 0, sum_i w_i = 1   (uniform: w_i = 1 / n)
 
-Accumulated in float32 whatever the stored dtype, written in the first checkpoint's `param_dtype`. Only one
+Accumulated in float32 whatever the stored dtype, written in the first checkpoint's `param_dtype`. LoRA
+checkpoints are merged as the models they compute (adapters folded into the weights first): the result is a
+plain model. Only one
 input checkpoint is in memory at a time besides the running sum.
 """
 from __future__ import annotations
@@ -16,7 +18,8 @@ import numpy as np
 
 from vt import VtError
 from vt.checkpoint.io import atomic_output_dir
-from vt.checkpoint.params import flat_params, load_model, load_model_config, write_model_entries
+from vt.checkpoint.params import flat_params, load_model, load_model_config, merge_adapters, write_model_entries
+from vt.model.lora import base_config
 
 # Fields that must agree between merged checkpoints (dtypes, attention and remat settings may differ).
 _ARCH_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -70,11 +73,11 @@ def merge_checkpoints(ckpt_dirs: Sequence[Path | str], out_dir: Path | str,
             raise VtError(f"merge: {d} has a different architecture from {ckpt_dirs[0]} (fields {diff})")
     acc, dtypes = None, None
     for d, wi in zip(ckpt_dirs, w):
-        params = flat_params(load_model(d))
+        params = flat_params(merge_adapters(load_model(d)))  # a LoRA run's step: its adapters folded in
         dtypes = dtypes or {k: v.dtype for k, v in params.items()}
         acc = _accumulate(acc, params, wi, str(d))
         del params
     merged = {k: v.astype(dtypes[k]) for k, v in acc.items()}
     with atomic_output_dir(out_dir) as tmp:
-        write_model_entries(tmp, cfgs[0], merged)
+        write_model_entries(tmp, base_config(cfgs[0]), merged)
     return w

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.checkpoint.params import path_key
+from vt.model.lora import trainable
 from vt.model.qwen2 import abstract_model
 from vt.model.config import ModelConfig
 from vt.sharding import state_shardings
@@ -85,7 +86,7 @@ def opt_state_shardings(abstract_opt_state, param_shardings: dict[str, NamedShar
 
 def _init_fn(optimizer: optax.GradientTransformation):
     def init(params):
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(trainable(params)))
     return init
 
 
@@ -103,5 +104,5 @@ def abstract_train_state(model_def: ModelDef, optimizer, shardings: TrainState) 
 
 
 def init_train_state(params: dict[str, jax.Array], optimizer, shardings: TrainState) -> TrainState:
-    """Fresh optimiser state around `params`, created directly in its sharding."""
+    """Fresh optimiser state around `params` (the trainable ones: vt.model.lora.trainable), created directly in its sharding."""
     return jax.jit(_init_fn(optimizer), in_shardings=(shardings.params,), out_shardings=shardings)(params)

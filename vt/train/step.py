@@ -13,6 +13,8 @@ Shared with the RL step (vt.rl.step), so both learners update the same way:
     added to the running fp32 sums (`zero_accumulator` starts them);
   - `apply_update(optimizer, schedule, state, grads, loss)`: the optimiser update, skipped on device when the
     loss or the gradient norm is not finite.
+Gradients, their sums and the optimiser state cover the trainable parameters only (vt.model.lora.trainable:
+all of them, or a LoRA model's adapters); the frozen base weights pass through an update untouched.
 A skipped update reports `finite = 0`; the host halts the run when it sees that, so no bad state can ever be
 checkpointed. Every step is a vt.distributed.MeshProgram: compiled ahead of time with in/out shardings, the state
 donated.
@@ -28,6 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vt.distributed import MeshProgram
+from vt.model import lora
 from vt.sharding import logical_to_spec
 from vt.train.losses import DEFAULT_LOSS_CHUNK, masked_nll_sum
 from vt.train.state import ModelDef, TrainState
@@ -55,14 +58,16 @@ def as_microbatches(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def zero_accumulator(params, metric_keys: Sequence[str] = ()) -> dict:
     """fp32 zeros for the summed gradients, the summed loss and each summed metric in `metric_keys`."""
-    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), "loss": jnp.zeros((), jnp.float32),
-            **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
+    return {"grads": jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), lora.trainable(params)),
+            "loss": jnp.zeros((), jnp.float32), **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
 
 
 def accumulate_gradients(loss_fn: Callable, params, acc: dict, micro_batch) -> dict:
     """`acc` plus one micro-batch's gradients, loss and metrics (fp32 sums). `loss_fn(params, micro_batch)`
     returns (loss, {metric: value}) with every metric key of `acc`, each already that micro-batch's share."""
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, micro_batch)
+    train = lora.trainable(params)
+    frozen = {k: v for k, v in params.items() if k not in train}
+    (loss, metrics), grads = jax.value_and_grad(lambda t, mb: loss_fn(frozen | t, mb), has_aux=True)(train, micro_batch)
     new = {"grads": grads, "loss": loss, **metrics}
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, new)
 
@@ -72,9 +77,11 @@ def apply_update(optimizer: optax.GradientTransformation, schedule: optax.Schedu
     """One optimiser update of `state` by `grads`; a non-finite loss or gradient norm leaves `state` as it was.
     Returns the new state and {loss, grad_norm, lr (of this update), finite}."""
     grad_norm = optax.tree.norm(grads)  # optax.global_norm is deprecated
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    train = lora.trainable(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, train)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    new = TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+    new = TrainState(step=state.step + 1, params=state.params | optax.apply_updates(train, updates),
+                     opt_state=opt_state)
     # A non-finite update is not applied; the host halts the run on `finite = 0` before any save.
     new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
     return new, {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step), "finite": finite}
@@ -89,21 +96,26 @@ def _micro_nll_sum(model_def: ModelDef, params, mb, loss_chunk: int):
     return masked_nll_sum(logp, mb["loss_mask"])
 
 
-def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: int = DEFAULT_LOSS_CHUNK):
-    """(per-token mean loss over the whole batch, its gradients, number of loss tokens) of an [A, b, T] batch."""
+def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: int = DEFAULT_LOSS_CHUNK,
+                    dropout_key=None):
+    """(per-token mean loss over the whole batch, its gradients, number of loss tokens) of an [A, b, T] batch.
+    `dropout_key`: the step's LoRA dropout key (None: no dropout), folded with the micro-batch index."""
     num_tokens = jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
     def micro_loss(p, mb):
-        total, _ = _micro_nll_sum(model_def, p, mb, loss_chunk)
+        i, mb = mb
+        with lora.dropout_key(None if dropout_key is None else jax.random.fold_in(dropout_key, i)):
+            total, _ = _micro_nll_sum(model_def, p, mb, loss_chunk)
         return total / num_tokens, {}
 
     def body(acc, mb):
         acc = accumulate_gradients(micro_loss, params, acc, mb)
-        return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], param_sh)}, None
+        return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], lora.trainable(param_sh))}, None
 
     zeros = zero_accumulator(params)
-    zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], param_sh)
-    acc, _ = jax.lax.scan(body, zeros, batch)
+    zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], lora.trainable(param_sh))
+    micro_batches = batch["input_ids"].shape[0]
+    acc, _ = jax.lax.scan(body, zeros, (jnp.arange(micro_batches), batch))
     return acc["loss"], acc["grads"], num_tokens
 
 
@@ -118,7 +130,9 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     b_sh = batch_sharding(mesh)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
-        loss, grads, num_tokens = _loss_and_grads(model_def, state.params, batch, state_sh.params, loss_chunk)
+        # LoRA dropout (model.lora_dropout > 0): a fresh mask every update, the same on a resumed run.
+        key = jax.random.fold_in(jax.random.key(0), state.step) if model_def.cfg.lora_dropout else None
+        loss, grads, num_tokens = _loss_and_grads(model_def, state.params, batch, state_sh.params, loss_chunk, key)
         new, metrics = apply_update(optimizer, schedule, state, grads, loss)
         return new, metrics | {"loss_tokens": num_tokens, "tokens": jnp.sum(batch["segment_ids"] > 0)}
 
