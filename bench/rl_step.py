@@ -71,6 +71,23 @@ What still differs, by each framework's design (both as they run by default):
     max_new); vt decodes them in Q*G slots (rollout.sampler.batch_size) with rl_helpers' steps_per_call=8 decode steps
     per host round trip.
 
+Profile of the toy step's training part (issue 29; 2026-12-02, the shared 2-core box at load 20-30, so CPU
+seconds of the process, not wall time, by wrapping the learner's pieces; the trace tool was jax.profiler on
+CPU, whose thunk events name each XLA op):
+  - host packing: vt.data.packing.pack_lengths ran grain's FirstFitPackIterDataset over the 128 samples:
+    48 ms of CPU per step (~0.4 ms a sample), about a third of the whole update's device time at this size and
+    paid by every RL step at any size. Now first fit decreasing in numpy, slot for slot the same rows: 0.8 ms.
+  - programs per update: zeros + accumulate + apply, three dispatches and an fp32 gradient accumulator written
+    and read back between them, though the toy (and any step whose rows fit the token budget) has one
+    micro-batch. One micro-batch now runs as one fused program (vt.rl.step, `update_one`); several keep the
+    three programs (a step of any number of micro-batches compiles nothing new).
+  - the loss at vocabulary 300 and T <= 48 is one chunk: token_logps now calls the chunk body directly (no
+    scan around it); rows this short use dense attention (no blocked loops) already.
+  Side by side, vt only (`--skip-tunix --rounds 1 --sft-steps 50 --steps 4 --warmup 2`, main at bbd0a02 and
+  this change run at once on that box): training 4.90 -> 3.98 s, step 5.79 -> 5.06 s. The load inflates
+  every second ~20x, and with 2 warm-up steps a new row shape (T bucket, rows) can still compile in a timed
+  step; the Tunix ratio was not re-measured here.
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result. Two runs on an idle 2-core box (2026-11-30, Tunix

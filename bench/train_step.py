@@ -8,6 +8,15 @@ AdamW (lr 1e-4, wd 0.01) with global-norm clipping 1.0, next-token loss over eve
 the first `--warmup` steps (compilation) are excluded; the fastest timed step of the best of `--rounds`
 interleaved runs is reported (on a shared machine, other processes only add time).
 
+Profile of the tiny step (issue 29; 2026-12-02, jax.profiler trace on CPU, the box shared at load 10-30, so
+shares rather than seconds): the host dispatches one program per step and waits in block_until_ready for all
+of it: no host-side gap, no recompile, the whole step is device (XLA CPU thunk) time. About a quarter of that
+is the blocked attention's loops at T = 256 (block 64: 4 query blocks, each a while loop over its key blocks,
+and their backward), then the many small in-loop fusions (exp of the score blocks, transposes of the blocks);
+the head at vocabulary 512 is one chunk. Since then the step calls the chunk body and the single
+micro-batch's gradient directly (no one-trip scans around them, no zeroed accumulator); the attention
+blocking is vt.model's (issue 26 is restructuring it) and was left as it is.
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
 created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
 mean little; the ratios printed at the end are the result.

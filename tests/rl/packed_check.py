@@ -72,6 +72,7 @@ class Setup:
         self.mesh = mesh
         optimizer, schedule = make_optimizer(to_dataclass(RLConfig, {}).optim, 10)
         sh = train_state_shardings(self.md, optimizer, mesh)
+        self.optimizer, self.shardings = optimizer, sh
         from vt.checkpoint.params import flat_params
         self.params = flat_params(create_model(cfg, mesh, seed=0))
         self.ref_params = flat_params(create_model(cfg, mesh, seed=1))

@@ -17,8 +17,9 @@ First fit (grain): ``num_packing_bins`` rows are open at once; each example goes
 when an example fits in no row, all open rows are emitted (in a seeded random order if ``shuffle_bins``)
 and a fresh set is opened with that example. More bins, less padding (and more cross-epoch mixing).
 
-:func:`pack_lengths` runs the same packer on a finite list of sequence lengths (the RL learner's samples of one
-step): it places sample indices, and the caller gathers each sample's tokens into the slots it was given.
+:func:`pack_lengths` places a finite list of sequence lengths the same way (the RL learner's samples of one
+step), first fit decreasing in numpy: it places sample indices, and the caller gathers each sample's tokens
+into the slots it was given.
 """
 from __future__ import annotations
 
@@ -61,22 +62,36 @@ def pack_first_fit(ds: grain.IterDataset, *, seq_len: int, num_packing_bins: int
 def pack_lengths(lengths, seq_len: int) -> dict[str, np.ndarray]:
     """First-fit-decreasing placement of sequences of `lengths` (each <= seq_len) into rows of seq_len:
     ``sample`` (int32 [R, seq_len], the index of the sequence in each slot, -1 on padding), ``segment_ids``
-    (1..k per row, 0 = padding) and ``positions`` (restarting at every sequence). Longest first, with enough
-    bins open that no sequence ever flushes them (first fit decreasing needs at most 11/9 OPT + 1 rows), so
-    the rows are as full as first fit makes them; deterministic (no shuffling)."""
-    lengths = np.asarray(lengths, np.int64)
+    (1..k per row in placement order, 0 = padding) and ``positions`` (restarting at every sequence). Longest
+    first, each into the first row with room (first fit decreasing needs at most 11/9 OPT + 1 rows);
+    deterministic. The same rows as grain's FirstFitPackIterDataset with enough bins open that none is ever
+    flushed (tests/rl/test_packed_rl.py checks it), placed here with one vectorised first-fit search per sequence: grain's
+    iterator took 48 ms of host time for the 128 samples of the toy RL step (~0.4 ms a sample), a third of
+    the step's update on the device."""
+    lengths = np.asarray(lengths, np.int64).reshape(-1)
     if lengths.size and (lengths.min() < 1 or lengths.max() > seq_len):
         raise ValueError(f"pack_lengths: lengths must be in [1, {seq_len}], got {lengths.min()}..{lengths.max()}")
     order = np.argsort(-lengths, kind="stable")
-    bins = max(1, -(-int(lengths.sum()) * 11 // (9 * seq_len)) + 1)
-    ds = grain.MapDataset.source([{"sample": np.full(lengths[i], i, np.int32)} for i in order]).to_iter_dataset()
-    rows = list(FirstFitPackIterDataset(ds, length_struct={"sample": seq_len}, num_packing_bins=bins,
-                                        shuffle_bins=False, padding_struct={"sample": -1}))
-    if not rows:
-        return {k: np.zeros((0, seq_len), np.int32) for k in ("sample", "segment_ids", "positions")}
-    return {"sample": np.stack([r["sample"] for r in rows]).astype(np.int32),
-            "segment_ids": np.stack([r["sample_segment_ids"] for r in rows]).astype(np.int32),
-            "positions": np.stack([r["sample_positions"] for r in rows]).astype(np.int32)}
+    room = np.full(max(1, lengths.size), seq_len, np.int64)  # every row that could open, in opening order
+    fill = np.zeros_like(room)  # sequences placed in each row so far
+    row_of, offset, segment = (np.zeros(lengths.size, np.int64) for _ in range(3))
+    for k, i in enumerate(order):
+        r = int(np.argmax(room >= lengths[i]))  # rows open in order, so the first with room is the first fit
+        row_of[k], offset[k] = r, seq_len - room[r]
+        fill[r] += 1
+        segment[k] = fill[r]
+        room[r] -= lengths[i]
+    R = int(np.count_nonzero(fill))
+    out = {"sample": np.full((R, seq_len), -1, np.int32), "segment_ids": np.zeros((R, seq_len), np.int32),
+           "positions": np.zeros((R, seq_len), np.int32)}
+    n = lengths[order]
+    k = np.repeat(np.arange(order.size), n)  # placement index of every slot's sequence
+    within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    rows, cols = row_of[k], offset[k] + within
+    out["sample"][rows, cols] = order[k]
+    out["segment_ids"][rows, cols] = segment[k]
+    out["positions"][rows, cols] = within
+    return out
 
 
 def padding_fraction(batch: dict[str, np.ndarray]) -> float:

@@ -18,7 +18,8 @@ vt.train.step.accumulate_gradients) and applied by the SFT step's vt.train.step.
 are sums of weight * per-token value, so the sum over micro-batches (and over processes' rows) is the
 mini-batch's per-sequence or per-token mean, whatever the layout. Each micro-batch is one call of a program
 compiled ahead of time once per [b, T] (vt.distributed.MeshProgram; the learner keeps b * T at its token
-budget): a step may have any number of micro-batches without compiling again.
+budget): a step may have any number of micro-batches without compiling again. An update of a single
+micro-batch (the common case at small shapes) runs as one program (zeros, accumulate and apply fused).
 Logits are divided by the sampling temperature before the softmax, so pi is the distribution that was sampled;
 log-probs are computed from the hidden states in sequence chunks of `loss_chunk` positions.
 """
@@ -111,6 +112,14 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
     apply_prog = MeshProgram(apply, mesh, in_shardings=(state_sh, acc_sh), out_shardings=(state_sh, replicated),
                              donate_argnums=(0,))
 
+    def update_one(state: TrainState, batch):
+        return apply(state, accumulate(state.params, None, batch))
+
+    # A mini-batch of one micro-batch (every step at small shapes) runs as one program: one dispatch instead of
+    # three, and no fp32 gradient accumulator written out and read back between them.
+    update_one_prog = MeshProgram(update_one, mesh, in_shardings=(state_sh, row_sharding(mesh)),
+                                  out_shardings=(state_sh, replicated), donate_argnums=(0,))
+
     def accumulated(params, micro_batches):
         if not micro_batches:
             raise ValueError("rl_step needs at least one micro-batch")
@@ -121,6 +130,8 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
 
     def run(state: TrainState, micro_batches):
         """One update on the summed gradients of `micro_batches` (dicts of [b, T] arrays)."""
+        if len(micro_batches) == 1:
+            return update_one_prog(state, micro_batches[0])
         return apply_prog(state, accumulated(state.params, micro_batches))
 
     def gradients(params, micro_batches):
@@ -128,5 +139,6 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
         acc = accumulated(params, micro_batches)
         return acc["grads"], acc["loss"]
     run.gradients = gradients
-    run.programs = {"zeros": zeros_prog, "accumulate": accumulate_prog, "apply": apply_prog}  # bench/compile.py
+    run.programs = {"zeros": zeros_prog, "accumulate": accumulate_prog, "apply": apply_prog,  # bench/compile.py
+                    "update_one": update_one_prog}
     return run

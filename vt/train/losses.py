@@ -68,10 +68,13 @@ def token_logps(x_BTD: jax.Array, head_DV: jax.Array, targets_BT: jax.Array, *, 
         ent_BU = -jnp.sum(jnp.where(vocab_V < vocab_size, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
         return logp_BU, ent_BU
 
-    # Remat per chunk: the backward pass keeps only each chunk's inputs and recomputes its logits. A row that fits
-    # in one chunk skips it: keeping that one chunk's logits costs what the chunk size already allows, and
-    # recomputing the head matmul would only slow short rows down.
-    body = jax.checkpoint(one_chunk, prevent_cse=False) if n > 1 else one_chunk
+    if n == 1:
+        # A row that fits in one chunk is one chunk: no loop, no remat (keeping that chunk's logits costs what the
+        # chunk size already allows, and recomputing the head matmul would only slow short rows down).
+        logp_BT, ent_BT = one_chunk(x_BTD, targets_BT.astype(jnp.int32))
+        return (logp_BT, ent_BT) if with_entropy else logp_BT
+    # Remat per chunk: the backward pass keeps only each chunk's inputs and recomputes its logits.
+    body = jax.checkpoint(one_chunk, prevent_cse=False)
     _, (logp_JBU, ent_JBU) = jax.lax.scan(lambda _, xs: (None, body(*xs)), None, (x_JBUD, t_JBU))
     unchunk = lambda a_JBU: a_JBU.swapaxes(0, 1).reshape(B, n * U)[:, :T]  # noqa: E731
     return (unchunk(logp_JBU), unchunk(ent_JBU)) if with_entropy else unchunk(logp_JBU)

@@ -4,13 +4,14 @@
 
 `batch` holds int32/float32 arrays shaped [A, b, T] (A micro-batches of b packed rows; A = 1 without gradient
 accumulation): input_ids, targets, loss_mask, segment_ids, positions (vt.data.packing). Gradients of the
-micro-batches are summed in fp32 under `lax.scan` (`accumulate_gradients`); each micro-batch's loss is divided
+micro-batches are summed in fp32 under `lax.scan` (`accumulate_gradients`; one micro-batch is a plain
+gradient, no loop); each micro-batch's loss is divided
 by the token count of the whole step, so the result is the per-token mean over the global batch
 (vt.train.losses).
 
 Shared with the RL step (vt.rl.step), so both learners update the same way:
   - `accumulate_gradients(loss_fn, params, acc, micro_batch)`: one micro-batch's gradients and metric sums
-    added to the running fp32 sums (`zero_accumulator` starts them);
+    added to the running fp32 sums (acc None, or `zero_accumulator`, starts them);
   - `apply_update(optimizer, schedule, state, grads, loss)`: the optimiser update, skipped on device when the
     loss or the gradient norm is not finite.
 Gradients, their sums and the optimiser state cover the trainable parameters only (vt.model.lora.trainable:
@@ -62,13 +63,17 @@ def zero_accumulator(params, metric_keys: Sequence[str] = ()) -> dict:
             "loss": jnp.zeros((), jnp.float32), **{k: jnp.zeros((), jnp.float32) for k in metric_keys}}
 
 
-def accumulate_gradients(loss_fn: Callable, params, acc: dict, micro_batch) -> dict:
-    """`acc` plus one micro-batch's gradients, loss and metrics (fp32 sums). `loss_fn(params, micro_batch)`
-    returns (loss, {metric: value}) with every metric key of `acc`, each already that micro-batch's share."""
+def accumulate_gradients(loss_fn: Callable, params, acc: dict | None, micro_batch) -> dict:
+    """`acc` plus one micro-batch's gradients, loss and metrics (fp32 sums); `acc` None: this micro-batch's
+    start the sums (nothing to zero and add to). `loss_fn(params, micro_batch)` returns (loss, {metric: value})
+    with every metric key of `acc`, each already that micro-batch's share. Gradients of the trainable
+    parameters only (vt.model.lora.trainable)."""
     train = lora.trainable(params)
     frozen = {k: v for k, v in params.items() if k not in train}
     (loss, metrics), grads = jax.value_and_grad(lambda t, mb: loss_fn(frozen | t, mb), has_aux=True)(train, micro_batch)
     new = {"grads": grads, "loss": loss, **metrics}
+    if acc is None:
+        return jax.tree.map(lambda x: x.astype(jnp.float32), new)
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, new)
 
 
@@ -112,6 +117,12 @@ def _loss_and_grads(model_def: ModelDef, params, batch, param_sh, loss_chunk: in
         acc = accumulate_gradients(micro_loss, params, acc, mb)
         return acc | {"grads": jax.lax.with_sharding_constraint(acc["grads"], lora.trainable(param_sh))}, None
 
+    if batch["input_ids"].shape[0] == 1:
+        # No accumulation (as at small shapes): a plain gradient, no one-trip loop or zeroed sums around it. With
+        # several micro-batches the body is traced once, inside the scan (peeling the first would compile the
+        # forward and backward twice).
+        acc, _ = body(None, (jnp.int32(0), jax.tree.map(lambda x: x[0], batch)))
+        return acc["loss"], acc["grads"], num_tokens
     zeros = zero_accumulator(params)
     zeros["grads"] = jax.lax.with_sharding_constraint(zeros["grads"], lora.trainable(param_sh))
     micro_batches = batch["input_ids"].shape[0]
