@@ -26,6 +26,11 @@ generated them (vt.rl.buffer: whole groups, stale ones dropped and counted, the 
 checkpoint) and their behaviour log-probs; the update's truncated importance weight min(pi_old / pi_behaviour,
 mgpo.is_cap) corrects for the lag. The schedule is a function of the step: resume stays exact.
 
+The sampler's own devices (rollout.sampler_devices = n, one process): the engine decodes on a sub-mesh of the
+last n devices, the learner trains on the others; after each update the new weights are copied device to
+device onto the engine's shardings (with k >= 1 as soon as the update is done, while the sampler still decodes
+the batch ahead). The same schedule and values as the shared devices: only where the arrays live differs.
+
 Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
@@ -109,6 +114,12 @@ class Rollout:
     # samples up to k policy versions old, corrected by mgpo.is_cap's truncated importance weight (vt.rl.buffer).
     # 0: on-policy, every rollout sampled by the weights it updates (the synchronous learner).
     max_staleness: Annotated[int, Range(ge=0, le=16)] = 0
+    # n > 0: the sampler decodes on its own sub-mesh of the last n devices (shaped as vt.distributed.process_mesh
+    # shapes `mesh` on them) and the learner trains on the others (`mesh` over those); after each update the new
+    # weights are copied device to device into the sampler's shardings (with k >= 1 while it decodes the next
+    # batch). 0: the sampler shares the learner's devices and mesh. One process only (on several, each process
+    # samples on its own devices already: vt.rl.hosts).
+    sampler_devices: Annotated[int, NON_NEGATIVE] = 0
 
     def __post_init__(self):
         check_fields(self)
@@ -222,10 +233,20 @@ class Learner:
         self.rewards = {d: make_reward(d, **cfg.rewards.get(d, {})) for d in sorted(domains)}
 
         self.model_cfg = resolve_model_config(cfg.model)
-        self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches)
+        learner_devices, sampler_devices = split_devices(cfg.rollout.sampler_devices)
+        try:
+            self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches,
+                                   devices=learner_devices)
+        except VtError as e:
+            if learner_devices is None:
+                raise
+            raise VtError(f"{e} (config rollout.sampler_devices={cfg.rollout.sampler_devices} leaves the learner "
+                          f"{len(learner_devices)})") from None
         self.mesh, self.md = s.mesh, s.md
-        # One process: the sampler shares the learner's mesh. Several: each samples on its own devices.
-        self.sampler_mesh = s.mesh if jax.process_count() == 1 else process_mesh(cfg.mesh)
+        # One process: the sampler shares the learner's mesh, or has its own devices (rollout.sampler_devices).
+        # Several: each samples on its own devices.
+        self.sampler_mesh = (s.mesh if jax.process_count() == 1 and sampler_devices is None
+                             else process_mesh(cfg.mesh, sampler_devices))
         self.replicas = None if jax.process_count() == 1 else LocalReplicas(self.sampler_mesh)
         self._sampler_sh = None
         m, temperature = cfg.mgpo, cfg.rollout.sampler.temperature
@@ -236,14 +257,23 @@ class Learner:
         self.engine = None
         self.ref_params = None
 
+    @property
+    def own_sampler_devices(self) -> bool:
+        """The sampler decodes on devices the learner does not train on (rollout.sampler_devices)."""
+        return self.cfg.rollout.sampler_devices > 0
+
     def sampler_weights(self, params):
-        """The learner's params as the sampler's nnx.State: the same arrays on one process, a full local copy
-        per process on several (a collective: every process calls this at the same point)."""
+        """The learner's params as the sampler's nnx.State: the same arrays on one process; a device-to-device
+        copy laid out as the sampler's sub-mesh wants (its shardings) with rollout.sampler_devices; a full local
+        copy per process on several (a collective: every process calls this at the same point). Dispatched,
+        not waited for."""
         state = nnx.state(self.md.bind(params))
-        if self.replicas is None:
+        if self.replicas is None and not self.own_sampler_devices:
             return state
         if self._sampler_sh is None:
             self._sampler_sh = state_shardings(state, self.sampler_mesh)
+        if self.replicas is None:
+            return jax.device_put(state, self._sampler_sh)
         return self.replicas(state, self._sampler_sh)
 
     def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0) -> Scored:
@@ -381,8 +411,11 @@ class Learner:
     def sampler_copy(self, params):
         """The params the sampler is given. Synchronous: the learner's own arrays (the update that donates them
         runs after the sampling that reads them). Asynchronous: a copy, which the sampler decodes with while
-        the update consumes (donates) the learner's."""
-        return jax.tree.map(jnp.copy, params) if self.cfg.rollout.max_staleness else params
+        the update consumes (donates) the learner's; with the sampler's own devices the move onto them
+        (sampler_weights) is that copy already."""
+        if self.cfg.rollout.max_staleness and not self.own_sampler_devices:
+            return jax.tree.map(jnp.copy, params)
+        return params
 
     def async_step_fn(self, buffer: RolloutBuffer):
         """The step of rollout.max_staleness = k >= 1. Step s (the learner at version s, i.e. after s steps):
@@ -423,9 +456,14 @@ class Learner:
             pending = self.dispatch_update(state, used)
             t_dispatched = time.perf_counter()
             crash_test_point("rl-update-in-flight", step + 1)  # crash tests: the update dispatched, sampling ahead
-            done_at = []
-            waiter = threading.Thread(target=lambda: done_at.append(
-                (jax.block_until_ready(pending[0].params), time.perf_counter())[1]), daemon=True)
+            done_at, copied = [], []
+
+            def wait_for_update():
+                jax.block_until_ready(pending[0].params)
+                done_at.append(time.perf_counter())
+                if self.own_sampler_devices:  # the copy onto the sampler's devices runs while it still decodes
+                    copied.append(jax.block_until_ready(self.sampler_weights(pending[0].params)))
+            waiter = threading.Thread(target=wait_for_update, daemon=True)
             waiter.start()
             # The batch of step s + k, sampled by version s while the update runs: also at the run's last steps
             # (k batches of rollouts unused unless the run is continued), so that the checkpoint holds what a
@@ -436,7 +474,8 @@ class Learner:
             waiter.join()
             state, metrics = self.finish_update(*pending)
             if metrics["finite"]:
-                self.engine.update_weights(self.sampler_weights(self.sampler_copy(state.params)))
+                self.engine.update_weights(copied[0] if copied else
+                                           self.sampler_weights(self.sampler_copy(state.params)))
             t3 = time.perf_counter()
             fresh = Scored.concat(sampled) if sampled else None
             times = {t: (getattr(fresh, t) if fresh is not None else 0.0) for t in TIMES}
@@ -458,6 +497,20 @@ class Learner:
         """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
         return initial_params(self.cfg.model, self.model_cfg, self.mesh) if self.cfg.model.init_checkpoint \
             else state.params
+
+
+def split_devices(sampler_devices: int) -> tuple[list | None, list | None]:
+    """(the learner's devices, the sampler's): all and None (shared) for 0, else the first and the last n."""
+    if not sampler_devices:
+        return None, None
+    devices = jax.devices()
+    if jax.process_count() > 1:
+        raise VtError(f"config rollout.sampler_devices={sampler_devices}: one process only (on {jax.process_count()} "
+                      "processes each samples on its own devices already); set it to 0")
+    if sampler_devices >= len(devices):
+        raise VtError(f"config rollout.sampler_devices={sampler_devices}: must leave the learner at least one of the "
+                      f"{len(devices)} devices")
+    return devices[:-sampler_devices], devices[-sampler_devices:]
 
 
 def step_advantages(s: Scored, m: MgpoSection) -> tuple[np.ndarray, np.ndarray]:
