@@ -296,23 +296,31 @@ class RubricReward(RewardFunction):
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
-        # Flatten (item, criterion) pairs, ask the judge only for the uncached ones, in one batch.
+        # Flatten (item, criterion) pairs, ask the judge only for the uncached ones, in one batch, and each
+        # distinct one once: the samples of an RL group often repeat a response, and a repeat's verdict is the
+        # first one's (what the cache would answer a moment later).
         pairs = [(i, c) for i, (_, crit) in enumerate(references) for c in crit]
         responses = [answer_region(c).strip() for c in completions]
         keys = [self._key(references[i][0], responses[i], c) for i, c in pairs]
         scores: list[int | str | None] = [self.cache.get(k) for k in keys]
-        todo = [j for j, s in enumerate(scores) if s is None]
+        todo: dict[str, list[int]] = {}  # key -> the pairs asking it, first one asked
+        for j, s in enumerate(scores):
+            if s is None:
+                todo.setdefault(keys[j], []).append(j)
         if todo:
-            convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in todo]
+            asked = [js[0] for js in todo.values()]
+            convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in asked]
             replies = self._ask(convs)
-            for j, reply in zip(todo, replies):
+            for js, reply in zip(todo.values(), replies):
                 try:
                     if isinstance(reply, BaseException):
                         raise MalformedJudgement(f"judge failed: {reply}")
-                    scores[j] = parse_score(reply)
-                    self.cache.put(keys[j], scores[j])
+                    score = parse_score(reply)
+                    self.cache.put(keys[js[0]], score)
                 except MalformedJudgement as e:
-                    scores[j] = str(e)
+                    score = str(e)
+                for j in js:
+                    scores[j] = score
         return [self._combine(i, pairs, scores) for i in range(len(references))]
 
     def _ask(self, convs: list[Messages]) -> list:
