@@ -594,8 +594,24 @@ class SlowJudgeServer:
 
 def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge_url: str) -> dict:
     from rl_helpers import metrics, rl_config
+    from vt.rewards.base import failed
+    from vt.rewards.code import CodeReward
     from vt.rewards.rubric import RubricReward
     from vt.rl.learner import Learner
+
+    class ToyCode(CodeReward):
+        """The toy's answer as a program: `print(<its last \\boxed{} content, as a string>)`, run in vt's code
+        sandbox (pool of warm bwrap sandboxes) against a stdin/stdout test whose output is the ground truth."""
+        domain = "math"  # the toy's records
+
+        def reference(self, record, index):
+            return super().reference({"tests": [{"input": "", "output": str(record["ground_truth"])}]}, index)
+
+        def score_one(self, tests, completion):
+            boxes = _BOXED.findall(completion)
+            if not boxes:
+                return failed("format", reason="no \\boxed{}")
+            return super().score_one(tests, f"```python\nprint({boxes[-1].strip()!r})\n```")
 
     class ToyRubric(RubricReward):
         """The toy prompts carry no rubric: every one is judged on one fixed criterion."""
@@ -608,11 +624,11 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
     cfg = rl_config(task, **{"data.eval": "", "rollout.max_staleness": k, "train.steps": total,
                              "train.progress": False, "checkpoint.every": 1000})
     learner = Learner(cfg, workdir)
-    if workload == "judge":
+    if workload != "math":
         for r in learner.rewards.values():
             r.close()
         learner.rewards = {d: ToyRubric(url=judge_url, model="judge", concurrency=8, timeout_s=30.0)
-                           for d in learner.rewards}
+                           if workload == "judge" else ToyCode(workers=args.code_workers) for d in learner.rewards}
     ends = []
     throughput = learner.throughput
 
@@ -648,7 +664,7 @@ def async_bench(args) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             task = build_task(tmp / "task", sft_steps=args.sft_steps)
-            for workload in ("math", "judge"):
+            for workload in args.workloads:
                 for k in (0, 1, 2):
                     print(f"{workload} k={k} ...", file=sys.stderr)
                     out.append(run_async_case(args, task, tmp / f"{workload}{k}", workload, k, server.url))
@@ -658,7 +674,7 @@ def async_bench(args) -> None:
                           f"{r['dropped_groups']}", flush=True)
     finally:
         server.close()
-    for workload in ("math", "judge"):
+    for workload in args.workloads:
         base = next(r["steps_per_s"] for r in out if r["workload"] == workload and r["k"] == 0)
         print(f"{workload}: " + ", ".join(f"k={r['k']} {r['steps_per_s'] / base:.2f}x" for r in out
                                           if r["workload"] == workload))
@@ -691,6 +707,9 @@ def main():
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="sync vs rollout.max_staleness 1 and 2 on the math and the judge workloads")
     ap.add_argument("--judge-latency", type=float, default=0.5, help="--async: seconds per judge request")
+    ap.add_argument("--workloads", nargs="+", choices=["code", "math", "judge"], default=["code", "judge"],
+                    help="--async: the workloads to run")
+    ap.add_argument("--code-workers", type=int, default=2, help="--async code: sandboxes verifying at once")
     ap.add_argument("--json", type=Path, help="also write the per-step results here")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
