@@ -159,6 +159,9 @@ class OpenAIChatJudge:
         if api_key_env and not os.environ.get(api_key_env):
             raise ValueError(f"judge API key variable {api_key_env!r} is not set")
         self.concurrency, self.timeout_s = concurrency, timeout_s
+        # Requests in flight to the endpoint, over every call at once (an asynchronous RL learner verifies one
+        # batch while the next is decoded: their calls overlap).
+        self._in_flight = threading.BoundedSemaphore(concurrency)
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
         # Fail fast when the endpoint is down: this many failed attempts in a row, across all requests (no
@@ -173,7 +176,8 @@ class OpenAIChatJudge:
     def __call__(self, conversations: list[Messages]) -> list[str | BaseException]:
         def one(messages):
             try:
-                return self.complete(messages)
+                with self._in_flight:
+                    return self.complete(messages)
             except JudgeError as e:
                 return e
 
