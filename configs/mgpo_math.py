@@ -75,6 +75,9 @@ def get_config(arg=None):
     # Staleness bound k: 0 = the synchronous learner; k >= 1 samples the batch of step s + k with policy version s
     # while step s updates (whole groups, truncated importance weight mgpo.is_cap against the behaviour policy).
     c.rollout.max_staleness = 0
+    # Devices of the sampler's own sub-mesh (the last n; the learner trains on the others, new weights copied
+    # device to device after each update); 0: the sampler shares the learner's devices. One process only.
+    c.rollout.sampler_devices = 0
 
     c.mgpo = ml_collections.ConfigDict()
     c.mgpo.gamma = 1.0  # w(q) = exp(-gamma * D_ME(p || 0.5)); not published; 0 = GRPO

@@ -21,7 +21,8 @@ Only process 0 writes metrics and logs (`is_primary()`); checkpoints are written
 (Orbax), and `barrier(name)` lines processes up around the few filesystem steps that must happen once.
 
 Also the one home of the multi-process helpers every learner and tool shares:
-  - `process_mesh(cfg)`: a mesh over this process's own devices (per-process sampling, evaluation, scoring);
+  - `process_mesh(cfg, devices)`: a mesh over this process's own devices, or some of them (per-process sampling,
+    evaluation, scoring; the RL sampler's sub-mesh);
   - `allgather(x)`: a host value from every process, in process order;
   - `global_batch(host_rows, shardings)`: global arrays whose rows are every process's host rows;
   - `MeshProgram`: a function compiled ahead of time on a mesh (the one place a jitted call enters the mesh);
@@ -185,15 +186,16 @@ def enable_compilation_cache(directory: str | os.PathLike, *, min_compile_time_s
 
 # --- several processes: the mesh of one, gathers, the global batch -----------------------------------------------
 
-def process_mesh(cfg: MeshConfig) -> Mesh:
+def process_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh over this process's own devices (same axis names as the learner's), for work each process does on
-    its own: sampling its share of the rollouts, evaluation, scoring.
+    its own: sampling its share of the rollouts, evaluation, scoring. `devices`: some of them instead of all
+    (the RL sampler's own sub-mesh, rollout.sampler_devices).
 
     The config's shape when it fits this process's devices (an axis of -1 takes all of them, otherwise the first
     data * fsdp * tensor). A shape that does not fit is a mesh spanning several processes (a learner's): then
     every local device, keeping its tensor-parallel width when that divides them (long contexts need the KV
     cache split over heads) and the rest along fsdp (weights sharded, slots split over data x fsdp)."""
-    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    local = sorted(jax.local_devices() if devices is None else devices, key=lambda d: d.id)
     n, sizes = len(local), [cfg.data, cfg.fsdp, cfg.tensor]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise VtError(f"mesh: sizes must be positive with at most one -1, got data={cfg.data} fsdp={cfg.fsdp} "

@@ -207,7 +207,10 @@ def test_local_callable_judge():
 
     r = RubricReward(judge, judge_identity="local")
     res = r([REC, REC, REC], ["good answer", "bad answer", "good answer"])
-    assert [x.score for x in res] == [1.0, 0.0, 1.0] and calls == [3]  # one batched call
+    # One batched call, each distinct (prompt, response, criterion) asked once: the repeat gets the first verdict.
+    assert [x.score for x in res] == [1.0, 0.0, 1.0] and calls == [2]
+    res = r([REC, REC, {**REC, "prompt": "other"}], ["new", "new", "new"])  # the same response to another prompt
+    assert [x.score for x in res] == [0.0] * 3 and calls == [2, 2]
 
 
 def test_local_judge_failures():

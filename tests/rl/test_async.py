@@ -15,7 +15,7 @@ from testutil import REPO
 from vt import VtError
 from vt.checkpoint.params import flat_params, load_model
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
-from vt.rl.learner import Learner, rollout_metrics, train_rl
+from vt.rl.learner import Learner, rollout_metrics, split_devices, train_rl
 from vt.rl.rollouts import Scored
 from vt.sampling.engine import Engine, Sample
 
@@ -81,6 +81,29 @@ def test_buffer_releases_whole_groups_and_drops_stale_ones():
     assert buf.dropped_groups == 1 and len(buf) == 2
     scored, versions = buf.take(2, version=3)
     assert versions.tolist() == [1, 1] and buf.dropped_groups == 1 and len(buf) == 0
+
+
+def test_buffer_waits_for_pending_batches_in_order_and_only_as_far_as_needed():
+    """A batch still being verified (put_pending) counts in len, joins after the batches before it when a take
+    needs its groups, and before the state is written (a checkpoint holds it as if it had been put)."""
+    waited = []
+
+    def pending(name, versions):
+        def result():
+            waited.append(name)
+            return _groups(versions)
+        return result
+
+    buf = RolloutBuffer(max_staleness=2)
+    buf.put(_groups([0]), version=0)
+    buf.put_pending(pending("a", [0, 0]), version=1, groups=2)
+    buf.put_pending(pending("b", [0, 0]), version=2, groups=2)
+    assert len(buf) == 5 and waited == []
+    assert buf.take(1, version=2)[1].tolist() == [0] and waited == []  # enough without waiting
+    assert buf.take(1, version=2)[1].tolist() == [1] and waited == ["a"]  # "b" not waited for
+    assert len(buf) == 3 and buf.pending
+    state = buf.get_state()
+    assert waited == ["a", "b"] and not buf.pending and [g["version"] for g in state["groups"]] == [1, 2, 2]
 
 
 def test_buffer_state_round_trips_exactly_and_names_a_changed_k():
@@ -185,3 +208,11 @@ def test_async_kill_9_then_restart_equals_an_uninterrupted_run(task, straight, t
     assert max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == killed_in - 1
     train_rl(rl_config(task, **{**RESUME, "checkpoint.every": 1, "train.steps": 6}), workdir)
     assert_params_equal(final_params(straight, 6), final_params(workdir, 6))
+
+
+def test_sampler_devices_must_leave_the_learner_some():
+    """rollout.sampler_devices: 0 shares every device; n takes the last n and must leave the learner one (the
+    4 + 4 split itself: tests/scale/test_async_rl_devices.py)."""
+    assert split_devices(0) == (None, None)
+    with pytest.raises(VtError, match=r"rollout.sampler_devices=1: must leave the learner at least one of the 1"):
+        split_devices(1)

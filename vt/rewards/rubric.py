@@ -159,6 +159,9 @@ class OpenAIChatJudge:
         if api_key_env and not os.environ.get(api_key_env):
             raise ValueError(f"judge API key variable {api_key_env!r} is not set")
         self.concurrency, self.timeout_s = concurrency, timeout_s
+        # Requests in flight to the endpoint, over every call at once (an asynchronous RL learner verifies one
+        # batch while the next is decoded: their calls overlap).
+        self._in_flight = threading.BoundedSemaphore(concurrency)
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, backoff_s, max_backoff_s
         self.temperature, self.max_tokens = temperature, max_tokens
         # Fail fast when the endpoint is down: this many failed attempts in a row, across all requests (no
@@ -173,7 +176,8 @@ class OpenAIChatJudge:
     def __call__(self, conversations: list[Messages]) -> list[str | BaseException]:
         def one(messages):
             try:
-                return self.complete(messages)
+                with self._in_flight:
+                    return self.complete(messages)
             except JudgeError as e:
                 return e
 
@@ -296,23 +300,31 @@ class RubricReward(RewardFunction):
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
-        # Flatten (item, criterion) pairs, ask the judge only for the uncached ones, in one batch.
+        # Flatten (item, criterion) pairs, ask the judge only for the uncached ones, in one batch, and each
+        # distinct one once: the samples of an RL group often repeat a response, and a repeat's verdict is the
+        # first one's (what the cache would answer a moment later).
         pairs = [(i, c) for i, (_, crit) in enumerate(references) for c in crit]
         responses = [answer_region(c).strip() for c in completions]
         keys = [self._key(references[i][0], responses[i], c) for i, c in pairs]
         scores: list[int | str | None] = [self.cache.get(k) for k in keys]
-        todo = [j for j, s in enumerate(scores) if s is None]
+        todo: dict[str, list[int]] = {}  # key -> the pairs asking it, first one asked
+        for j, s in enumerate(scores):
+            if s is None:
+                todo.setdefault(keys[j], []).append(j)
         if todo:
-            convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in todo]
+            asked = [js[0] for js in todo.values()]
+            convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in asked]
             replies = self._ask(convs)
-            for j, reply in zip(todo, replies):
+            for js, reply in zip(todo.values(), replies):
                 try:
                     if isinstance(reply, BaseException):
                         raise MalformedJudgement(f"judge failed: {reply}")
-                    scores[j] = parse_score(reply)
-                    self.cache.put(keys[j], scores[j])
+                    score = parse_score(reply)
+                    self.cache.put(keys[js[0]], score)
                 except MalformedJudgement as e:
-                    scores[j] = str(e)
+                    score = str(e)
+                for j in js:
+                    scores[j] = score
         return [self._combine(i, pairs, scores) for i in range(len(references))]
 
     def _ask(self, convs: list[Messages]) -> list:

@@ -2,6 +2,7 @@
 
     buf = RolloutBuffer(k)
     buf.put(scored, version=v)                  # groups sampled by the policy after v updates (RL steps)
+    buf.put_pending(wait, version=v, groups=E)  # a batch still being verified: wait() returns its Scored
     scored, versions = buf.take(E, version=now) # the oldest E groups at most k versions old, or None
 
 A group (the C samples of one prompt with their verdicts) is the unit: MGPO's weight w(q) needs a group's
@@ -14,6 +15,8 @@ their versions and the drop count are saved in each checkpoint (one JSON file pe
 updates on exactly the samples an uninterrupted run would have.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -45,10 +48,23 @@ class RolloutBuffer:
     def __init__(self, max_staleness: int):
         self.k = max_staleness
         self.groups: list[tuple[Scored, int]] = []
+        # Batches still being sampled or verified: (wait for and return its Scored, version, its groups).
+        self.pending: list[tuple[Callable[[], Scored], int, int]] = []
         self.dropped_groups = 0
 
     def __len__(self) -> int:
-        return len(self.groups)
+        """Groups held, those of pending batches included."""
+        return len(self.groups) + sum(n for _, _, n in self.pending)
+
+    def put_pending(self, result: Callable[[], Scored], version: int, groups: int) -> None:
+        """A batch of `groups` groups still being sampled or verified (in the background): `result()` waits for
+        it. It joins the buffer, after the batches put before it, when a take needs its groups or the state is
+        saved (so a checkpoint holds it verified, as if it had been put)."""
+        self.pending.append((result, int(version), int(groups)))
+
+    def _settle(self) -> None:
+        result, version, _ = self.pending.pop(0)
+        self.put(result(), version)
 
     def put(self, scored: Scored, version: int) -> None:
         """Every group of `scored`, tagged with `version`; the step timings stay with the caller (zeroed here,
@@ -68,8 +84,12 @@ class RolloutBuffer:
 
     def take(self, n: int, version: int) -> tuple[Scored, np.ndarray] | None:
         """The oldest `n` whole groups fit for an update at `version` (stale ones dropped first) and their
-        versions [n], removed from the buffer; None (nothing removed but the stale) when fewer than n are left."""
+        versions [n], removed from the buffer; None (nothing removed but the stale) when fewer than n are left.
+        Pending batches are waited for, oldest first, only as far as needed."""
         self.drop_stale(version)
+        while len(self.groups) < n and self.pending:
+            self._settle()
+            self.drop_stale(version)
         if len(self.groups) < n:
             return None
         out, self.groups = self.groups[:n], self.groups[n:]
@@ -77,6 +97,8 @@ class RolloutBuffer:
 
     # --- the checkpoint's data-iterator protocol (vt.checkpoint.manager.DataStateHandler) -------------------------
     def get_state(self) -> dict:
+        while self.pending:
+            self._settle()
         return {"max_staleness": self.k, "dropped_groups": self.dropped_groups,
                 "groups": [_group_state(g, v) for g, v in self.groups]}
 
@@ -85,6 +107,7 @@ class RolloutBuffer:
             raise VtError(f"config rollout.max_staleness={self.k}: the checkpoint's rollout buffer was written with "
                           f"max_staleness={state.get('max_staleness')}; resume with that value or a new --workdir")
         self.groups = [_group_from_state(g) for g in state["groups"]]
+        self.pending = []
         self.dropped_groups = int(state["dropped_groups"])
 
     def start_prefetch(self) -> None:

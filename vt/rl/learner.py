@@ -26,6 +26,11 @@ generated them (vt.rl.buffer: whole groups, stale ones dropped and counted, the 
 checkpoint) and their behaviour log-probs; the update's truncated importance weight min(pi_old / pi_behaviour,
 mgpo.is_cap) corrects for the lag. The schedule is a function of the step: resume stays exact.
 
+The sampler's own devices (rollout.sampler_devices = n, one process): the engine decodes on a sub-mesh of the
+last n devices, the learner trains on the others; after each update the new weights are copied device to
+device onto the engine's shardings (with k >= 1 as soon as the update is done, while the sampler still decodes
+the batch ahead). The same schedule and values as the shared devices: only where the arrays live differs.
+
 Several processes (hosts): each samples, verifies and scores its own E/P prompts on its own devices and feeds
 its rows into the global batch (vt.rl.hosts); metrics are gathered from all and written by process 0. Without
 dynamic sampling the step's prompts and samples are those of one process (same seeds per prompt and sample).
@@ -46,7 +51,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Callable
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +67,7 @@ from vt.distributed import allgather, global_batch, process_mesh
 from vt.model.lora import base_config, merged_params
 from vt.rewards.registry import make_reward
 from vt.rewards.shaping import long2short
+from vt.rewards.streaming import busy_seconds
 from vt.rl import objectives as obj
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
 from vt.rl.hosts import LocalReplicas, process_slice
@@ -110,6 +116,12 @@ class Rollout:
     # samples up to k policy versions old, corrected by mgpo.is_cap's truncated importance weight (vt.rl.buffer).
     # 0: on-policy, every rollout sampled by the weights it updates (the synchronous learner).
     max_staleness: Annotated[int, Range(ge=0, le=16)] = 0
+    # n > 0: the sampler decodes on its own sub-mesh of the last n devices (shaped as vt.distributed.process_mesh
+    # shapes `mesh` on them) and the learner trains on the others (`mesh` over those); after each update the new
+    # weights are copied device to device into the sampler's shardings (with k >= 1 while it decodes the next
+    # batch). 0: the sampler shares the learner's devices and mesh. One process only (on several, each process
+    # samples on its own devices already: vt.rl.hosts).
+    sampler_devices: Annotated[int, NON_NEGATIVE] = 0
 
     def __post_init__(self):
         check_fields(self)
@@ -226,10 +238,20 @@ class Learner:
         if self.model_cfg.lora_dropout:
             raise VtError(f"config model.lora_dropout={self.model_cfg.lora_dropout}: the RL learner applies no "
                           "LoRA dropout (its log-probs must be the policy's that sampled); set it to 0")
-        self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches)
+        learner_devices, sampler_devices = split_devices(cfg.rollout.sampler_devices)
+        try:
+            self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches,
+                                   devices=learner_devices)
+        except VtError as e:
+            if learner_devices is None:
+                raise
+            raise VtError(f"{e} (config rollout.sampler_devices={cfg.rollout.sampler_devices} leaves the learner "
+                          f"{len(learner_devices)})") from None
         self.mesh, self.md = s.mesh, s.md
-        # One process: the sampler shares the learner's mesh. Several: each samples on its own devices.
-        self.sampler_mesh = s.mesh if jax.process_count() == 1 else process_mesh(cfg.mesh)
+        # One process: the sampler shares the learner's mesh, or has its own devices (rollout.sampler_devices).
+        # Several: each samples on its own devices.
+        self.sampler_mesh = (s.mesh if jax.process_count() == 1 and sampler_devices is None
+                             else process_mesh(cfg.mesh, sampler_devices))
         self.replicas = None if jax.process_count() == 1 else LocalReplicas(self.sampler_mesh)
         self._sampler_sh = None
         m, temperature = cfg.mgpo, cfg.rollout.sampler.temperature
@@ -245,39 +267,51 @@ class Learner:
         self.sampler_md = ModelDef(base_config(self.model_cfg)) if self.model_cfg.lora_rank else self.md
         self._merge = jax.jit(lambda p: merged_params(p, self.model_cfg))
 
+    @property
+    def own_sampler_devices(self) -> bool:
+        """The sampler decodes on devices the learner does not train on (rollout.sampler_devices)."""
+        return self.cfg.rollout.sampler_devices > 0
+
     def sampler_weights(self, params):
-        """The learner's params as the sampler's nnx.State: the same arrays on one process, a full local copy
-        per process on several (a collective: every process calls this at the same point)."""
+        """The learner's params as the sampler's nnx.State: the same arrays on one process; a device-to-device
+        copy laid out as the sampler's sub-mesh wants (its shardings) with rollout.sampler_devices; a full local
+        copy per process on several (a collective: every process calls this at the same point). Dispatched,
+        not waited for. With LoRA, the adapters merged into the base weights first."""
         if self.model_cfg.lora_rank:
             params = self._merge(params)
         state = nnx.state(self.sampler_md.bind(params))
-        if self.replicas is None:
+        if self.replicas is None and not self.own_sampler_devices:
             return state
         if self._sampler_sh is None:
             self._sampler_sh = state_shardings(state, self.sampler_mesh)
+        if self.replicas is None:
+            return jax.device_put(state, self._sampler_sh)
         return self.replicas(state, self._sampler_sh)
 
-    def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0) -> Scored:
+    def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0,
+                on_decoded=None) -> Scored:
         seed = int(np.random.default_rng([self.cfg.rollout.sampler.seed, seed_offset, step]).integers(2**31))
         return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
                                  domain=self.cfg.data.domain, first_request=first_request,
-                                 stream=self.cfg.rollout.stream_rewards)
+                                 stream=self.cfg.rollout.stream_rewards, on_decoded=on_decoded)
 
-    def rollout_batch(self, step: int) -> Scored:
+    def rollout_batch(self, step: int, on_decoded=None) -> Scored:
         """This process's groups of step `step` (all E on one process, E/P each on P). With dynamic sampling,
         groups whose rewards are all equal (no signal) are replaced by groups of extra prompts, drawn from a
         second deterministic stream keyed by (step, round, process), so a resumed run draws the same ones; if
         the rounds run out the batch is topped up with zero-variance groups (advantage 0), keeping the
-        learner's shapes fixed."""
+        learner's shapes fixed. on_decoded(): called once the engine is no longer needed (the last decoding
+        done; the verdicts may still be coming)."""
         cfg = self.cfg
         E, C, rounds = cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.mgpo.dynamic_sampling_rounds
         mine = process_slice(E, "rollout.prompts_per_step")
         n, E = len(self.records), mine.stop - mine.start
         idx = prompts_for_step(n, step, cfg.rollout.prompts_per_step, cfg.data.seed)[mine]
-        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start)
         if rounds <= 0:
-            return scored
+            return self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start,
+                                on_decoded=on_decoded)
+        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start)
         keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
             np.flatnonzero(~scored.informative()))]
         for r in range(rounds):
@@ -289,6 +323,8 @@ class Learner:
             extra = self.rollout([self.records[i] for i in idx], step, C, seed_offset=2 + r, first_request=mine.start)
             keep.append(extra.select(np.flatnonzero(extra.informative())))
             spare.append(extra.select(np.flatnonzero(~extra.informative())))
+        if on_decoded is not None:
+            on_decoded()
         out = Scored.concat(keep + spare)
         return out.select(range(E))
 
@@ -392,68 +428,107 @@ class Learner:
     def sampler_copy(self, params):
         """The params the sampler is given. Synchronous: the learner's own arrays (the update that donates them
         runs after the sampling that reads them). Asynchronous: a copy, which the sampler decodes with while
-        the update consumes (donates) the learner's."""
-        return jax.tree.map(jnp.copy, params) if self.cfg.rollout.max_staleness else params
+        the update consumes (donates) the learner's; with the sampler's own devices the move onto them
+        (sampler_weights) is that copy already."""
+        if self.cfg.rollout.max_staleness and not self.own_sampler_devices:
+            return jax.tree.map(jnp.copy, params)
+        return params
 
     def async_step_fn(self, buffer: RolloutBuffer):
         """The step of rollout.max_staleness = k >= 1. Step s (the learner at version s, i.e. after s steps):
+            start sampling and verifying the batch of step s + k with the sampler's copy of version s, on a
+            thread of its own (decoding on the device, verification on the host);
             take the batch of step s from the buffer (sampled at version s - k or, the first k steps of a fresh
-            run, at version 0);
-            dispatch its updates (not waited for);
-            sample and verify the batch of step s + k with the sampler's copy of version s, on the host while
-            the device computes (and decodes between the update's programs);
-            wait for the update, give the sampler a copy of version s + 1.
+            run, at version 0), waiting for its verdicts if they are still coming in;
+            dispatch its updates (not waited for), which the device runs between the decode calls;
+            wait for the update and for the decoding of batch s + k (not its verification, which goes on beside
+            the next step's decoding), give the sampler a copy of version s + 1.
         So no update uses a sample more than k versions old (the buffer checks and drops older groups), and the
         schedule (which version samples which step's prompts, with which seeds) is a function of the step
         alone: a run resumed from a checkpoint (which holds the buffer's groups and versions) continues as an
         uninterrupted one. Beside the synchronous step's metrics: staleness/<age> (samples of the update by age
         0..k), staleness_max, sample_version_min, dropped_groups (all so far), time_learner_idle_s and
         time_sampler_idle_s (the step's wall time outside the update's dispatch-to-done span, and outside
-        sampling + verification)."""
+        the spans in which some batch is being sampled or verified); time_rollout_s is the latter's busy time."""
         cfg = self.cfg
         k, E, C = cfg.rollout.max_staleness, cfg.rollout.prompts_per_step, cfg.rollout.group_size
         mine = process_slice(E, "rollout.prompts_per_step")
         E_mine = mine.stop - mine.start  # this process's groups per step
 
+        spans: list[list[float]] = []  # [start, end or inf] of every batch's sampling + verification
+        unreported: list[Scored] = []  # batches verified since the last metrics line (for their TIMES)
+
         def sample(step: int, version: int) -> Scored:
+            spans.append([time.perf_counter(), math.inf])
             scored = self.rollout_batch(step)
+            spans[-1][1] = time.perf_counter()
             buffer.put(scored, version)
+            unreported.append(scored)
             return scored
+
+        def sample_ahead(step: int, version: int) -> _Ahead:
+            span = [time.perf_counter(), math.inf]
+            spans.append(span)
+
+            def job(decoded):
+                try:
+                    scored = self.rollout_batch(step, on_decoded=decoded)
+                    unreported.append(scored)
+                    return scored
+                finally:
+                    span[1] = time.perf_counter()
+            ahead = _Ahead(job)
+            buffer.put_pending(ahead.result, version, E_mine)
+            return ahead
 
         def step_fn(state, step):
             t0, sampled0 = time.perf_counter(), self.engine.stats.tokens
             # A fresh run (or one resumed without the batches of its next steps) samples what is missing now,
             # with the current weights: the first k steps' batches, at version `step`.
-            sampled = [sample(j, step) for j in range(step + len(buffer) // E_mine, step + k)]
+            for j in range(step + len(buffer) // E_mine, step + k):
+                sample(j, step)
+            # The batch of step s + k, sampled by version s (the engine's weights now) in the background: its
+            # decoding overlaps the verification of the batches before it (below, the take waits for step s's),
+            # the update, and host work; its own verification may go on into the next step (a checkpoint waits
+            # for it: RolloutBuffer.get_state). Also at the run's last steps (k batches unused unless the run is
+            # continued), so that the checkpoint holds what a longer run (train.steps raised, then resumed)
+            # would have used; a resume stays exact.
+            ahead = sample_ahead(step + k, step)
             taken = buffer.take(E_mine, step)
             if taken is None:  # groups were dropped as stale: sample the step's batch now, on-policy
-                sampled.append(sample(step, step))
+                ahead.wait_decoded()  # one decoding at a time
+                sample(step, step)
                 taken = buffer.take(E_mine, step)
             used, versions = taken
             t1 = time.perf_counter()
             pending = self.dispatch_update(state, used)
-            t_dispatched = time.perf_counter()
             crash_test_point("rl-update-in-flight", step + 1)  # crash tests: the update dispatched, sampling ahead
-            done_at = []
-            waiter = threading.Thread(target=lambda: done_at.append(
-                (jax.block_until_ready(pending[0].params), time.perf_counter())[1]), daemon=True)
+            done_at, copied = [], []
+
+            def wait_for_update():
+                jax.block_until_ready(pending[0].params)
+                done_at.append(time.perf_counter())
+                if self.own_sampler_devices:  # the copy onto the sampler's devices runs while it still decodes
+                    copied.append(jax.block_until_ready(self.sampler_weights(pending[0].params)))
+            waiter = threading.Thread(target=wait_for_update, daemon=True)
             waiter.start()
-            # The batch of step s + k, sampled by version s while the update runs: also at the run's last steps
-            # (k batches of rollouts unused unless the run is continued), so that the checkpoint holds what a
-            # longer run (train.steps raised, then resumed) would have used; a resume stays exact.
-            sampled.append(sample(step + k, step))
-            t2 = time.perf_counter()
+            ahead.wait_decoded()  # the engine takes new weights only between batches
             crash_test_point("rl-sampled-ahead", step + 1)  # crash tests: the next batch sampled, not yet saved
             waiter.join()
             state, metrics = self.finish_update(*pending)
             if metrics["finite"]:
-                self.engine.update_weights(self.sampler_weights(self.sampler_copy(state.params)))
+                self.engine.update_weights(copied[0] if copied else
+                                           self.sampler_weights(self.sampler_copy(state.params)))
             t3 = time.perf_counter()
-            fresh = Scored.concat(sampled) if sampled else None
+            done = unreported[:]  # the batch ahead's thread may append to it meanwhile
+            del unreported[:len(done)]
+            fresh = Scored.concat(done) if done else None
             times = {t: (getattr(fresh, t) if fresh is not None else 0.0) for t in TIMES}
             metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, times["time_sample_s"],
                                            done_at[0] - t1))
-            busy_sampling = (t1 - t0) + (t2 - t_dispatched)
+            # The sampler is busy while some batch is being sampled or verified (clipped to this step).
+            busy_sampling = busy_seconds([(max(a, t0), min(b, t3)) for a, b in spans])
+            spans[:] = [x for x in spans if x[1] > t3]
             metrics.update(rollout_metrics(used, sorted(self.rewards)), time_rollout_s=busy_sampling,
                            time_train_s=done_at[0] - t1, **times, prompts_dropped=self.dropped,
                            time_learner_idle_s=(t3 - t0) - (done_at[0] - t1),
@@ -469,6 +544,52 @@ class Learner:
         """The frozen KL reference: the starting checkpoint (a random-init run: its params when (re)started)."""
         return initial_params(self.cfg.model, self.model_cfg, self.mesh) if self.cfg.model.init_checkpoint \
             else state.params
+
+
+class _Ahead:
+    """A batch sampled and verified on a thread of its own: `job(decoded)` returns its Scored and calls decoded()
+    once it no longer needs the engine."""
+
+    def __init__(self, job: Callable[[Callable[[], None]], Scored]):
+        self._decoded = threading.Event()
+        self._out: list = []
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True, name="vt-sample-ahead")
+        self._thread.start()
+
+    def _run(self, job) -> None:
+        try:
+            self._out.append(job(self._decoded.set))
+        except BaseException as e:  # noqa: BLE001 - raised where the batch is waited for
+            self._error.append(e)
+        finally:
+            self._decoded.set()
+
+    def wait_decoded(self) -> None:
+        self._decoded.wait()
+        if self._error:
+            self._thread.join()
+            raise self._error[0]
+
+    def result(self) -> Scored:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._out[0]
+
+
+def split_devices(sampler_devices: int) -> tuple[list | None, list | None]:
+    """(the learner's devices, the sampler's): all and None (shared) for 0, else the first and the last n."""
+    if not sampler_devices:
+        return None, None
+    devices = jax.devices()
+    if jax.process_count() > 1:
+        raise VtError(f"config rollout.sampler_devices={sampler_devices}: one process only (on {jax.process_count()} "
+                      "processes each samples on its own devices already); set it to 0")
+    if sampler_devices >= len(devices):
+        raise VtError(f"config rollout.sampler_devices={sampler_devices}: must leave the learner at least one of the "
+                      f"{len(devices)} devices")
+    return devices[:-sampler_devices], devices[-sampler_devices:]
 
 
 def step_advantages(s: Scored, m: MgpoSection) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -99,13 +99,16 @@ def _naming(record: Record, domain: str):
 
 def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
                       *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "",
-                      first_request: int = 0, stream: bool = True) -> Scored:
+                      first_request: int = 0, stream: bool = True,
+                      on_decoded: Callable[[], None] | None = None) -> Scored:
     """first_request: the index of records[0] among the step's prompts (a process's share samples with the seeds
     the whole batch would use; see Engine.generate).
 
     stream: verify each sample as soon as the engine finishes it, beside decoding (vt.rewards.streaming), for the
     domains whose reward streams; the others, and every domain with stream=False, are scored after decoding.
-    Either way a domain's verdicts are those of its reward on the batch of its records' samples, in order (q, g)."""
+    Either way a domain's verdicts are those of its reward on the batch of its records' samples, in order (q, g).
+
+    on_decoded() is called once decoding ends, before the wait for the verdicts (the engine is free again)."""
     prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
     E, C = len(records), group_size
     domains = [domain or r.domain for r in records]
@@ -134,6 +137,8 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
         samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
                                   first_request=first_request, on_finished=on_finished if scorers else None)
         t1 = time.perf_counter()
+        if on_decoded is not None:
+            on_decoded()
         for d in sorted(rows):
             with _naming(records[rows[d][0]], d):
                 if d in scorers:

@@ -20,7 +20,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator
+from typing import Annotated, Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -175,18 +175,19 @@ class Setup:
     train.compilation_cache): the mesh, the model, the optimiser over `total_updates` updates, the state's
     shardings and abstract state, the checkpoint manager and the peak FLOPs for MFU."""
 
-    def __init__(self, cfg, workdir: Path, model_cfg: ModelConfig, total_updates: int):
+    def __init__(self, cfg, workdir: Path, model_cfg: ModelConfig, total_updates: int,
+                 devices: Sequence[jax.Device] | None = None):
         if cfg.train.compilation_cache:
             enable_compilation_cache(cfg.train.compilation_cache)
         self.cfg, self.workdir, self.model_cfg = cfg, workdir, model_cfg
-        self.mesh = make_mesh(cfg.mesh)
+        self.mesh = make_mesh(cfg.mesh, devices)  # devices: the learner's (None: all)
         self.md = ModelDef(model_cfg)
         self.optimizer, self.schedule = make_optimizer(cfg.optim, total_updates)
         self.sh = train_state_shardings(self.md, self.optimizer, self.mesh)
         self.abstract = abstract_train_state(self.md, self.optimizer, self.sh)
         self.ckpt = CheckpointManager(workdir / CHECKPOINTS_DIR, cfg.checkpoint, model_cfg)
         peak = peak_flops_per_device(cfg.train.peak_flops)
-        self.peak_total = peak * jax.device_count() if peak else None  # all devices, for MFU; None: unknown
+        self.peak_total = peak * self.mesh.devices.size if peak else None  # the mesh's devices, for MFU; None: unknown
 
     def initial_state(self, data_iterator=None, updates_per_step: int = 1) -> tuple[TrainState, int]:
         """(state, learner steps done): the newest sealed checkpoint (the data iterator's position restored in
