@@ -31,7 +31,7 @@ def get_config(arg=None):
     c.model.param_dtype = "float32"  # fp32 master weights: updates of lr 1e-6 vanish in bf16
     c.model.dtype = "bfloat16"  # compute dtype of the learner and the sampler
     c.model.remat_policy = "full"  # long responses: recompute layers in the backward pass
-    c.model.attention_impl = "jax"  # jax.nn.dot_product_attention (cuDNN flash on NVIDIA GPUs with "cudnn")
+    c.model.attention_impl = "jax"  # jax.nn.dot_product_attention (cuDNN flash on NVIDIA GPUs with bf16)
     c.model.loss_chunk = 512  # positions per log-prob chunk: live fp32 logits are rows x 512 x vocab, not x seq_len
     c.model.seed = 0  # random init only when init_checkpoint is empty
 
