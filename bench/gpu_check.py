@@ -347,7 +347,7 @@ def parse(argv=None):
     ap.add_argument("--batch", type=int, default=8, help="SFT rows per step")
     ap.add_argument("--accum", type=int, default=2, help="SFT micro-batches per step")
     ap.add_argument("--remat", default="full")
-    ap.add_argument("--attention", default="cudnn", help="xla | jax | cudnn | splash | auto (SFT and RL checks)")
+    ap.add_argument("--attention", default="jax", help="xla | jax | splash | auto (SFT and RL checks)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps after the first (median reported)")
     ap.add_argument("--sampler-batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=128)

@@ -9,8 +9,8 @@
 measures, instead of tokens/s, the bytes XLA's cost analysis says one compiled decode step of qwen2.5-coder-3b
 accesses (abstract shapes, nothing allocated; batch 256, every slot at context 2048, pages of 16) against the
 ideal: the weights plus the live KV read once. The cost analysis counts a loop body once, so the measured step
-is the engine's own `vt.sampling.steps.decode_step` with its page-block loop unrolled (PagedKVCache.
-static_blocks); its layers are unrolled already. `--json FILE` writes the numbers:
+is the engine's own `vt.sampling.steps.decode_step` over the cache's cost-analysis form
+(vt.model.kv_pages.CostAnalysisKVCache: page blocks and layers unrolled, per-slot writes). `--json FILE` writes the numbers:
 {"roofline": {"bytes_accessed", "ideal_bytes", "ratio", ...}} or {"throughput": {...}}.
 
 Workload (RL-shaped): `--prompts` random prompts of 16..64 tokens, `--n` samples each at temperature 1.0 (no
@@ -109,7 +109,7 @@ def roofline(args) -> dict:
 
     from vt.model.config import param_count, preset
     from vt.model.qwen2 import abstract_model
-    from vt.model.paged import PAGES_PER_BLOCK, PagedKVCache
+    from vt.model.kv_pages import CostAnalysisKVCache
     from vt.sampling import steps
     from vt.sampling.rules import SamplingParams
     B, ctx, Z = 256, 2048, 16
@@ -119,7 +119,7 @@ def roofline(args) -> dict:
     n_pages = B * M + 1
     SDS = jax.ShapeDtypeStruct
     pool = SDS((mc.num_layers, mc.num_kv_heads, n_pages, Z, mc.head_dim), jnp.dtype(mc.dtype))
-    cache = PagedKVCache(k=pool, v=pool, page_table=SDS((B, M), jnp.int32), static_blocks=M // PAGES_PER_BLOCK)
+    cache = CostAnalysisKVCache(k=pool, v=pool, page_table=SDS((B, M), jnp.int32))
     i32, b1 = SDS((B,), jnp.int32), SDS((B,), jnp.bool_)
     slots = steps.Slots(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
                         key=SDS((B, 2), jnp.uint32))

@@ -21,7 +21,9 @@ import pytest
 from testutil import run_multidevice
 from vt import VtError
 from vt.model.config import preset
-from vt.model.qwen2 import _xla_attention, create_model, resolve_attention_impl
+from vt.model.attention import dense_attention as _xla_attention
+from vt.model.attention import resolve
+from vt.model.qwen2 import create_model
 from vt.model.splash import block_size, splash_attention
 
 FP32_ATOL = 1e-5
@@ -129,13 +131,14 @@ def test_tiny_model_splash_matches_xla_logits_and_param_grads():
 
 
 def test_splash_model_decodes_with_kv_cache_through_xla():
-    """With a KV cache the splash setting takes the XLA path: prefill + decode equal a full splash forward."""
-    from vt.model.qwen2 import KVCache
+    """Attention over KV pages is the cache's own (XLA) whatever the setting: a chunk then decode steps through a
+    fixed page table equal a full splash forward."""
+    from vt.model.kv_pages import PagedKVCache
     model = _tiny("splash")
     seq = jnp.asarray(np.random.RandomState(4).randint(0, 512, (2, 10)), jnp.int32)
     full = np.asarray(jax.jit(lambda m, t: m(t)[0])(model, seq))
     atol = FP32_ATOL * np.abs(full).max()  # relative to the logit scale, as in the test above
-    cache = KVCache.zeros(model.cfg, batch=2, length=16)
+    cache = PagedKVCache.for_rows(model.cfg, batch=2, length=16, page_size=4)
     logits, cache = model(seq[:, :6], cache=cache)
     np.testing.assert_allclose(np.asarray(logits), full[:, :6], atol=atol, rtol=0)
     for t in range(6, 10):
@@ -146,16 +149,16 @@ def test_splash_model_decodes_with_kv_cache_through_xla():
 def test_auto_resolves_to_xla_on_cpu():
     assert jax.default_backend() == "cpu"
     for dtype in (jnp.float32, jnp.bfloat16):
-        assert resolve_attention_impl("auto", dtype, cached=False) == "xla"
-        assert resolve_attention_impl("auto", dtype, cached=True) == "xla"
-    assert resolve_attention_impl("splash", jnp.float32, cached=False) == "splash"
-    assert resolve_attention_impl("splash", jnp.float32, cached=True) == "xla"
-    assert resolve_attention_impl("cudnn", jnp.bfloat16, cached=True) == "cudnn"
+        assert resolve("auto", dtype) == "xla"
+        assert resolve("jax", dtype) == "jax"  # cuDNN only on NVIDIA GPUs
+    assert resolve("splash", jnp.float32) == "splash"
+    assert _tiny("auto").layers.attn.impl == "xla"  # resolved once, when the model is built
     tokens, pos, seg = _packed_batch(T=24)
     np.testing.assert_array_equal(np.asarray(_tiny("auto")(tokens, pos, seg)[0]),
                                   np.asarray(_tiny("xla")(tokens, pos, seg)[0]))
-    with pytest.raises(VtError, match="attention_impl"):
-        preset("tiny", attention_impl="flash")
+    for gone in ("flash", "cudnn"):  # "cudnn" is what "jax" runs as on NVIDIA GPUs
+        with pytest.raises(VtError, match="attention_impl"):
+            preset("tiny", attention_impl=gone)
 
 
 def test_splash_under_mesh_runs_per_shard():
@@ -167,7 +170,8 @@ def test_splash_under_mesh_runs_per_shard():
     out = run_multidevice(f"""
         import jax, jax.numpy as jnp, numpy as np
         from vt.model.config import preset
-        from vt.model.qwen2 import _xla_attention, create_model
+        from vt.model.attention import dense_attention as _xla_attention
+        from vt.model.qwen2 import create_model
         from vt.model.splash import splash_attention
         from vt.sharding import MeshConfig, make_mesh, use_mesh
         assert len(jax.devices()) == 8

@@ -1,4 +1,4 @@
-"""Blocked self-attention (vt.model.blocked_attention) against the dense reference `_xla_attention` and against
+"""Blocked self-attention (vt.model.blocked_attention) against the dense reference `dense_attention` and against
 transformers.
 
 Tolerances (max-abs difference), stated once: float32 outputs and gradients 1e-5 (the parity tolerance of
@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import vt.model.qwen2 as qwen2
+import vt.model.attention as attention
 from testutil import run_multidevice
 from vt.checkpoint.params import load_model
 from vt.model.blocked_attention import blocked_attention
-from vt.model.qwen2 import _xla_attention
+from vt.model.attention import dense_attention as _xla_attention
 
 FP32_TOL = 1e-5
 
@@ -83,14 +83,14 @@ def test_model_uses_blocks_on_long_rows_and_matches_transformers(hf_dir, vt_ckpt
     rng = np.random.RandomState(0)
     lengths = [150, 131, 64, 1]
     T = max(lengths)
-    assert T >= 2 * qwen2.ATTENTION_BLOCK
+    assert T >= 2 * attention.ATTENTION_BLOCK
     mask = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
     tokens = np.where(mask, rng.randint(0, hf_model.config.vocab_size, (len(lengths), T)), 0)
     with torch.no_grad():
         ref = hf_model(torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64))).logits.numpy()
     calls = []
-    real = qwen2.blocked_attention
-    monkeypatch.setattr(qwen2, "blocked_attention", lambda *a: calls.append(1) or real(*a))
+    real = attention.blocked_attention
+    monkeypatch.setattr(attention, "blocked_attention", lambda *a: calls.append(1) or real(*a))
     ours, _ = model(jnp.asarray(tokens, jnp.int32), segment_ids_BT=jnp.asarray(mask, jnp.int32))
     assert calls, "the long rows did not go through blocked attention"
     assert np.abs(np.asarray(ours) - ref)[mask].max() < FP32_TOL
@@ -101,7 +101,7 @@ def test_model_uses_blocks_on_long_rows_and_matches_transformers(hf_dir, vt_ckpt
     packed = rng.randint(0, 300, seg.shape)
     args = (jnp.asarray(packed), jnp.asarray(pos), jnp.asarray(seg))
     blocked, _ = model(*args)
-    monkeypatch.setattr(qwen2, "ATTENTION_BLOCK", 10 ** 6)
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK", 10 ** 6)
     dense, _ = model(*args)
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), atol=FP32_TOL, rtol=0)
 
@@ -112,7 +112,7 @@ def test_sharded_model_gradients_equal_dense(vt_ckpt):
     out = run_multidevice(f"""
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
-        import vt.model.qwen2 as qwen2
+        import vt.model.attention as attention
         from vt.checkpoint.params import load_model
         from vt.sharding import MeshConfig, make_mesh, use_mesh
         mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
@@ -130,7 +130,7 @@ def test_sharded_model_gradients_equal_dense(vt_ckpt):
 
         with use_mesh(mesh):
             sharded = grads(load_model("{vt_ckpt}", mesh=mesh))
-        qwen2.ATTENTION_BLOCK = 10 ** 6
+        attention.ATTENTION_BLOCK = 10 ** 6
         dense = grads(load_model("{vt_ckpt}"))
         worst = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
                     for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(dense)))

@@ -80,12 +80,12 @@ def test_attention_implementations_agree(vt_ckpt, impl):
 
 def test_kv_cache_decode_matches_full_forward(vt_ckpt):
     """Prefill then one-token decode steps give the logits of a full forward over the prefix."""
-    from vt.model.qwen2 import KVCache
+    from vt.model.kv_pages import PagedKVCache
     model = load_model(vt_ckpt)
     rng = np.random.RandomState(4)
     seq = rng.randint(0, 300, (2, 12))
     full, _ = model(jnp.asarray(seq))
-    cache = KVCache.zeros(model.cfg, batch=2, length=16)
+    cache = PagedKVCache.for_rows(model.cfg, batch=2, length=16, page_size=4)
     logits, cache = model(jnp.asarray(seq[:, :6]), cache=cache)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(full[:, :6]), atol=FP32_TOL, rtol=0)
     for t in range(6, 12):

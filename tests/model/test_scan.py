@@ -14,7 +14,7 @@ import numpy as np
 from flax import nnx
 
 from vt.model.config import preset
-from vt.model.paged import PagedKVCache
+from vt.model.kv_pages import PagedKVCache
 from vt.model.qwen2 import DecoderLayer, abstract_model, create_model, init_fn
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams

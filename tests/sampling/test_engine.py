@@ -54,7 +54,7 @@ def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model)
     """Prefill (right-padded, different lengths, written into shuffled pages of 4 tokens) and each decode step
     give the logits of a full forward pass over the whole prefix, through the engine's own prefill/insert
     path; prompt 0 is shared by two slots (its full pages shared, its partly filled last page copied)."""
-    from vt.model.paged import PagedKVCache
+    from vt.model.kv_pages import PagedKVCache
     model = tiny if which == "tied" else sampling_model
     cfg = model.cfg
     graphdef, state = nnx.split(model)
@@ -86,9 +86,10 @@ def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model)
         slot_pages[b, k:k + 4] = extra
     slot_pages[4, 2] = copy_dst
     insert = jax.jit(functools.partial(steps.insert, params=SamplingParams(temperature=0.0), stop_ids=()))
-    cache, slots, _, _ = insert(cache, steps.Slots.zeros(B), logits, jnp.asarray(src), jnp.asarray(dst),
-                                jnp.asarray(lens[src]), jnp.full(5, 100), jnp.zeros((5, 2), jnp.int32),
-                                jax.random.PRNGKey(0), jnp.asarray([table[0, 2]]), jnp.asarray([copy_dst]))
+    admission = steps.Admission(src=jnp.asarray(src), dst=jnp.asarray(dst), lens=jnp.asarray(lens[src]),
+                                max_new=jnp.full(5, 100), ids=jnp.zeros((5, 2), jnp.int32),
+                                copy_src=jnp.asarray([table[0, 2]]), copy_dst=jnp.asarray([copy_dst]))
+    cache, slots, _, _ = insert(cache, steps.Slots.zeros(B), logits, admission, jax.random.PRNGKey(0))
     cache = PagedKVCache(k=cache.k, v=cache.v, page_table=jnp.asarray(slot_pages))
     seqs = [list(prompts[p]) + [int(np.argmax(logits[p]))] for p in src[:4]]
     step_logits = []
@@ -283,27 +284,11 @@ def test_context_limit_and_bad_requests(tiny):
         Engine(tiny, SamplerConfig(stop_strings=("x",)))
 
 
-@pytest.mark.parametrize("B,T,N,K,H,S,block", [(3, 1, 6, 2, 16, 128, 16), (2, 5, 4, 4, 8, 64, 16),
-                                               (4, 1, 8, 2, 32, 96, 32)])
-def test_blocked_cache_attention_equals_full(B, T, N, K, H, S, block):
-    """Decode attention reads only the cache blocks up to the batch's largest position (online softmax across
-    blocks); it must equal attention over the whole cache. fp32, tolerance 1e-6 absolute (seen <= 2.4e-7)."""
-    from vt.model.qwen2 import _cached_attention, _xla_attention
-    rng = np.random.default_rng(S + T)
-    q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for shape in ((B, T, N, H), (B, S, K, H), (B, S, K, H)))
-    start = rng.integers(0, S - T, size=B)
-    start[0] = block - 1  # a row whose queries straddle a block boundary
-    pos = jnp.asarray(start[:, None] + np.arange(T)[None], jnp.int32)
-    full = _xla_attention(q, k, v, jnp.arange(S)[None, None, :] <= pos[:, :, None], H ** -0.5)
-    blocked = jax.jit(_cached_attention, static_argnums=(4, 5))(q, k, v, pos, H ** -0.5, block)
-    np.testing.assert_allclose(np.asarray(blocked), np.asarray(full), atol=1e-6, rtol=0)
-
-
 def test_long_cache_greedy_matches_full_forward(tiny):
-    """max_new_tokens 1100 fills 70 pages of 16 tokens, which decode attends to block by block (vt.model.paged.
+    """max_new_tokens 1100 fills 70 pages of 16 tokens, which decode attends to block by block (vt.model.kv_pages.
     PAGES_PER_BLOCK pages per block, an online softmax across blocks): every greedy token must be the full forward pass's argmax at its position, up to 1e-4 in
     logit (near-ties over 3 x 1100 positions may resolve either way under fp32 reassociation)."""
-    from vt.model.paged import PAGES_PER_BLOCK
+    from vt.model.kv_pages import PAGES_PER_BLOCK
     prompts = _prompts(3, tiny.cfg.vocab_size, seed=6)
     new = 1100
     S = bucket(max(len(p) for p in prompts) + new, 16, half_octaves=True)

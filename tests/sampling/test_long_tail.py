@@ -6,7 +6,7 @@ from vt.buckets import bucket
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.sampling.engine import Engine, Request, SamplerConfig
-from vt.sampling.pages import pages_for
+from vt.sampling.page_table import pages_for
 
 
 def test_long_tail_finishes_in_few_pages():

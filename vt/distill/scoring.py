@@ -4,11 +4,12 @@
 
 One jitted forward per batch of (prompt ids, completion ids) pairs, rows sorted by length and padded to a
 power-of-two bucket so a whole data set compiles a handful of programs. With ``chunk_tokens`` > 0 the
-sequence goes through the model in chunks of that many tokens with a KV cache, so the activations held at
-once are those of a chunk. Either way the log-probs come from the hidden states in sequence chunks
-(vt.train.losses.token_logps), never as float32 [B, T, V] logits (at T = 32K and V = 152K a single row's
-would be 20 GB). With a mesh, rows are split over the mesh's data x fsdp axes (the model's own sharding does the
-rest); the batch size must divide by that product.
+sequence goes through the model in chunks of that many tokens with a KV cache (pages of `SCORING_PAGE`
+tokens, each row owning a fixed run of them), so the activations held at once are those of a chunk. Either way
+the log-probs come from the hidden states in sequence chunks (vt.train.losses.token_logps), never as float32
+[B, T, V] logits (at T = 32K and V = 152K a single row's would be 20 GB). With a mesh, rows are split over the
+mesh's data x fsdp axes (the model's own sharding does the rest; the KV pages are split over kv heads only);
+the batch size must divide by that product.
 """
 from __future__ import annotations
 
@@ -25,10 +26,14 @@ from flax import nnx
 
 from vt import VtError
 from vt.buckets import bucket
-from vt.model.qwen2 import KVCache
+from vt.model.kv_pages import PagedKVCache
 from vt.sharding import param_sharding, use_mesh
 from vt.train.losses import masked_nll_sum, token_logps
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
+
+
+# Tokens per KV page of chunked scoring; with PAGES_PER_BLOCK (8) pages per attention block, blocks of 512.
+SCORING_PAGE = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,11 +78,12 @@ class Scorer:
         self._row_sh = self._kv_sh = None
         if mesh is not None:
             self._row_sh = param_sharding(("batch", None), (cfg.batch_size, 1), mesh, "scoring.batch_size")
-            self._kv_sh = KVCache.shardings(self.model_cfg, cfg.batch_size, mesh, "scoring KV cache")
+            self._kv_sh = dataclasses.replace(PagedKVCache.shardings(self.model_cfg, mesh, self._row_sh),
+                                              continues=True)
         self._full = jax.jit(functools.partial(_full, self.graphdef))
         self._chunk = jax.jit(functools.partial(_chunk, self.graphdef), donate_argnums=(1,))
         mc = self.model_cfg
-        self._zeros = jax.jit(lambda B, S: KVCache.zeros(mc, B, S), static_argnums=(0, 1),
+        self._zeros = jax.jit(lambda B, S: PagedKVCache.for_rows(mc, B, S, SCORING_PAGE), static_argnums=(0, 1),
                               **({} if mesh is None else dict(out_shardings=self._kv_sh)))
 
     def _ctx(self):

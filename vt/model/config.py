@@ -6,15 +6,7 @@ import math
 from typing import Any
 
 from vt import VtError
-
-ATTENTION_IMPLS = ("xla", "jax", "cudnn", "splash", "auto")
-"""xla: vt's einsum attention (any backend; without a cache, rows of 128+ positions are attended to block by
-block, vt.model.blocked_attention); jax: `jax.nn.dot_product_attention`, backend picks the kernel;
-cudnn: `jax.nn.dot_product_attention(implementation="cudnn")`, flash attention on NVIDIA GPUs only (bf16/fp16);
-splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs (Pallas interpret mode,
-slow, elsewhere), for forwards without a KV cache; with a cache (prefill into it, decode) it uses xla;
-auto: chosen from `jax.default_backend()` at trace time: splash on TPU, cudnn on NVIDIA GPUs with a bf16/fp16
-compute dtype, xla otherwise and always with a KV cache (`vt.model.qwen2.resolve_attention_impl`)."""
+from vt.model.attention import IMPLS
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 """none: keep all activations; full: recompute each decoder layer in the backward pass;
@@ -63,7 +55,7 @@ class ModelConfig:
             raise VtError(f"model config: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.head_dim % 2:
             raise VtError(f"model config: head_dim {self.head_dim} must be even for rotary embeddings")
-        for name, allowed in (("attention_impl", ATTENTION_IMPLS), ("remat_policy", REMAT_POLICIES),
+        for name, allowed in (("attention_impl", IMPLS), ("remat_policy", REMAT_POLICIES),
                               ("param_dtype", DTYPES), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise VtError(f"model config: field '{name}' is {getattr(self, name)!r}; expected one of {allowed}")

@@ -1,7 +1,7 @@
-"""Decode attention block by block with an online softmax (as flash-decoding does), shared by the contiguous KV
-cache (vt.model.qwen2) and the paged one (vt.model.paged): each reads its own blocks of keys and values and
-folds them into one running (max, sum, accumulator) triple. fp32 statistics; equal to dense attention up to
-rounding. Shape letters as in vt.model.qwen2."""
+"""Attention block by block with an online softmax (as flash attention and flash-decoding do), shared by the
+blocked self-attention (vt.model.blocked_attention) and attention over KV pages (vt.model.kv_pages): each reads
+its own blocks of keys and values and folds them into one running (max, sum, accumulator) triple. fp32
+statistics; equal to dense attention up to rounding. Shape letters as in vt.model.qwen2."""
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -17,7 +17,7 @@ def start(B: int, K: int, G: int, T: int, H: int) -> Carry:
 
 def fold_block(carry: Carry, q_BTKGH, k_blk, v_blk, visible_BTS, scale, kv_axes: str) -> Carry:
     """Fold one block of keys/values into the carry. `kv_axes` names the block's layout in einsum letters with s
-    for its positions: "bskh" ([B, S, K, H], the contiguous cache) or "kbsh" ([K, B, S, H], gathered pages)."""
+    for its positions: "bskh" ([B, S, K, H], a blocked row) or "kbsh" ([K, B, S, H], gathered pages)."""
     m_BKGT, l_BKGT, acc_BKGTH = carry
     s = jnp.einsum(f"btkgh,{kv_axes}->bkgts", q_BTKGH, k_blk, preferred_element_type=jnp.float32) * scale
     s = jnp.where(visible_BTS[:, None, None], s, jnp.finfo(jnp.float32).min)

@@ -5,32 +5,32 @@ N query heads, K key/value heads, G = N // K query heads per KV head, H head dim
 
 The decoder layers are one `DecoderLayer` whose parameters carry a leading layer axis (logical name `layers`),
 run by `jax.lax.scan`: every path (training, scoring, prefill, decode) traces and compiles one layer body, so
-compile time does not grow with depth. The KV cache is stacked the same way ([L, B, S, K, H]) and carried
-through the scan; each layer writes and reads its own index of it in place.
+compile time does not grow with depth. The KV cache (vt.model.kv_pages) holds every layer's pages and rides in
+the scan's carry; each layer writes and reads its own index of it in place. Attention without a cache is
+vt.model.attention, with its implementation picked when the model is built.
 
 Inputs follow one convention everywhere in vt:
   tokens_BT     int32 token ids
   positions_BT  int32 rotary positions; restart at 0 for every packed document
   segment_ids_BT int32 document id within the row, 0 = padding; attention never crosses segments
 Without a cache the sequence attends causally within its segment. With a cache (decoding), `positions` are also
-the cache slots: the keys/values of token t are written at slot positions[b, t] and a query at position p sees
-slots 0..p of its own row. Right-padded prompts therefore need no special handling: padding writes garbage at
-slots past the prompt, which decoding overwrites before any query can see it.
+the cache positions: the keys/values of token t are written at position positions[b, t] of row b's pages and a
+query at position p sees positions 0..p of its own row. Right-padded prompts therefore need no special
+handling: padding writes garbage past the prompt, which decoding overwrites before any query can see it.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vt.model import lora, online_softmax
-from vt.model.blocked_attention import blocked_attention
+from vt.model import lora
+from vt.model.attention import resolve, self_attention
 from vt.model.config import ModelConfig
-from vt.model.paged import PagedKVCache, PagedLayer, paged_decode_attention
-from vt.sharding import constrain, param_sharding, state_shardings
+from vt.model.kv_pages import PagedKVCache
+from vt.sharding import constrain, state_shardings
 
 Initializer = Callable[..., jax.Array]
 
@@ -42,36 +42,6 @@ def _param(rngs: nnx.Rngs, init: Initializer, shape, axes, dtype, stack: int | N
     if stack is not None:
         shape, axes = (stack, *shape), ("layers", *axes)
     return nnx.Param(init(rngs.params(), shape, dtype), axes=tuple(axes))
-
-
-# Logical axes of a KV cache buffer; vt.sharding maps them to the mesh (the sampler and scorer shard by them).
-KV_CACHE_AXES = ("layers", "batch", "cache_sequence", "kv_heads", "head_dim")
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class KVCache:
-    """Keys and values of every layer, each [L, B, S, K, H] (axes `KV_CACHE_AXES`). A pytree, so it can be
-    donated to jit and carried through the layer scan."""
-    k: jax.Array
-    v: jax.Array
-
-    @classmethod
-    def zeros(cls, cfg: ModelConfig, batch: int, length: int, dtype=None) -> "KVCache":
-        dtype = dtype or jnp.dtype(cfg.dtype)
-        shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
-
-    @classmethod
-    def shardings(cls, cfg: ModelConfig, batch: int, mesh, where: str = "KV cache") -> "KVCache":
-        """The NamedShardings of a cache of `batch` rows on `mesh`, by `KV_CACHE_AXES` (any length: the sequence
-        axis is not split)."""
-        kv = param_sharding(KV_CACHE_AXES, (cfg.num_layers, batch, 1, cfg.num_kv_heads, cfg.head_dim), mesh, where)
-        return cls(k=kv, v=kv)
-
-    @property
-    def length(self) -> int:
-        return self.k.shape[2]
 
 
 class RMSNorm(nnx.Module):
@@ -99,123 +69,6 @@ def rope(x_BTNH: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
     return out.astype(x_BTNH.dtype)
 
 
-def _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):
-    B, T, N, H = q_BTNH.shape
-    K = k_BSKH.shape[2]
-    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale
-    # A large finite negative rather than -inf: a fully masked row (padding) then stays finite instead of NaN.
-    scores = jnp.where(mask_BTS[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
-    return out.reshape(B, T, N, H)
-
-
-def resolve_attention_impl(impl: str, dtype, *, cached: bool) -> str:
-    """The implementation a call actually uses, at trace time. "auto" picks from `jax.default_backend()`: splash
-    on TPU; cudnn on an NVIDIA GPU when the compute dtype is bf16/fp16 (cuDNN flash attention has no fp32
-    kernel); xla otherwise. With a KV cache (`cached`: prefill into a cache and decode) "splash" and "auto" use
-    xla: the splash kernel is causal self-attention over one sequence, not queries against cache slots."""
-    if impl == "auto":
-        if cached:
-            return "xla"
-        backend = jax.default_backend()
-        if backend == "tpu":
-            return "splash"
-        if backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _is_cuda():
-            return "cudnn"
-        return "xla"
-    if impl == "splash" and cached:
-        return "xla"
-    return impl
-
-
-def _is_cuda() -> bool:
-    return "cuda" in jax.devices()[0].client.platform_version.lower()
-
-
-def attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, impl: str, segment_ids_BT=None):
-    """Attention of q against k, v under mask_BTS (True = may attend). `impl` is a resolved implementation
-    (`resolve_attention_impl`), not "auto". "splash" ignores mask_BTS and builds the same causal & same-segment
-    mask from `segment_ids_BT` inside the kernel, so it serves only the no-cache path (S == T)."""
-    scale = q_BTNH.shape[-1] ** -0.5
-    if impl == "xla":
-        return _xla_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale)
-    if impl == "splash":
-        from vt.model.splash import splash_attention
-        return splash_attention(q_BTNH, k_BSKH, v_BSKH, segment_ids_BT)
-    return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask_BTS[:, None], scale=scale,
-                                        implementation="cudnn" if impl == "cudnn" else None)
-
-
-# Query/key blocks of the "xla" self-attention (training, scoring, prefill); rows shorter than two blocks are
-# attended to in one piece. 64 was the fastest of 32/64/128 for the tiny preset's train step on a CPU (8 x 256
-# rows: 98 / 114 / 138 ms, dense 165 ms); a [64, 64] fp32 score block per head group stays in cache there.
-ATTENTION_BLOCK = 64
-
-
-def self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl: str, block: int | None = None):
-    """Causal attention of a row to itself, within segments (packed documents): training, scoring and prefill.
-    "xla" on rows of two blocks or more runs block by block (vt.model.blocked_attention: no [B, N, T, T] scores,
-    blocks above the diagonal skipped); shorter rows and the other implementations get the dense mask."""
-    T = q_BTNH.shape[1]
-    block = block or ATTENTION_BLOCK
-    if impl == "xla" and T >= 2 * block:
-        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block)
-    causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
-    same_doc_BTT = segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :]
-    return attention(q_BTNH, k_BTKH, v_BTKH, causal_TT[None] & same_doc_BTT, impl, segment_ids_BT)
-
-
-# Cache blocks for decode attention; caches of fewer than two blocks are attended to in one piece.
-DECODE_BLOCK = 512
-
-
-def _cache_block(buf, layer, start, block: int, dtype):
-    """Slots [start, start + block) of a cache buffer: [B, S, K, H], or layer `layer` of a stacked [L, B, S, K, H]
-    one, sliced straight out of the stack (no copy of the layer's whole cache)."""
-    if layer is None:
-        return jax.lax.dynamic_slice_in_dim(buf, start, block, axis=1).astype(dtype)
-    _, B, _, K, H = buf.shape
-    zero = jnp.zeros((), jnp.int32)
-    blk = jax.lax.dynamic_slice(buf, (layer, zero, start, zero, zero), (1, B, block, K, H))
-    return blk[0].astype(dtype)
-
-
-def _cached_attention(q_BTNH, k_BSKH, v_BSKH, positions_BT, scale, block: int = DECODE_BLOCK, layer=None):
-    """Queries at `positions_BT` against a KV cache, reading only the cache blocks up to the largest position in
-    the batch, with an online softmax across blocks (as flash-decoding does). The cache is sized for the longest
-    possible sample, so attending to all of it would make every decode step cost the full cache length; this
-    costs the current length. The trip count is data-dependent (a while loop), so it is for the cache path only,
-    which is never differentiated. fp32 scores and accumulators; equal to `_xla_attention` up to rounding.
-    With `layer` (a traced index), k and v are the stacked [L, B, S, K, H] cache and that layer is read."""
-    B, T, N, H = q_BTNH.shape
-    S, K = k_BSKH.shape[-3], k_BSKH.shape[-2]
-    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-    n_blocks = jnp.minimum(jnp.max(positions_BT) // block + 1, S // block)
-
-    def one_block(i, carry):
-        start = i * block
-        k_blk = _cache_block(k_BSKH, layer, start, block, q_BTNH.dtype)
-        v_blk = _cache_block(v_BSKH, layer, start, block, q_BTNH.dtype)
-        visible_BTS = (start + jnp.arange(block))[None, None, :] <= positions_BT[:, :, None]
-        return online_softmax.fold_block(carry, q_BTKGH, k_blk, v_blk, visible_BTS, scale, "bskh")
-
-    carry = jax.lax.fori_loop(0, n_blocks, one_block, online_softmax.start(B, K, N // K, T, H))
-    return online_softmax.finish(carry, q_BTNH.dtype)
-
-
-def _write_cache(buf_LBSKH, new_BTKH, start_B, layer):
-    """Write each row's new keys at its own offset (rows decode at different positions under slot refill) into
-    layer `layer` of the stacked cache. The buffer is the scan's carry, so the scatter updates it in place."""
-    # One scatter of B*T rows rather than vmap(dynamic_update_slice): on CPU the vmapped form compiles to a
-    # scatter that rewrites the whole cache every decode step (2.3x slower decode at S=384).
-    B, T = new_BTKH.shape[:2]
-    slots_BT = start_B[:, None] + jnp.arange(T, dtype=start_B.dtype)
-    return buf_LBSKH.at[layer, jnp.arange(B)[:, None], slots_BT].set(new_BTKH.astype(buf_LBSKH.dtype),
-                                                                     unique_indices=True)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack: int | None = None):
         self.cfg = cfg
@@ -230,44 +83,24 @@ class Attention(nnx.Module):
         self.v_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd, stack)
         self.v_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
         self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd, stack)
+        self.impl = resolve(cfg.attention_impl, cfg.dtype)  # decided once, for every call's no-cache attention
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None = None, layer=None):
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: PagedKVCache | None = None, layer=None):
         """One layer's attention (its own, unstacked weights). With a cache, `layer` is this layer's index into
-        the stacked cache, which comes back with this step's keys and values written."""
+        it, and the cache comes back with this call's keys and values written."""
         cfg, dt = self.cfg, x_BTD.dtype
         q = lora.project(self, "q", "btd,dnh->btnh", x_BTD) + self.q_bias[...].astype(dt)
         k = lora.project(self, "k", "btd,dkh->btkh", x_BTD) + self.k_bias[...].astype(dt)
         v = lora.project(self, "v", "btd,dkh->btkh", x_BTD) + self.v_bias[...].astype(dt)
         q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
-
-        paged = isinstance(cache, PagedKVCache)
-        impl = resolve_attention_impl(cfg.attention_impl, dt, cached=cache is not None and not paged)
-        if paged:
-            # A paged cache: decode steps (T = 1) attend to the slot's pages; a longer T is a prompt prefilled
-            # from position 0 into fresh pages, which attends to itself like the no-cache path.
-            new_cache = PagedLayer(cache, layer).write(k, v, positions_BT)
-            T = x_BTD.shape[1]
-            if T == 1:
-                out_BTNH = paged_decode_attention(q, new_cache, layer, positions_BT, q.shape[-1] ** -0.5)
-            else:
-                out_BTNH = self_attention(q, k, v, segment_ids_BT, impl)
-        elif cache is None:
-            out_BTNH = self_attention(q, k, v, segment_ids_BT, impl)
-            new_cache = None
+        if cache is None:
+            out_BTNH = self_attention(q, k, v, segment_ids_BT, self.impl)
         else:
-            start_B = positions_BT[:, 0]
-            new_cache = KVCache(k=_write_cache(cache.k, k, start_B, layer), v=_write_cache(cache.v, v, start_B, layer))
-            S = new_cache.length
-            if impl == "xla" and S >= 2 * DECODE_BLOCK and S % DECODE_BLOCK == 0:
-                out_BTNH = _cached_attention(q, new_cache.k, new_cache.v, positions_BT, q.shape[-1] ** -0.5,
-                                             layer=layer)
-            else:
-                mask_BTS = jnp.arange(S)[None, None, :] <= positions_BT[:, :, None]
-                out_BTNH = attention(q, new_cache.k[layer].astype(dt), new_cache.v[layer].astype(dt), mask_BTS, impl,
-                                     segment_ids_BT)
+            cache = cache.write(layer, k, v, positions_BT)
+            out_BTNH = cache.attend(layer, q, k, v, positions_BT, segment_ids_BT, self.impl)
         out_BTD = lora.project(self, "o", "btnh,nhd->btd", out_BTNH)
-        return out_BTD, new_cache
+        return out_BTD, cache
 
 
 class MLP(nnx.Module):
@@ -295,7 +128,7 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg, rngs, stack)
         self.mlp = MLP(cfg, rngs, stack)
 
-    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None = None, layer=None):
+    def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: PagedKVCache | None = None, layer=None):
         h, new_cache = self.attn(self.input_norm(x_BTD), positions_BT, segment_ids_BT, cache, layer)
         x_BTD = x_BTD + h
         x_BTD = x_BTD + self.mlp(self.post_attn_norm(x_BTD))
@@ -310,7 +143,7 @@ _REMAT_POLICIES = {
 
 
 class Qwen2(nnx.Module):
-    """Qwen2ForCausalLM. `__call__` returns (logits_BTV in float32, updated KVCache or None)."""
+    """Qwen2ForCausalLM. `__call__` returns (logits_BTV in float32, updated PagedKVCache or None)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -325,7 +158,7 @@ class Qwen2(nnx.Module):
         if cfg.lora_rank:  # last, so the base weights draw the same numbers with or without adapters
             lora.add_adapters(self.layers, cfg, rngs)
 
-    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None,
+    def __call__(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: PagedKVCache | None = None,
                  logits_at_B=None):
         """`logits_at_B` (int [B]): compute logits only at that column of each row, returning [B, V]. A prefill
         needs one logit row per prompt, and [B, T, V] float32 logits would not fit at real sizes."""
@@ -346,7 +179,7 @@ class Qwen2(nnx.Module):
                                 preferred_element_type=jnp.float32)
         return logits_BTV[..., : self.cfg.vocab_size]
 
-    def hidden_states(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: KVCache | None = None,
+    def hidden_states(self, tokens_BT, positions_BT=None, segment_ids_BT=None, cache: PagedKVCache | None = None,
                       logits_at_B=None):
         """Final-normed hidden states [B, T, D] (or [B, 1, D] at `logits_at_B`) and the updated cache. Losses
         over long rows project these through `head_DV` in chunks instead of materialising [B, T, V] logits."""
@@ -371,7 +204,7 @@ class Qwen2(nnx.Module):
         return x_BTD, cache
 
 
-def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache: KVCache | None,
+def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache: PagedKVCache | None,
                 remat_policy: str):
     """Run the stacked layers in order with `jax.lax.scan`: one traced layer body whatever the depth. Without a
     cache (training, scoring) the body is rematerialised under `remat_policy`, so the backward pass keeps only
@@ -390,11 +223,8 @@ def scan_layers(layers: DecoderLayer, x_BTD, positions_BT, segment_ids_BT, cache
     if cache is None and remat_policy != "none":
         # prevent_cse=False: inside a scan the loop already keeps XLA from merging the recomputation away.
         body = jax.checkpoint(body, policy=_REMAT_POLICIES[remat_policy], prevent_cse=False)
-    # The roofline form of a paged decode step (PagedKVCache.static_blocks) unrolls the layers: XLA's cost
-    # analysis counts a loop body once.
-    unroll = num_layers if getattr(cache, "static_blocks", None) is not None else 1
     (x_BTD, cache), _ = jax.lax.scan(body, (x_BTD, cache), (stacked, jnp.arange(num_layers, dtype=jnp.int32)),
-                                     unroll=unroll)
+                                     unroll=1 if cache is None else cache.scan_unroll)
     return x_BTD, cache
 
 

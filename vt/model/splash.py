@@ -2,8 +2,8 @@
 for vt's no-cache attention, causal within each packed document.
 
 Used by `attention_impl="splash"` (and `"auto"` on TPU) for calls without a KV cache: training, scoring and
-any full-sequence forward. Calls with a KV cache (prefill into a cache and decode) keep the XLA path; see
-`vt.model.qwen2.attention`.
+any full-sequence forward, and the prefill of a prompt into fresh KV pages; decode over the pages has its
+own attention (vt.model.kv_pages).
 
 The kernel works on one example at a time with heads leading, q [N, T, H] and k, v [K, T, H], and does not
 scale q; `splash_attention` takes vt's [B, T, N, H] layout, scales q by H**-0.5 and vmaps over the batch.
@@ -30,7 +30,7 @@ rows are cut off the output. This costs at most 127 extra positions of compute; 
 to avoid it.
 
 On a backend other than TPU the kernel runs in Pallas interpret mode (`interpret=True`): correct but slow,
-meant for CPU tests, not for GPU training (use "cudnn" there).
+meant for CPU tests, not for GPU training (use "jax" there).
 """
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
     """The engine's up-front memory check, before the model loads, naming flags and input lines."""
     import numpy as np
 
-    from vt.sampling.engine import check_memory, device_memory_bytes, free_device_bytes, host_memory_bytes
+    from vt.sampling.page_table import check_memory, device_memory_bytes, free_device_bytes, host_memory_bytes
     reqs = [(np.asarray(r.prompt_ids), min(r.max_new_tokens or cfg.max_new_tokens, context - len(r.prompt_ids)),
              r.n or cfg.n) for r in requests]
 

@@ -13,7 +13,7 @@ Shapes are bucketed (prompt length and prefill count to powers of two, the page 
 power of two or its 1.5x, the insert count fixed at the batch size), so a workload compiles a handful of programs
 once and no request recompiles; `engine.compile_count` counts traces.
 
-KV memory: one pool of `page_size`-token pages (vt.sampling.pages); a sample holds pages for the tokens it
+KV memory: one pool of `page_size`-token pages (vt.sampling.page_table); a sample holds pages for the tokens it
 has plus the next decode call's, and returns them when it ends. Before each decode call the running samples
 get their pages first; when the pool is short the call runs fewer steps, and when not even one step fits the
 youngest sample is preempted (its pages freed, it restarts from its prompt later). Waiting samples are
@@ -29,7 +29,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import os
 import time
 from typing import Annotated, Callable, Sequence
 
@@ -41,9 +40,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vt import VtError
 from vt.buckets import bucket
-from vt.model.paged import PagedKVCache
+from vt.model.kv_pages import PagedKVCache
 from vt.sampling import steps
-from vt.sampling.pages import PagePool, PageTables, pages_for, pool_pages, prompt_need, prompt_pages
+from vt.sampling.page_table import (PagePool, PageTables, check_memory, device_memory_bytes, free_device_bytes,
+                                   host_memory_bytes, kv_pool_plan, pages_for, prompt_need, prompt_pages)
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
 from vt.sharding import param_sharding, state_shardings, use_mesh
@@ -119,90 +119,6 @@ class Stats:
             a, b = getattr(self, f.name), getattr(other, f.name)
             setattr(self, f.name, max(a, b) if f.name in ("pool_pages", "peak_pages", "peak_pages_needed",
                                                           "page_bytes") else a + b)
-
-
-# Host memory generate() holds until it returns, per sample (scheduler queue entry, result slot, Sample object)
-# and per generated token (token id and log-prob list slots). Lower bounds on purpose: work refused by them
-# cannot fit however it were represented.
-HOST_BYTES_PER_SAMPLE = 100
-HOST_BYTES_PER_TOKEN = 16
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return ""
-
-
-def host_memory_bytes() -> int:
-    """Physical memory of this host."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def device_memory_bytes(mesh: Mesh | None = None) -> int:
-    """Memory of the devices a sampler uses, together (host memory on the CPU backend)."""
-    devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
-    if devices[0].platform == "cpu":  # CPU "devices" share the host's memory
-        return host_memory_bytes()
-    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
-    return sum(limits) if all(limits) else host_memory_bytes()  # a backend that does not report it
-
-
-def free_device_bytes(mesh: Mesh | None = None) -> int | None:
-    """Free memory of the devices the KV pool is split over (its tensor axis), or None where the backend does not
-    report it (CPU): the pool is then sized for the worst case."""
-    stats = jax.local_devices()[0].memory_stats()
-    if not stats or "bytes_limit" not in stats:
-        return None
-    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-    return free * (mesh.shape.get("tensor", 1) if mesh is not None else 1)  # the pool is split over tensor only
-
-
-def kv_pool_plan(mc, cfg: "SamplerConfig", reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int,
-                 free_bytes: int | None) -> tuple[int, int, int]:
-    """(page table width M, bytes of one page over all layers with K and V, pages in the pool) for these requests:
-    one home for the sizes the scheduler allocates and the up-front memory check refuses."""
-    M = pages_for(_cache_length(reqs, max_context), cfg.page_size)
-    page_bytes = 2 * mc.num_layers * mc.num_kv_heads * cfg.page_size * mc.head_dim * jnp.dtype(mc.dtype).itemsize
-    pool = pool_pages(cfg.kv_pages, cfg.kv_memory_fraction, page_bytes, cfg.batch_size * M, free_bytes)
-    return M, page_bytes, pool
-
-
-def check_memory(mc, cfg: "SamplerConfig", reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int, *,
-                 device_bytes: int, host_bytes: int, free_bytes: int | None = None,
-                 batch_name: str = "sampler batch_size", request_name: Callable[[int], str] = lambda i: f"request {i}"
-                 ) -> None:
-    """VtError, before anything is allocated, for work that cannot fit: the KV page pool these requests get
-    (kv_pool_plan: the worst case where free memory is not reported) plus the slots' page tables and per-call
-    outputs (device memory), or the samples and tokens generate() holds until it returns (host memory).
-    ``reqs``: (prompt, max_new_tokens, n) per request, as Engine.check returns them. The errors name
-    ``batch_name`` (or kv_pages when that sized the pool) or the request at fault."""
-    if not reqs:
-        return
-    B = cfg.batch_size
-    M, page_bytes, pool = kv_pool_plan(mc, cfg, reqs, max_context, free_bytes)
-    need = pool * page_bytes + B * M * 4 + B * cfg.steps_per_call * 8
-    if need > device_bytes:
-        what = (f"sampler config kv_pages {cfg.kv_pages}" if cfg.kv_pages else
-                f"{batch_name} {B}")
-        raise VtError(f"{what}: the KV cache ({pool} pages: {B} slots x {M} pages of {cfg.page_size} tokens at most) "
-                      f"and slot state need {_human(need)}, more than the {_human(device_bytes)} of device memory; "
-                      "lower it")
-    per_request = [n * (HOST_BYTES_PER_SAMPLE + HOST_BYTES_PER_TOKEN * mn) for _, mn, n in reqs]
-    if sum(per_request) > host_bytes:
-        i = int(np.argmax(per_request))
-        _, mn, n = reqs[i]
-        raise VtError(f"{request_name(i)}: n={n} samples of up to {mn} tokens: the requests would hold at least "
-                      f"{_human(sum(per_request))} of host memory until they finish, more than this host's "
-                      f"{_human(host_bytes)}; lower n or max_new_tokens, or split the input")
-
-
-def _cache_length(reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int) -> int:
-    """Cache positions a slot may need in a generate call: the longest prompt + completion, bucketed (the page
-    table's width is a compiled shape; two buckets per octave keep the table tight and the programs few)."""
-    return min(bucket(max(len(p) + mn for p, mn, _ in reqs), 16, half_octaves=True), max_context)
 
 
 def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarray:
@@ -336,7 +252,8 @@ class Engine:
         results: list[list[Sample | None]] = [[None] * n for _, _, n in reqs]
         if not reqs:
             return []
-        run = _Run(self, reqs, jax.random.PRNGKey(seed), first_request)
+        run = _Run(self.cfg, self._p, self.state, self.mesh, self.tokenizer, self.max_context, self.model_cfg,
+                   self.last_stats, reqs, jax.random.PRNGKey(seed), first_request)
         with self._ctx():
             run.loop(results, progress, on_finished)
         st = self.last_stats
@@ -345,37 +262,29 @@ class Engine:
         self.stats.add(st)
         return results
 
-    def _text(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _stop_strings(self, owned, owner, toks, seen) -> dict[int, tuple[int, str]]:
-        """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string."""
-        cut = {}
-        for b in owned:
-            if len(toks[b]) > seen[b]:
-                seen[b] = len(toks[b])
-                hit = find_stop_string(toks[b], self._text, self.cfg.stop_strings)
-                if hit:
-                    cut[b] = hit
-        return cut
-
-    def _sample(self, ids: list[int], logprobs: list[float], stopped: bool, cut: tuple[int, str] | None) -> Sample:
-        if cut is not None:
-            m, text = cut
-            return Sample(ids[:m], logprobs[:m], "stop", text)
-        return Sample(ids, logprobs, "stop" if stopped else "length",
-                      self._text(ids) if self.tokenizer is not None else None)
+@dataclasses.dataclass
+class _Slot:
+    """What the host keeps of the sample a decode slot runs (the device's half is steps.Slots)."""
+    request: int
+    sample: int
+    born: int  # admission serial: the youngest sample is preempted first
+    toks: list[int]  # generated so far
+    lps: list[float]  # their log-probs
+    seen: int = 0  # len(toks) at the last stop-string check
 
 
 class _Run:
-    """The scheduler of one `generate` call: the queue, the slots, their pages, the device state."""
+    """The scheduler of one `generate` call: the queue, the slots, their pages, the device state, its statistics
+    (`stats`, filled in as it goes) and the samples it returns."""
 
-    def __init__(self, eng: Engine, reqs, base_key, first_request: int):
-        self.eng, self.reqs, self.base_key, self.first_request = eng, reqs, base_key, first_request
-        cfg, mc = eng.cfg, eng.model_cfg
+    def __init__(self, cfg: SamplerConfig, programs: _Programs, state, mesh: Mesh | None, tokenizer,
+                 max_context: int, model_cfg, stats: Stats, reqs, base_key, first_request: int):
+        self.cfg, self.programs, self.state, self.tokenizer, self.stats = cfg, programs, state, tokenizer, stats
+        self.reqs, self.base_key, self.first_request = reqs, base_key, first_request
         self.B, self.Z, self.I = cfg.batch_size, cfg.page_size, cfg.steps_per_call
         # Page table width M: pages of the longest sample's length bucket.
-        self.M, page_bytes, n_pages = kv_pool_plan(mc, cfg, reqs, eng.max_context, free_device_bytes(eng.mesh))
+        self.M, page_bytes, n_pages = kv_pool_plan(model_cfg, cfg, reqs, max_context, free_device_bytes(mesh))
         for i, (p, mn, _) in enumerate(reqs):
             if pages_for(len(p) + mn, self.Z) > n_pages:
                 raise VtError(f"request {i}: {len(p)} + {mn} tokens need {pages_for(len(p) + mn, self.Z)} KV pages of "
@@ -383,36 +292,36 @@ class _Run:
                               "kv_memory_fraction)")
         self.pool = PagePool(n_pages)
         self.tables = PageTables(self.pool, self.B, self.M, self.Z)
-        st = eng.last_stats
-        st.pool_pages, st.page_bytes = n_pages, page_bytes
+        stats.pool_pages, stats.page_bytes = n_pages, page_bytes
         self.queue = collections.deque((i, j) for i, (_, _, n) in enumerate(reqs) for j in range(n))
-        self.owner: list[tuple[int, int] | None] = [None] * self.B
-        self.toks: list[list[int]] = [[] for _ in range(self.B)]
-        self.lps: list[list[float]] = [[] for _ in range(self.B)]
-        self.born = [0] * self.B  # admission serial: the youngest sample is preempted first
+        self.live: list[_Slot | None] = [None] * self.B  # per decode slot: its sample, None when free
         self.serial = 0
-        self.seen = [0] * self.B  # generated count at the last stop-string check
         # the decode batch never shrinks below a multiple of the mesh's batch axes (its slots are split there)
-        self.min_batch = 1 if eng.mesh is None else int(np.prod([eng.mesh.shape[a] for a in ("data", "fsdp")
-                                                                 if a in eng.mesh.shape]))
-        self.cache, self.slots = eng._p.zeros(n_pages, self.Z)
+        self.min_batch = 1 if mesh is None else int(np.prod([mesh.shape[a] for a in ("data", "fsdp")
+                                                             if a in mesh.shape]))
+        self.cache, self.slots = programs.zeros(n_pages, self.Z)
+
+    def _busy(self) -> list[int]:
+        return [b for b in range(self.B) if self.live[b] is not None]
 
     def _limit(self, b: int, steps: int) -> int:
         """Tokens slot b's pages must hold to run `steps` more steps (its K/V positions end at L + max_new - 2)."""
-        L, mn = len(self.reqs[self.owner[b][0]][0]), self.reqs[self.owner[b][0]][1]
-        return min(L + len(self.toks[b]) - 1 + steps, L + mn - 1)
+        prompt, mn, _ = self.reqs[self.live[b].request]
+        L = len(prompt)
+        return min(L + len(self.live[b].toks) - 1 + steps, L + mn - 1)
 
     def _preempt(self, b: int) -> None:
-        self.queue.appendleft(self.owner[b])  # older preempted samples end up in front: request order kept
+        s = self.live[b]
+        self.queue.appendleft((s.request, s.sample))  # older preempted samples end up in front: request order kept
         self.tables.free(b)
-        self.owner[b], self.toks[b], self.lps[b] = None, [], []
-        self.eng.last_stats.preemptions += 1
+        self.live[b] = None
+        self.stats.preemptions += 1
 
     def _pages_for_next_call(self) -> int:
         """Give every running slot pages for the next call and return its step count: the full steps_per_call
         when the pool allows, else fewer; when not even one step fits, preempt the youngest sample."""
         while True:
-            running = [b for b in range(self.B) if self.owner[b] is not None]
+            running = self._busy()
             if not running:
                 return self.I
             for n_steps in (self.I, *[s for s in (self.Z, 1) if s < self.I]):
@@ -420,7 +329,7 @@ class _Run:
                     for b in running:
                         self.tables.grow(b, self._limit(b, n_steps))
                     return n_steps
-            self._preempt(max(running, key=lambda b: self.born[b]))
+            self._preempt(max(running, key=lambda b: self.live[b].born))
 
     def _take_units(self, free: list[int], steps: int) -> list[tuple[int, int]]:
         """Queued samples to admit now, in queue order, as many as free slots and pages allow (the rest wait).
@@ -442,30 +351,30 @@ class _Run:
         return units
 
     def loop(self, results, progress, on_finished) -> None:
-        eng, st = self.eng, self.eng.last_stats
+        cfg, st = self.cfg, self.stats
         handed_over = False  # the last decode call ended early only to hand finished samples over
-        while self.queue or any(o is not None for o in self.owner):
+        while self.queue or self._busy():
             # A call cut short only to hand samples over leaves the batch as it is: a smaller batch is a program
             # to compile, which a short run (one decode call per batch without a hook, as the demo's) would pay.
             if not handed_over:
                 self._shrink()
-            B, seen = self.B, self.seen
-            min_free = eng.cfg.refill_min_free or max(1, B // 8)
+            B = self.B
+            min_free = cfg.refill_min_free or max(1, B // 8)
             steps = self._pages_for_next_call()
-            free = [b for b in range(B) if self.owner[b] is None]
-            if self.queue and free and (eng.cfg.refill or len(free) == B):
+            free = [b for b in range(B) if self.live[b] is None]
+            if self.queue and free and (cfg.refill or len(free) == B):
                 units = self._take_units(free, steps)
                 if not units and len(free) == B:
                     raise VtError("sampler: internal error: the KV pool cannot hold a single waiting sample")
                 if units:
                     self._admit(units, free[:len(units)], steps)
-            idle = sum(o is None for o in self.owner)  # > 0 with a queue: admission waits for pages
+            idle = B - len(self._busy())  # > 0 with a queue: admission waits for pages
             # Run until enough slots are free to be worth a refill; when samples wait for pages, until one more
             # sample ends (its pages come back), so each call makes progress. With nothing to refill, until every
             # slot is done, or, when on_finished waits for samples (verification beside decoding), until
             # min_free more are: they are handed over a few at a time, not all at the end of the batch.
             handover = False
-            if self.queue and eng.cfg.refill:
+            if self.queue and cfg.refill:
                 want = idle + max(1, min(len(self.queue), min_free))
             elif on_finished is not None:
                 want, handover = idle + min_free, True
@@ -473,44 +382,66 @@ class _Run:
                 want = B
             t = time.perf_counter()
             cache = dataclasses.replace(self.cache, page_table=jnp.asarray(self.tables.table))
-            self.cache, self.slots, n_steps, tok_IB, lp_IB = eng._p.decode(
-                eng.state, cache, self.slots, jnp.int32(steps), jnp.int32(want))
+            self.cache, self.slots, n_steps, tok_IB, lp_IB = self.programs.decode(
+                self.state, cache, self.slots, jnp.int32(steps), jnp.int32(want))
             active, stopped, n_steps, tok_IB, lp_IB = jax.device_get(
                 (self.slots.active, self.slots.stopped, n_steps, tok_IB, lp_IB))
             st.decode_seconds += time.perf_counter() - t
             st.decode_steps += int(n_steps)
             st.decode_calls += 1
             handed_over = handover and int(n_steps) < steps
-            owned = [b for b in range(B) if self.owner[b] is not None]
+            owned = self._busy()
             for b in owned:
                 got = tok_IB[:n_steps, b] >= 0
-                self.toks[b] += tok_IB[:n_steps, b][got].tolist()
-                self.lps[b] += lp_IB[:n_steps, b][got].tolist()
+                self.live[b].toks += tok_IB[:n_steps, b][got].tolist()
+                self.live[b].lps += lp_IB[:n_steps, b][got].tolist()
             self._note_live(owned)
             done = [b for b in owned if not active[b]]
-            cut = eng._stop_strings(owned, self.owner, self.toks, seen) if eng.cfg.stop_strings else {}
+            cut = self._stop_strings(owned) if cfg.stop_strings else {}
             newly = [b for b in cut if active[b]]
             if newly:
-                self.slots = eng._p.deactivate(self.slots, jnp.asarray(np.isin(np.arange(B), newly)))
+                self.slots = self.programs.deactivate(self.slots, jnp.asarray(np.isin(np.arange(B), newly)))
                 done += newly
             for b in done:
-                i, j = self.owner[b]
-                results[i][j] = eng._sample(self.toks[b], self.lps[b], bool(stopped[b]), cut.get(b))
-                st.tokens += len(results[i][j].completion_ids)
+                s = self.live[b]
+                results[s.request][s.sample] = sample = self._result(s, bool(stopped[b]), cut.get(b))
+                st.tokens += len(sample.completion_ids)
                 self.tables.free(b)
-                self.owner[b], self.toks[b], self.lps[b], seen[b] = None, [], [], 0
+                self.live[b] = None
                 if on_finished is not None:
-                    on_finished(i, j, results[i][j])
+                    on_finished(s.request, s.sample, sample)
             if done and progress is not None:
                 progress(len(done))
         st.peak_pages = self.pool.peak_in_use
         st.peak_pages_needed = self.tables.peak_needed
 
+    def _text(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop_strings(self, owned) -> dict[int, tuple[int, str]]:
+        """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string."""
+        cut = {}
+        for b in owned:
+            s = self.live[b]
+            if len(s.toks) > s.seen:
+                s.seen = len(s.toks)
+                hit = find_stop_string(s.toks, self._text, self.cfg.stop_strings)
+                if hit:
+                    cut[b] = hit
+        return cut
+
+    def _result(self, s: _Slot, stopped: bool, cut: tuple[int, str] | None) -> Sample:
+        if cut is not None:
+            m, text = cut
+            return Sample(s.toks[:m], s.lps[:m], "stop", text)
+        return Sample(s.toks, s.lps, "stop" if stopped else "length",
+                      self._text(s.toks) if self.tokenizer is not None else None)
+
     def _note_live(self, owned) -> None:
         """Track the pages the live tokens need (each shared page once), to compare with the pages in use."""
         if not owned:
             return
-        held = [self.tables.table[b, :pages_for(len(self.reqs[self.owner[b][0]][0]) + len(self.toks[b]) - 1,
+        held = [self.tables.table[b, :pages_for(len(self.reqs[self.live[b].request][0]) + len(self.live[b].toks) - 1,
                                                 self.Z)] for b in owned]
         self.tables.note_live(len(np.unique(np.concatenate(held))))
 
@@ -521,31 +452,30 @@ class _Run:
         nothing else changes."""
         if self.queue:
             return
-        busy = [b for b in range(self.B) if self.owner[b] is not None]
+        busy = self._busy()
         target = max(bucket(len(busy)), self.min_batch)
         if target >= self.B or self.B % target:
             return
-        rows = busy + [b for b in range(self.B) if self.owner[b] is None][:target - len(busy)]
-        self.slots = self.eng._p.take(self.slots, jnp.asarray(rows, jnp.int32))
+        rows = busy + [b for b in range(self.B) if self.live[b] is None][:target - len(busy)]
+        self.slots = self.programs.take(self.slots, jnp.asarray(rows, jnp.int32))
         self.tables.take(rows)
-        self.owner, self.toks, self.lps, self.born, self.seen = (
-            [x[b] for b in rows] for x in (self.owner, self.toks, self.lps, self.born, self.seen))
+        self.live = [self.live[b] for b in rows]
         self.B = target
 
     def _admit(self, units, slots_for, steps: int) -> None:
         """Prefill the distinct prompts of `units` (in groups of at most `prefill_tokens` padded tokens) into
         fresh pages, start each unit in its slot (sharing its prompt's full pages) and give it pages for the
         next call."""
-        eng, B, reqs, st = self.eng, self.B, self.reqs, self.eng.last_stats
+        cfg, B, reqs, st = self.cfg, self.B, self.reqs, self.stats
         t = time.perf_counter()
         by_req = collections.defaultdict(list)
         for u, b in zip(units, slots_for):
             by_req[u[0]].append((u[1], b))
-        rows = lambda n: min(bucket(n, eng.cfg.min_prefill_rows), bucket(B))  # noqa: E731
+        rows = lambda n: min(bucket(n, cfg.min_prefill_rows), bucket(B))  # noqa: E731
         groups, group, longest = [], [], 0
         for i in by_req:
             longest = max(longest, len(reqs[i][0]))
-            if group and rows(len(group) + 1) * bucket(longest, eng.cfg.min_prompt_bucket) > eng.cfg.prefill_tokens:
+            if group and rows(len(group) + 1) * bucket(longest, cfg.min_prompt_bucket) > cfg.prefill_tokens:
                 groups.append(group)
                 group, longest = [], len(reqs[i][0])
             group.append(i)
@@ -554,7 +484,7 @@ class _Run:
         unowned = self.pool.num_pages
         for group in groups:
             A = rows(len(group))
-            T = min(bucket(max(len(reqs[i][0]) for i in group), eng.cfg.min_prompt_bucket), S)
+            T = min(bucket(max(len(reqs[i][0]) for i in group), cfg.min_prompt_bucket), S)
             toks = np.zeros((A, T), np.int32)
             lens = np.ones(A, np.int32)
             table = np.full((A, pages_for(T, self.Z)), unowned, np.int32)
@@ -568,26 +498,30 @@ class _Run:
                 copies += cp
                 st.prefill_tokens += length
             cache = dataclasses.replace(self.cache, page_table=jnp.asarray(table))
-            logits, self.cache = eng._p.prefill(eng.state, cache, jnp.asarray(toks), jnp.asarray(lens))
+            logits, self.cache = self.programs.prefill(self.state, cache, jnp.asarray(toks), jnp.asarray(lens))
             placed = [(p, i, j, b, k) for p, i in enumerate(group) for k, (j, b) in enumerate(by_req[i])]
-            Q = B  # one insert program per prefill shape; padding rows are dropped
-            src, dst, qlen, qmax = (np.zeros(Q, np.int32), np.full(Q, B, np.int32), np.zeros(Q, np.int32),
-                                    np.ones(Q, np.int32))
-            ids = np.zeros((Q, 2), np.int32)
-            csrc, cdst = np.zeros(Q, np.int32), np.full(Q, unowned, np.int32)  # at most one copy per sample
-            for c, (a, z) in enumerate(copies):
-                csrc[c], cdst[c] = a, z
-            for q, (p, i, j, b, _) in enumerate(placed):
-                src[q], dst[q], qlen[q], qmax[q], ids[q] = p, b, lens[p], reqs[i][1], (self.first_request + i, j)
-            self.cache, self.slots, tok_Q, lp_Q = eng._p.insert(
-                self.cache, self.slots, logits, *map(jnp.asarray, (src, dst, qlen, qmax, ids)), self.base_key,
-                jnp.asarray(csrc), jnp.asarray(cdst))
+            self.cache, self.slots, tok_Q, lp_Q = self.programs.insert(
+                self.cache, self.slots, logits, self._admission(placed, lens, copies), self.base_key)
             tok_Q, lp_Q = jax.device_get((tok_Q, lp_Q))
             for q, (p, i, j, b, k) in enumerate(placed):
-                self.owner[b], self.born[b] = (i, j), self.serial
+                self.live[b] = _Slot(request=i, sample=j, born=self.serial, toks=[int(tok_Q[q])], lps=[float(lp_Q[q])])
                 self.serial += 1
                 self.tables.assign(b, starts[i][k])
-                self.toks[b], self.lps[b] = [int(tok_Q[q])], [float(lp_Q[q])]
                 self.tables.grow(b, self._limit(b, steps))
             st.prefill_calls += 1
         st.prefill_seconds += time.perf_counter() - t
+
+    def _admission(self, placed, lens, copies) -> steps.Admission:
+        """The insert call's record of the `placed` samples ((prefill row, request, sample, slot, _) each) and the
+        page `copies`, padded to B rows: one insert program per prefill shape; padding rows are dropped."""
+        def padded(values, fill, width=()):
+            out = np.full((self.B, *width), fill, np.int32)
+            if values:
+                out[:len(values)] = values
+            return jnp.asarray(out)
+        return steps.Admission(
+            src=padded([p for p, _, _, _, _ in placed], 0), dst=padded([b for _, _, _, b, _ in placed], self.B),
+            lens=padded([lens[p] for p, _, _, _, _ in placed], 0),
+            max_new=padded([self.reqs[i][1] for _, i, _, _, _ in placed], 1),
+            ids=padded([(self.first_request + i, j) for _, i, j, _, _ in placed], 0, (2,)),
+            copy_src=padded([a for a, _ in copies], 0), copy_dst=padded([z for _, z in copies], self.pool.num_pages))

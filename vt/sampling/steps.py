@@ -1,12 +1,12 @@
 """The device side of the rollout engine: pure functions the engine jits (prefill, insert, decode chunk).
 
-Shape letters as in vt.model.qwen2 and vt.model.paged, plus: A prompts being prefilled, Q slots being filled
+Shape letters as in vt.model.qwen2 and vt.model.kv_pages, plus: A prompts being prefilled, Q slots being filled
 from them (n samples of one prompt share its prefill and its full pages), W pages copied, I decode steps per
 call (the README's glossary).
 
 The decode batch is B *slots*. Each slot holds one sample: the token to feed next and its position, its
 count, length limit and key; its keys and values live in the pages its row of the page table lists (the
-host assigns them, vt.sampling.pages). Per step, the bytes moved are the weights, the slots' live pages and
+host assigns them, vt.sampling.page_table). Per step, the bytes moved are the weights, the slots' live pages and
 O(B) state: generated tokens and log-probs go to a per-call output buffer [I, B] that the host drains after
 every call, not to a [B, max_len] buffer carried through the loop. A finished slot keeps computing (its
 position frozen, its K/V rewritten in place) until the host refills it; the cost is bounded because the
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from vt.model.paged import PagedKVCache, copy_pages
+from vt.model.kv_pages import PagedKVCache, copy_pages
 from vt.sampling.rules import SamplingParams, sample
 
 
@@ -52,24 +52,34 @@ def prefill(graphdef, state, cache: PagedKVCache, tokens_AT, lens_A):
     return model(tokens_AT, positions_AT, None, cache, logits_at_B=lens_A - 1)  # the LM head at each last token only
 
 
-def insert(cache: PagedKVCache, slots: Slots, logits_AV, src_Q, dst_Q, lens_Q, max_new_Q, ids_Q, base_key,
-           copy_src_W, copy_dst_W, *, params: SamplingParams, stop_ids: tuple[int, ...]):
-    """Start Q samples in slots dst_Q from prefilled prompts src_Q: copy the shared, partly filled prompt pages
-    (copy_src_W -> copy_dst_W, before anyone writes into them) and draw each sample's first token.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Admission:
+    """Q samples to start from prefilled prompts (rows past the admitted ones are padding of the Q bucket: dst B,
+    dropped; copies to num_pages, dropped)."""
+    src: jax.Array       # [Q] int32 the prefill row (prompt) each sample continues
+    dst: jax.Array       # [Q] int32 the slot it starts in
+    lens: jax.Array      # [Q] int32 its prompt length: the position of its first generated token
+    max_new: jax.Array   # [Q] int32 its length limit
+    ids: jax.Array       # [Q, 2] int32 (request index, sample index): what its key is folded from
+    copy_src: jax.Array  # [W] int32 shared, partly filled prompt pages ...
+    copy_dst: jax.Array  # [W] int32 ... copied here before anyone writes into them (copy-on-write)
 
-    ids_Q [Q, 2] = (request index, sample index): the sample's key is fold_in(fold_in(base_key, i), j), so its
-    tokens do not depend on the slot it lands in. Rows with dst_Q = B (padding of the Q bucket) are dropped,
-    and copies to num_pages. Returns (cache, slots, first tokens [Q], their log-probs [Q]).
-    """
-    keys_Q = jax.vmap(lambda ij: jax.random.fold_in(jax.random.fold_in(base_key, ij[0]), ij[1]))(ids_Q)
-    step_keys_Q = jax.vmap(jax.random.fold_in)(keys_Q, jnp.zeros_like(lens_Q))
-    tok_Q, lp_Q = sample(step_keys_Q, logits_AV[src_Q], params)
-    put = lambda buf, val: buf.at[dst_Q].set(val, mode="drop")  # noqa: E731
-    cache = dataclasses.replace(cache, k=copy_pages(cache.k, copy_src_W, copy_dst_W),
-                                v=copy_pages(cache.v, copy_src_W, copy_dst_W))
+
+def insert(cache: PagedKVCache, slots: Slots, logits_AV, adm: Admission, base_key, *, params: SamplingParams,
+           stop_ids: tuple[int, ...]):
+    """Start the admitted samples in their slots: copy the shared, partly filled prompt pages and draw each
+    sample's first token. Sample (i, j)'s key is fold_in(fold_in(base_key, i), j), so its tokens do not depend on
+    the slot it lands in. Returns (cache, slots, first tokens [Q], their log-probs [Q])."""
+    keys_Q = jax.vmap(lambda ij: jax.random.fold_in(jax.random.fold_in(base_key, ij[0]), ij[1]))(adm.ids)
+    step_keys_Q = jax.vmap(jax.random.fold_in)(keys_Q, jnp.zeros_like(adm.lens))
+    tok_Q, lp_Q = sample(step_keys_Q, logits_AV[adm.src], params)
+    put = lambda buf, val: buf.at[adm.dst].set(val, mode="drop")  # noqa: E731
+    cache = dataclasses.replace(cache, k=copy_pages(cache.k, adm.copy_src, adm.copy_dst),
+                                v=copy_pages(cache.v, adm.copy_src, adm.copy_dst))
     hit_Q = jnp.isin(tok_Q, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(tok_Q, bool)
-    slots = Slots(last_tok=put(slots.last_tok, tok_Q), pos=put(slots.pos, lens_Q), count=put(slots.count, 1),
-                  max_new=put(slots.max_new, max_new_Q), active=put(slots.active, ~hit_Q & (max_new_Q > 1)),
+    slots = Slots(last_tok=put(slots.last_tok, tok_Q), pos=put(slots.pos, adm.lens), count=put(slots.count, 1),
+                  max_new=put(slots.max_new, adm.max_new), active=put(slots.active, ~hit_Q & (adm.max_new > 1)),
                   stopped=put(slots.stopped, hit_Q), key=put(slots.key, keys_Q))
     return cache, slots, tok_Q, lp_Q
 

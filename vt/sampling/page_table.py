@@ -1,6 +1,7 @@
-"""Host-side bookkeeping of the paged KV cache: one pool of fixed-size pages, a page table per decode slot.
+"""The host half of the paged KV cache: how many pages the pool gets (the memory plan, checked before anything
+is allocated), and which page holds which tokens (a reference-counted pool, a page table per decode slot).
 
-The device holds the pages themselves (vt.model.paged: [L, K, pages, page_size, H] per K and V); this module
+The device holds the pages themselves (vt.model.kv_pages: [L, K, pages, page_size, H] per K and V); this module
 decides which page holds which tokens. A sample owns pages only for the tokens it has (plus the lookahead
 of the next decode call), returns them when it finishes, and the n samples of one prompt share the prompt's
 full pages (reference counts). A prompt's partly filled last page is copied for every sample but the last
@@ -13,10 +14,16 @@ keys (vt.sampling.engine), where its pages are and whether it was preempted and 
 from __future__ import annotations
 
 import heapq
+import os
+from typing import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from vt import VtError
+from vt.buckets import bucket
 
 
 def pages_for(tokens: int, page_size: int) -> int:
@@ -33,6 +40,91 @@ def pool_pages(kv_pages: int, kv_memory_fraction: float, page_bytes: int, worst_
     if free_device_bytes is None:
         return worst_case
     return max(1, min(worst_case, int(free_device_bytes * kv_memory_fraction) // page_bytes))
+
+
+# Host memory generate() holds until it returns, per sample (scheduler queue entry, result slot, Sample object)
+# and per generated token (token id and log-prob list slots). Lower bounds on purpose: work refused by them
+# cannot fit however it were represented.
+HOST_BYTES_PER_SAMPLE = 100
+HOST_BYTES_PER_TOKEN = 16
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def device_memory_bytes(mesh: Mesh | None = None) -> int:
+    """Memory of the devices a sampler uses, together (host memory on the CPU backend)."""
+    devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
+    if devices[0].platform == "cpu":  # CPU "devices" share the host's memory
+        return host_memory_bytes()
+    limits = [(d.memory_stats() or {}).get("bytes_limit") for d in devices]
+    return sum(limits) if all(limits) else host_memory_bytes()  # a backend that does not report it
+
+
+def free_device_bytes(mesh: Mesh | None = None) -> int | None:
+    """Free memory of the devices the KV pool is split over (its tensor axis), or None where the backend does not
+    report it (CPU): the pool is then sized for the worst case."""
+    stats = jax.local_devices()[0].memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    return free * (mesh.shape.get("tensor", 1) if mesh is not None else 1)  # the pool is split over tensor only
+
+
+def kv_pool_plan(mc, cfg, reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int,
+                 free_bytes: int | None) -> tuple[int, int, int]:
+    """(page table width M, bytes of one page over all layers with K and V, pages in the pool) for these requests
+    under the model config `mc` and SamplerConfig `cfg`: one home for the sizes the scheduler allocates and the
+    up-front memory check refuses."""
+    M = pages_for(_cache_length(reqs, max_context), cfg.page_size)
+    page_bytes = 2 * mc.num_layers * mc.num_kv_heads * cfg.page_size * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    pool = pool_pages(cfg.kv_pages, cfg.kv_memory_fraction, page_bytes, cfg.batch_size * M, free_bytes)
+    return M, page_bytes, pool
+
+
+def check_memory(mc, cfg, reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int, *,
+                 device_bytes: int, host_bytes: int, free_bytes: int | None = None,
+                 batch_name: str = "sampler batch_size", request_name: Callable[[int], str] = lambda i: f"request {i}"
+                 ) -> None:
+    """VtError, before anything is allocated, for work that cannot fit: the KV page pool these requests get
+    (kv_pool_plan: the worst case where free memory is not reported) plus the slots' page tables and per-call
+    outputs (device memory), or the samples and tokens generate() holds until it returns (host memory).
+    ``reqs``: (prompt, max_new_tokens, n) per request, as Engine.check returns them. The errors name
+    ``batch_name`` (or kv_pages when that sized the pool) or the request at fault."""
+    if not reqs:
+        return
+    B = cfg.batch_size
+    M, page_bytes, pool = kv_pool_plan(mc, cfg, reqs, max_context, free_bytes)
+    need = pool * page_bytes + B * M * 4 + B * cfg.steps_per_call * 8
+    if need > device_bytes:
+        what = (f"sampler config kv_pages {cfg.kv_pages}" if cfg.kv_pages else
+                f"{batch_name} {B}")
+        raise VtError(f"{what}: the KV cache ({pool} pages: {B} slots x {M} pages of {cfg.page_size} tokens at most) "
+                      f"and slot state need {_human(need)}, more than the {_human(device_bytes)} of device memory; "
+                      "lower it")
+    per_request = [n * (HOST_BYTES_PER_SAMPLE + HOST_BYTES_PER_TOKEN * mn) for _, mn, n in reqs]
+    if sum(per_request) > host_bytes:
+        i = int(np.argmax(per_request))
+        _, mn, n = reqs[i]
+        raise VtError(f"{request_name(i)}: n={n} samples of up to {mn} tokens: the requests would hold at least "
+                      f"{_human(sum(per_request))} of host memory until they finish, more than this host's "
+                      f"{_human(host_bytes)}; lower n or max_new_tokens, or split the input")
+
+
+def _cache_length(reqs: Sequence[tuple[np.ndarray, int, int]], max_context: int) -> int:
+    """Cache positions a slot may need in a generate call: the longest prompt + completion, bucketed (the page
+    table's width is a compiled shape; two buckets per octave keep the table tight and the programs few)."""
+    return min(bucket(max(len(p) + mn for p, mn, _ in reqs), 16, half_octaves=True), max_context)
 
 
 class PagePool:

@@ -1,0 +1,69 @@
+"""Attention without a KV cache: a row attends causally to itself within its segments (packed documents). Every
+path that has no cache (training, scoring, prefill of a prompt into fresh pages) goes through `self_attention`
+with an implementation `resolve` picked once, when the model is built. Decode attention, which reads a KV cache,
+belongs to the cache (vt.model.kv_pages). Adding an implementation: a name in `IMPLS` and a branch in
+`self_attention`. Shape letters as in vt.model.qwen2.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from vt.model.blocked_attention import blocked_attention
+
+IMPLS = ("xla", "jax", "splash", "auto")
+"""xla: vt's einsum attention (any backend; rows of two `ATTENTION_BLOCK`s or more are attended to block by block,
+vt.model.blocked_attention); jax: `jax.nn.dot_product_attention`, cuDNN flash attention on NVIDIA GPUs with a
+bf16/fp16 compute dtype (it has no fp32 kernel), its XLA form elsewhere (unpinned, JAX picks XLA everywhere);
+splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs (Pallas interpret mode,
+slow, elsewhere); auto: splash on TPU, jax on NVIDIA GPUs with a bf16/fp16 compute dtype, xla otherwise."""
+
+# Query/key blocks of the "xla" self-attention; rows shorter than two blocks are attended to in one piece. 64 was
+# the fastest of 32/64/128 for the tiny preset's train step on a CPU (8 x 256 rows: 98 / 114 / 138 ms, dense
+# 165 ms); a [64, 64] fp32 score block per head group stays in cache there.
+ATTENTION_BLOCK = 64
+
+
+def resolve(impl: str, dtype) -> str:
+    """The implementation `impl` runs as on this backend for compute dtype `dtype`: "auto" chosen, and "jax" made
+    "cudnn" where cuDNN's flash kernel applies (NVIDIA GPU, bf16/fp16)."""
+    backend = jax.default_backend()
+    cudnn = backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _is_cuda()
+    if impl == "auto":
+        impl = "splash" if backend == "tpu" else "jax" if cudnn else "xla"
+    return "cudnn" if impl == "jax" and cudnn else impl
+
+
+def _is_cuda() -> bool:
+    return "cuda" in jax.devices()[0].client.platform_version.lower()
+
+
+def dense_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):
+    """Reference attention of q against k, v under mask_BTS (True = may attend), fp32 scores."""
+    B, T, N, H = q_BTNH.shape
+    K = k_BSKH.shape[2]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q_BTKGH, k_BSKH, preferred_element_type=jnp.float32) * scale
+    # A large finite negative rather than -inf: a fully masked row (padding) then stays finite instead of NaN.
+    scores = jnp.where(mask_BTS[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH)
+    return out.reshape(B, T, N, H)
+
+
+def self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl: str):
+    """Causal attention of a row to itself within segments; `impl` is resolved (`resolve`). "splash" builds the
+    causal & same-segment mask from the segment ids inside the kernel; the others get it as a dense mask, except
+    "xla" on rows of two blocks or more, which runs block by block (no [B, N, T, T] scores, blocks above the
+    diagonal skipped)."""
+    T, H = q_BTNH.shape[1], q_BTNH.shape[-1]
+    if impl == "splash":
+        from vt.model.splash import splash_attention
+        return splash_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT)
+    if impl == "xla" and T >= 2 * ATTENTION_BLOCK:
+        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, ATTENTION_BLOCK)
+    mask_BTT = jnp.tril(jnp.ones((T, T), dtype=bool))[None] & (segment_ids_BT[:, :, None] == segment_ids_BT[:, None, :])
+    if impl == "xla":
+        return dense_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT, H ** -0.5)
+    return jax.nn.dot_product_attention(q_BTNH, k_BTKH, v_BTKH, mask=mask_BTT[:, None], scale=H ** -0.5,
+                                        implementation="cudnn" if impl == "cudnn" else None)

@@ -1,0 +1,199 @@
+"""The KV cache on device: a pool of pages, writing tokens into them, and attention over them.
+
+The pool holds, per layer, K and V pages [L, K, pages, page_size, H] (the layout of the TPU Pallas
+paged-attention kernel per layer, with the layer axis in front so a scan over layers can carry it). Slot (row) b
+owns the pages listed in row b of a page table [B, max_pages]; its token at position p lives at offset
+p % page_size of page table[b, p // page_size]. Which page belongs to whom is decided on the host: the sampler's
+page tables (vt.sampling.page_table), or a fixed table where each row owns its own run of pages (`for_rows`, for
+distill scoring and tests). Entries a slot does not own hold num_pages, where writes are dropped and reads clamp.
+
+The model sees the cache through two methods, `write` and `attend` (vt.model.qwen2.Attention). Shape letters as
+in vt.model.qwen2, plus: M max pages per slot, R pages per attention block, Z page size.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vt.model import online_softmax
+from vt.model.attention import self_attention
+from vt.sharding import param_sharding
+
+# Logical axes of a page pool [L, K, P, Z, H]: split over KV heads (tensor) and replicated over the batch axes,
+# since any slot may own any page.
+PAGE_POOL_AXES = (None, "kv_heads", None, None, None)
+
+# Pages per block of the decode attention's online softmax (the XLA path), and per compute block on TPU.
+PAGES_PER_BLOCK = 8
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PagedKVCache:
+    """The pool of every layer plus the page table of the slots being run. A pytree (donated to jit)."""
+    k: jax.Array           # [L, K, P, Z, H]
+    v: jax.Array           # [L, K, P, Z, H]
+    page_table: jax.Array  # [B, M] int32
+    # False (the sampler): a call of several tokens is a prompt written from position 0 into fresh pages, so its
+    # tokens attend to one another as without a cache (vt.model.attention). True (chunked scoring): every call
+    # continues what the pages already hold and attends to them.
+    continues: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # `unroll` of the model's scan over layers while this cache rides in it (a cost-analysis form unrolls them).
+    scan_unroll: ClassVar[int] = 1
+
+    @classmethod
+    def zeros(cls, cfg, num_pages: int, page_size: int, page_table, dtype=None, continues: bool = False):
+        shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
+        dtype = dtype or jnp.dtype(cfg.dtype)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), page_table=page_table, continues=continues)
+
+    @classmethod
+    def for_rows(cls, cfg, batch: int, length: int, page_size: int, dtype=None) -> "PagedKVCache":
+        """A cache of `batch` rows of `length` positions, row r owning pages r*M .. r*M + M - 1 (a fixed table),
+        whose calls continue one another (`continues`): chunked scoring, or any prefill then decode by hand."""
+        M = -(-length // page_size)
+        table = jnp.asarray(np.arange(batch * M, dtype=np.int32).reshape(batch, M))
+        return cls.zeros(cfg, batch * M, page_size, table, dtype, continues=True)
+
+    @classmethod
+    def shardings(cls, cfg, mesh, page_table) -> "PagedKVCache":
+        """The NamedShardings of a cache on `mesh` (`PAGE_POOL_AXES`), with `page_table` the page table's (split
+        over slots while decoding, replicated while prefilling)."""
+        pool = param_sharding(PAGE_POOL_AXES, (cfg.num_layers, cfg.num_kv_heads, 1, 1, cfg.head_dim), mesh,
+                              "KV page pool")
+        return cls(k=pool, v=pool, page_table=page_table)
+
+    @property
+    def page_size(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def num_pages(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, layer, k_BTKH, v_BTKH, positions_BT) -> "PagedKVCache":
+        """The cache with layer `layer`'s keys and values of these tokens written at their positions."""
+        return dataclasses.replace(self, k=write_pages(self.k, layer, k_BTKH, positions_BT, self.page_table),
+                                   v=write_pages(self.v, layer, v_BTKH, positions_BT, self.page_table))
+
+    def attend(self, layer, q_BTNH, k_BTKH, v_BTKH, positions_BT, segment_ids_BT, impl: str):
+        """Attention of layer `layer`'s queries at `positions_BT`, after `write`: a prompt prefilled into fresh pages
+        attends to its own keys and values (k, v) like the no-cache path, with `impl`; a decode step (or a
+        continuing chunk) attends to the pages, through the Pallas kernel on TPU for single tokens."""
+        T = q_BTNH.shape[1]
+        if T > 1 and not self.continues:
+            return self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl)
+        scale = q_BTNH.shape[-1] ** -0.5
+        if jax.default_backend() == "tpu" and T == 1:
+            return paged_attention_tpu(q_BTNH, self.k[layer], self.v[layer], self.page_table, positions_BT, scale)
+        return paged_attention_xla(q_BTNH, self.k, self.v, self.page_table, positions_BT, scale, layer=layer)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class CostAnalysisKVCache(PagedKVCache):
+    """Bench only (bench/sampler.py --roofline): the same decode step in a form whose every byte XLA's cost
+    analysis counts. The analysis counts a loop body once, so the layers are unrolled and attention reads exactly
+    every page block, unrolled; and it counts a scatter as reading and writing its whole operand (the pool)
+    although it updates in place, so each slot's token is written by its own dynamic-update-slice (a loop whose
+    body, counted once, leaves out B - 1 tokens: a negligible fraction of a step). Single-token steps only."""
+    scan_unroll: ClassVar[bool] = True
+
+    def write(self, layer, k_BTKH, v_BTKH, positions_BT) -> "CostAnalysisKVCache":
+        Z = self.page_size
+        page_B = jnp.take_along_axis(self.page_table, positions_BT // Z, axis=1)[:, 0]
+
+        def write_slots(pool, new_BTKH):
+            new_BKH = new_BTKH[:, 0].astype(pool.dtype)
+            one = lambda b, pool: jax.lax.dynamic_update_slice(  # noqa: E731
+                pool, new_BKH[b][None, :, None, None, :], (layer, 0, page_B[b], positions_BT[b, 0] % Z, 0))
+            return jax.lax.fori_loop(0, new_BTKH.shape[0], one, pool)
+        return dataclasses.replace(self, k=write_slots(self.k, k_BTKH), v=write_slots(self.v, v_BTKH))
+
+    def attend(self, layer, q_BTNH, k_BTKH, v_BTKH, positions_BT, segment_ids_BT, impl: str):
+        fold, carry, n_blocks, _ = page_blocks(q_BTNH, self.k, self.v, self.page_table, positions_BT,
+                                               q_BTNH.shape[-1] ** -0.5, layer=layer)
+        for i in range(n_blocks):
+            carry = fold(i, carry)
+        return online_softmax.finish(carry, q_BTNH.dtype)
+
+
+def write_pages(pool_LKPZH, layer: int, new_BTKH, positions_BT, page_table_BM):
+    """Write each token's key (or value) of `layer` at its page and offset. Tokens whose page entry is
+    unowned (= num_pages) are dropped: prefill padding past a prompt's pages writes nothing."""
+    Z = pool_LKPZH.shape[3]
+    M = page_table_BM.shape[1]
+    page_BT = jnp.take_along_axis(page_table_BM, jnp.clip(positions_BT // Z, 0, M - 1), axis=1)
+    page_BT = jnp.where(positions_BT // Z < M, page_BT, pool_LKPZH.shape[2])
+    off_BT = positions_BT % Z
+    # [B, T, K, H] -> one scatter of B*T rows of K x H into the layer's pool.
+    return pool_LKPZH.at[layer, :, page_BT, off_BT].set(new_BTKH.astype(pool_LKPZH.dtype), mode="drop")
+
+
+def copy_pages(pool_LKPZH, src_W, dst_W):
+    """pool[:, :, dst] = pool[:, :, src] for every layer (copy-on-write of a shared, partly filled page).
+    dst = num_pages drops the copy (padding)."""
+    return pool_LKPZH.at[:, :, dst_W].set(pool_LKPZH[:, :, jnp.clip(src_W, 0, pool_LKPZH.shape[2] - 1)],
+                                          mode="drop")
+
+
+def page_blocks(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale, pages_per_block: int = PAGES_PER_BLOCK,
+                layer: int | None = None):
+    """The pieces of paged attention: (fold(i, carry): block i of `pages_per_block` pages folded into an online
+    softmax, the empty carry, the number of blocks the table holds, the blocks up to the batch's largest
+    position). `paged_attention_xla` loops over them; `CostAnalysisKVCache` unrolls them."""
+    B, T, N, H = q_BTNH.shape
+    K, P, Z, _ = k_KPZH.shape[-4:]
+    if layer is not None:
+        # Slice the layer, then gather: XLA fuses the slice into the gather, which then reads only the gathered
+        # pages; a gather indexed by (layer, page) directly is costed as reading the whole pool.
+        k_KPZH, v_KPZH = k_KPZH[layer], v_KPZH[layer]
+    M = page_table_BM.shape[1]
+    R = min(pages_per_block, M)
+    if M % R:  # pad the table to whole blocks; the padding is never visible
+        page_table_BM = jnp.pad(page_table_BM, ((0, 0), (0, R - M % R)), constant_values=P)
+        M = page_table_BM.shape[1]
+    q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
+    dt = q_BTNH.dtype
+
+    def fold(i, carry):
+        pages_BR = jnp.clip(jax.lax.dynamic_slice_in_dim(page_table_BM, i * R, R, axis=1), 0, P - 1)
+        k_KBSH = k_KPZH[:, pages_BR].reshape(K, B, R * Z, H).astype(dt)
+        v_KBSH = v_KPZH[:, pages_BR].reshape(K, B, R * Z, H).astype(dt)
+        visible_BTS = (i * R * Z + jnp.arange(R * Z))[None, None, :] <= positions_BT[:, :, None]
+        return online_softmax.fold_block(carry, q_BTKGH, k_KBSH, v_KBSH, visible_BTS, scale, "kbsh")
+
+    live = jnp.minimum(jnp.max(positions_BT) // (R * Z) + 1, M // R)
+    return fold, online_softmax.start(B, K, N // K, T, H), M // R, live
+
+
+def paged_attention_xla(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale,
+                        pages_per_block: int = PAGES_PER_BLOCK, layer: int | None = None):
+    """Queries at `positions_BT` against the pages each slot owns, up to its position (a query at p sees
+    positions 0..p of its own slot). The page table is read `pages_per_block` pages at a time, gathering those
+    pages of every slot, with an online softmax across blocks (as flash-decoding does); only the blocks up to
+    the batch's largest position are read (a while loop). fp32 scores and accumulators; equal to dense attention
+    up to rounding. With `layer`, k and v are the whole pool [L, K, P, Z, H]."""
+    fold, carry, _, live = page_blocks(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale, pages_per_block,
+                                       layer)
+    return online_softmax.finish(jax.lax.fori_loop(0, live, fold, carry), q_BTNH.dtype)
+
+
+def paged_attention_tpu(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale,
+                        pages_per_block: int = PAGES_PER_BLOCK):
+    """One decode query per slot (T = 1) through the Pallas paged-attention kernel that ships with JAX."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+    B, T, N, H = q_BTNH.shape
+    P = k_KPZH.shape[1]
+    M = page_table_BM.shape[1]
+    R = min(pages_per_block, M)
+    while M % R:  # the kernel wants whole compute blocks
+        R -= 1
+    out_BNH = paged_attention((q_BTNH[:, 0] * scale).astype(k_KPZH.dtype), k_KPZH, v_KPZH,
+                              (positions_BT[:, 0] + 1).astype(jnp.int32), jnp.clip(page_table_BM, 0, P - 1),
+                              pages_per_compute_block=R)
+    return out_BNH[:, None].astype(q_BTNH.dtype)
