@@ -101,7 +101,7 @@ def word_tokens(text: str) -> list[str]:
 
 
 def count_placeholders(text: str) -> int:
-    """len(re.findall(r"\[.*?\]", text)) (IFEval's count) in linear time: the regex is quadratic on a
+    r"""len(re.findall(r"\[.*?\]", text)) (IFEval's count) in linear time: the regex is quadratic on a
     line of many "[" without a "]"."""
     count = 0
     for line in text.split("\n"):
