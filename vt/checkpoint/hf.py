@@ -27,6 +27,7 @@ from vt.checkpoint.io import atomic_output_dir
 from vt.checkpoint.seal import write_seal
 from vt.distributed import is_primary
 from vt.model.config import ModelConfig, from_hf_config, to_hf_config
+from vt.model.lora import PROJECTIONS, targets
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
@@ -293,7 +294,6 @@ def peft_adapter_tensors(cfg: ModelConfig, adapters: dict[str, np.ndarray]) -> d
     """vt's stacked adapters ("layers.attn.q_lora_a" [L, in..., r], "..._lora_b" [L, r, out...]) as PEFT's
     per-layer torch Linear factors: lora_A.weight [r, in], lora_B.weight [out, in -> r] (heads flattened as the
     HF projections flatten them)."""
-    from vt.model.lora import PROJECTIONS, targets
     out = {}
     for name in targets(cfg.lora_targets):
         module_name, _ = PROJECTIONS[name]
@@ -309,7 +309,6 @@ def peft_adapter_tensors(cfg: ModelConfig, adapters: dict[str, np.ndarray]) -> d
 def write_peft_adapter(out_dir: Path, cfg: ModelConfig, adapters: dict[str, np.ndarray], *, base_model: str) -> None:
     """adapter_config.json and adapter_model.safetensors (float32) of a LoRA model, into an existing `out_dir`
     (process 0 writes; the caller seals)."""
-    from vt.model.lora import targets
     tensors = peft_adapter_tensors(cfg, adapters)
     if not is_primary():
         return

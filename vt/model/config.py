@@ -7,6 +7,7 @@ from typing import Any
 
 from vt import VtError
 from vt.model.attention import IMPLS
+from vt.model.lora import targets
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 """none: keep all activations; full: recompute each decoder layer in the backward pass;
@@ -63,7 +64,6 @@ class ModelConfig:
             raise VtError(f"model config: fields lora_rank={self.lora_rank} (>= 0), lora_alpha={self.lora_alpha} "
                           f"(> 0), lora_dropout={self.lora_dropout} (in [0, 1)) out of range")
         if self.lora_rank:
-            from vt.model.lora import targets
             targets(self.lora_targets)
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                      "vocab_pad_multiple"):
