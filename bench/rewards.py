@@ -43,7 +43,7 @@ from vt.rewards.sandbox import default_python  # noqa: E402
 
 
 def math_items(n: int) -> tuple[list[dict], list[str]]:
-    golds = [row["reward_model"]["ground_truth"] for row in pq.read_table(REPO / "tests/data/aime25.parquet").to_pylist()]
+    golds = [row["reward_model"]["ground_truth"] for row in pq.read_table(REPO / "tests/assets/aime25.parquet").to_pylist()]
     records, completions = [], []
     for i in range(n):
         g = int(golds[i % len(golds)])

@@ -22,7 +22,7 @@ def get_config(arg=None):
     variant = parse_arg(arg, "clr", "smoke")
     c = ml_collections.ConfigDict()
     c.name = "aime25"  # label in the summary table and plot
-    c.data = "tests/data/aime25.parquet"  # verl parquet: prompt messages + reward_model.ground_truth
+    c.data = "tests/assets/aime25.parquet"  # verl parquet: prompt messages + reward_model.ground_truth
     c.domain = "math"  # reward: last \boxed{} after </think>, math-verify with gold first
     c.limit = 0  # 0 = all 30 problems
     c.system_prompt = ""  # the file's prompts already ask for \boxed{}; VibeThinker's eval adds no system prompt

@@ -16,7 +16,7 @@ What a user must supply (paths relative to where vt runs; override any with --co
     data/sft/heldout.jsonl              held-out chat records (eval loss)
     data/probe/{math,code,stem}.jsonl   per-domain probing prompts with references (Pass@K selection)
     data/rl/{math.parquet,code,stem,instruct}.jsonl   RL prompts with ground truth / unit tests / constraints
-    data/eval/...                       benchmark files named by configs/eval_*.py (AIME25 ships in tests/data)
+    data/eval/...                       benchmark files named by configs/eval_*.py (AIME25 ships in tests/assets)
 
 Each stage section starts from that stage's own config file (configs/sft_stage1.py, sft_stage2.py,
 mgpo_math.py, long2short.py, mgpo_code.py, mgpo_stem.py, instruct_rl.py, self_distill.py and eval_*.py document
@@ -99,7 +99,7 @@ def get_config(arg=None):
     s.select.sampler = sampler(n=16, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=512)
 
     s.rl_math = rl_stage(mgpo_math.get_config(None), "math", "data/rl/math.parquet", 400,
-                         eval_data="tests/data/aime25.parquet")
+                         eval_data="tests/assets/aime25.parquet")
     s.long2short = rl_stage(long2short.get_config(None), "math", "data/rl/math.parquet", 100)
     s.rl_code = rl_stage(mgpo_code.get_config(None), "code", "data/rl/code.jsonl", 300)
     s.rl_code.rewards.code.workers = 32

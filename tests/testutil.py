@@ -36,6 +36,20 @@ def make_hf_model(tie: bool, seed: int = 0, **overrides):
     return model
 
 
+@pytest.fixture(scope="module")
+def tiny_setup():
+    """The tiny preset on one device: (ModelConfig, mesh, ModelDef, flat params of seed 0)."""
+    import jax
+    from vt.checkpoint.params import flat_params
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
+    from vt.sharding import MeshConfig, make_mesh
+    from vt.train.state import ModelDef
+    cfg = preset("tiny")
+    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
+    return cfg, mesh, ModelDef(cfg), flat_params(create_model(cfg, mesh, seed=0))
+
+
 def run_vt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "vt", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})})

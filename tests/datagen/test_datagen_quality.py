@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from eval_helpers import AIME
+from eval_helpers import AIME, aime_rows  # noqa: F401 (aime_rows: a session fixture)
 from vt.datagen import commands
 from vt.io import ResumableWriter
 from vt.datagen.quality import DedupConfig, Deduplicator, FilterConfig, filter_step, templated_score

@@ -4,6 +4,7 @@ import argparse
 import json
 import re
 
+from eval_helpers import math_reward  # noqa: F401 (session fixture)
 from vt.data.curriculum import load_pass_rates
 from vt.io import ResumableWriter
 from vt.datagen.stages import run_stage

@@ -5,6 +5,7 @@ import re
 import numpy as np
 import pytest
 
+from eval_helpers import math_reward  # noqa: F401 (session fixture)
 from vt.eval import clr
 from vt.eval.answers import math_equivalence
 from vt.eval.generation import Completion
@@ -82,7 +83,7 @@ def test_eval_smoke_with_clr_through_the_real_sampler(tmp_path):
     commands.register(parser.add_subparsers())
     cfg = Path(__file__).resolve().parents[2] / "configs" / "eval_aime25.py"
     args, extra = parser.parse_known_args(["eval", "--config", f"{cfg}:smoke", "--out", str(tmp_path)])
-    args.config_overrides = extra + [f"--config.data={Path(__file__).resolve().parents[1] / 'data' / 'aime25.parquet'}"]
+    args.config_overrides = extra + [f"--config.data={Path(__file__).resolve().parents[1] / 'assets' / 'aime25.parquet'}"]
     assert args.func(args) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["problems"] == 2 and summary["clr_runs"] == 4 and "clr@2" in summary

@@ -7,6 +7,7 @@ from fractions import Fraction
 import pytest
 
 from eval_helpers import AIME, PATTERNS, StandIn
+from eval_helpers import aime_rows, math_reward  # noqa: F401 (session fixtures)
 from vt import VtError
 from vt.eval.runner import ClrConfig, EvalConfig, run_eval
 from vt.sampling.engine import SamplerConfig

@@ -1,4 +1,4 @@
-"""Helpers shared by the reward tests: process listing, RSS, a peak sampler, the test data directory."""
+"""Helpers shared by the reward tests: process listing, RSS, a peak sampler, the test assets directory."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import threading
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 def processes_matching(uids=(), needle: bytes | None = None) -> list[int]:

@@ -13,7 +13,7 @@ from vt.rewards.base import RewardSpecError, scores_and_mask
 from vt.rewards.math_reward import MathReward, boxed_answers, hedge_reason, top_level_items
 from vt.rewards.workers import WorkerError, WorkerPool
 
-from .conftest import DATA
+from .conftest import ASSETS
 
 DEADLINE_S = 6.0
 
@@ -26,7 +26,7 @@ def reward():
 
 @pytest.fixture(scope="module")
 def aime():
-    rows = pq.read_table(DATA / "aime25.parquet").to_pylist()
+    rows = pq.read_table(ASSETS / "aime25.parquet").to_pylist()
     assert len(rows) == 30
     return [{"reward_model": row["reward_model"], "prompt": row["prompt"]} for row in rows]
 

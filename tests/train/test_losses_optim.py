@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train_helpers import random_batch, tiny_setup  # noqa: F401 (fixture)
+from testutil import tiny_setup  # noqa: F401 (fixture)
+from train_helpers import random_batch
 from vt import VtError
 from vt.train.losses import masked_nll_sum, token_logps
 from vt.train.optim import OptimConfig, lr_schedule, make_optimizer, warmup_steps

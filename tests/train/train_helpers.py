@@ -1,25 +1,7 @@
 """Helpers for the learner tests (not a conftest.py: tests/conftest.py is imported as `conftest`)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
-import pytest
-
-
-
-@pytest.fixture(scope="module")
-def tiny_setup():
-    import jax
-    from vt.checkpoint.params import flat_params
-    from vt.model.config import preset
-    from vt.model.qwen2 import create_model
-    from vt.sharding import MeshConfig, make_mesh
-    from vt.train.state import ModelDef
-    cfg = preset("tiny")
-    mesh = make_mesh(MeshConfig(1, 1, 1), devices=jax.devices()[:1])
-    return cfg, mesh, ModelDef(cfg), flat_params(create_model(cfg, mesh, seed=0))
 
 
 def random_batch(rng: np.random.Generator, A: int, B: int, T: int, vocab: int = 512) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from train_helpers import tiny_setup  # noqa: F401 (fixture)
+from testutil import tiny_setup  # noqa: F401 (fixture)
 from vt import VtError
 from vt.checkpoint.manager import CHECKSUM_FILE, CheckpointConfig, CheckpointManager
 from vt.train.optim import OptimConfig, make_optimizer

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from eval_helpers import AIME, StandIn, aime_rows, math_reward  # noqa: F401 (session fixtures)
 from vt import VtError
 from vt.distill.scoring import Scorer, ScoringConfig
 from vt.distill.selection import DomainRule, ScoredTrace, band_select, select
@@ -102,7 +103,6 @@ def test_select_mixes_domains_by_weight():
 
 def test_self_distill_end_to_end(tmp_path, aime_rows, math_reward, tiny_model):
     """Stand-in RL checkpoint on AIME -> verified traces only -> S_LP by the tiny student -> band selection."""
-    from eval_helpers import AIME, StandIn
     from vt.data.tokenizer import build_tiny_tokenizer
     from vt.distill.run import Rules, Selection, SelfDistillConfig, Source, Sources, run_self_distill
     from vt.sampling.engine import SamplerConfig

