@@ -1,4 +1,13 @@
-"""Session fixtures shared by every test folder; the helpers behind them live in testutil.py."""
+"""Session fixtures shared by every test folder (the helpers behind them live in testutil.py), and the
+`devices(n)` marker: a test that needs n simulated CPU devices runs in a child pytest process started with them
+(JAX fixes its device count when it starts, and this process already started it with one)."""
+import fcntl
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,20 +15,43 @@ import pytest
 from testutil import make_hf_model, run_vt
 
 
-@pytest.fixture(scope="session", params=[True, False], ids=["tied", "untied"])
-def hf_dir(request, tmp_path_factory) -> Path:
-    """An HF directory (save_pretrained) of a tiny random Qwen2, tied and untied."""
-    path = tmp_path_factory.mktemp(f"hf_{request.param}")
-    make_hf_model(tie=request.param).save_pretrained(path)
+@pytest.fixture(scope="session", autouse=True)
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory shared by this session's xdist workers and its devices(n) child processes (they inherit
+    VT_TEST_SHARED_DIR), where session fixtures that cost a subprocess or a torch model are built once."""
+    if "VT_TEST_SHARED_DIR" not in os.environ:
+        root = tmp_path_factory.getbasetemp()
+        root = root.parent if "PYTEST_XDIST_WORKER" in os.environ else root  # the workers' common parent
+        (root / "shared").mkdir(exist_ok=True)
+        os.environ["VT_TEST_SHARED_DIR"] = str(root / "shared")
+    return Path(os.environ["VT_TEST_SHARED_DIR"])
+
+
+def build_once(path: Path, build) -> Path:
+    """`build(tmp)` once per `path` across processes (a file lock; the result appears whole, by a rename)."""
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            partial = path.with_name(path.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            build(partial)
+            partial.rename(path)
     return path
 
 
+@pytest.fixture(scope="session", params=[True, False], ids=["tied", "untied"])
+def hf_dir(request, shared_dir) -> Path:
+    """An HF directory (save_pretrained) of a tiny random Qwen2, tied and untied."""
+    return build_once(shared_dir / f"hf_{request.param}", lambda d: make_hf_model(tie=request.param).save_pretrained(d))
+
+
 @pytest.fixture(scope="session")
-def vt_ckpt(hf_dir, tmp_path_factory) -> Path:
+def vt_ckpt(hf_dir, shared_dir) -> Path:
     """`hf_dir` converted with the real CLI."""
-    out = tmp_path_factory.mktemp("ckpt") / "ck"
-    run_vt("convert", "hf-to-orbax", str(hf_dir), str(out), check=True)
-    return out
+    def convert(d: Path):
+        d.mkdir()
+        run_vt("convert", "hf-to-orbax", str(hf_dir), str(d / "ck"), check=True)
+    return build_once(shared_dir / f"ckpt_{hf_dir.name}", convert) / "ck"
 
 
 # Property tests draw the same examples on every run of the suite (CI must not turn red by luck); pass
@@ -29,3 +61,37 @@ from hypothesis import settings as _hypothesis_settings  # noqa: E402
 _hypothesis_settings.register_profile("ci", derandomize=True, database=None)
 _hypothesis_settings.register_profile("explore", max_examples=500)
 _hypothesis_settings.load_profile("ci")
+
+
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "devices(n, timeout=900): runs in a child pytest process with n simulated CPU "
+                                       "devices (XLA_FLAGS); the test's fixtures are set up there")
+
+
+def _device_count_flag() -> int | None:
+    m = re.search(DEVICE_COUNT_FLAG + r"=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(m.group(1)) if m else None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("devices")
+        if marker is None or _device_count_flag() == marker.args[0]:
+            continue  # not marked, or this is the child: the test runs here
+        item.fixturenames = ["shared_dir"]  # the rest are set up in the child
+        item.runtest = functools.partial(_run_in_child, item, marker.args[0], marker.kwargs.get("timeout", 900))
+
+
+def _run_in_child(item, devices: int, timeout: int) -> None:
+    flags = re.sub(DEVICE_COUNT_FLAG + r"=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
+    env |= {"XLA_FLAGS": f"{flags} {DEVICE_COUNT_FLAG}={devices}".strip(), "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-s", "--no-header", "-p", "no:xdist", item.nodeid]
+    proc = subprocess.run(cmd, cwd=item.config.rootpath, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{item.nodeid} on {devices} simulated devices (child pytest, exit {proc.returncode}):\n"
+                    f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}", pytrace=False)
+    print(proc.stdout[-5000:])

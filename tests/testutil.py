@@ -7,7 +7,6 @@ import os
 import struct
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -56,17 +55,6 @@ def run_vt(*args: str, check: bool = False, env: dict | None = None) -> subproce
     if check and proc.returncode != 0:
         raise AssertionError(f"vt {' '.join(args)} failed:\n{proc.stderr}")
     return proc
-
-
-def run_multidevice(code: str, devices: int = 8, timeout: int = 600) -> str:
-    """Run `code` in a fresh interpreter with `devices` simulated CPU devices (this process already initialised
-    JAX with one). Returns stdout; raises with stderr on failure."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"multi-device subprocess failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout
 
 
 @contextlib.contextmanager

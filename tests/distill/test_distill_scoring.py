@@ -48,25 +48,20 @@ def test_scorer_rejects_empty(tiny_model):
         Scorer(tiny_model).nll([[1, 2]], [[]])
 
 
+@pytest.mark.devices(4)
 def test_scorer_sharded_matches_unsharded():
-    from testutil import run_multidevice
-    out = run_multidevice("""
-        import numpy as np, jax
-        from vt.model.config import preset
-        from vt.model.qwen2 import create_model
-        from vt.sharding import MeshConfig, make_mesh
-        from vt.distill.scoring import Scorer, ScoringConfig
-        cfg = preset("tiny", max_position_embeddings=128)
-        mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
-        rng = np.random.default_rng(1)
-        prompts = [rng.integers(0, 512, int(n)).tolist() for n in (3, 9, 4, 20)]
-        comps = [rng.integers(0, 512, int(n)).tolist() for n in (7, 2, 30, 5)]
-        sharded = ScoringConfig(batch_size=4, chunk_tokens=16, min_bucket=8)
-        a = Scorer(create_model(cfg, mesh, seed=0), sharded, mesh).nll(prompts, comps)
-        b = Scorer(create_model(cfg, None, seed=0), ScoringConfig(batch_size=3, min_bucket=8)).nll(prompts, comps)
-        print("MAXDIFF", float(np.max(np.abs(a - b))))
-    """, devices=4)
-    assert float(out.split("MAXDIFF")[1]) < 1e-4
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
+    from vt.sharding import MeshConfig, make_mesh
+    cfg = preset("tiny", max_position_embeddings=128)
+    mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 512, int(n)).tolist() for n in (3, 9, 4, 20)]
+    comps = [rng.integers(0, 512, int(n)).tolist() for n in (7, 2, 30, 5)]
+    sharded = ScoringConfig(batch_size=4, chunk_tokens=16, min_bucket=8)
+    a = Scorer(create_model(cfg, mesh, seed=0), sharded, mesh).nll(prompts, comps)
+    b = Scorer(create_model(cfg, None, seed=0), ScoringConfig(batch_size=3, min_bucket=8)).nll(prompts, comps)
+    assert float(np.max(np.abs(a - b))) < 1e-4
 
 
 def T(i, length, score, domain="math"):

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from testutil import run_multidevice
 from vt import VtError
 from vt.model.config import preset
 from vt.model.attention import dense_attention as _xla_attention
@@ -161,68 +160,65 @@ def test_auto_resolves_to_xla_on_cpu():
             preset("tiny", attention_impl=gone)
 
 
+@pytest.mark.devices(8)
 def test_splash_under_mesh_runs_per_shard():
     """8 simulated devices. (data 2, fsdp 2, tensor 2): batch over data x fsdp, heads over tensor, and the
     compiled forward and backward contain no collective at all (the kernel runs on each shard's own heads).
     (data 2, tensor 4) with 8 query / 2 kv heads: kv heads do not divide over tensor, so they are repeated per
     query head; still equal to XLA. Last, the tiny model created sharded on the first mesh gives the logits of
     the single-device XLA model."""
-    out = run_multidevice(f"""
-        import jax, jax.numpy as jnp, numpy as np
-        from vt.model.config import preset
-        from vt.model.attention import dense_attention as _xla_attention
-        from vt.model.qwen2 import create_model
-        from vt.model.splash import splash_attention
-        from vt.sharding import MeshConfig, make_mesh, use_mesh
-        assert len(jax.devices()) == 8
-        T = 128
-        seg_row = np.repeat([1, 2, 0], [50, 70, 8])
-        for mesh_cfg, (B, N, K, H), no_collectives in [(MeshConfig(data=2, fsdp=2, tensor=2), (4, 4, 2, 64), True),
-                                                       (MeshConfig(data=2, fsdp=1, tensor=4), (2, 8, 2, 64), False)]:
-            mesh = make_mesh(mesh_cfg)
-            rng = np.random.default_rng(0)
-            q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(B, T, N, H), (B, T, K, H), (B, T, K, H)])
-            seg = jnp.asarray(np.tile(seg_row, (B, 1)), jnp.int32)
-            mask = jnp.tril(jnp.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :])
-            want = _xla_attention(q, k, v, mask, H ** -0.5)
-            want_g = jax.grad(lambda q, k, v: _xla_attention(q, k, v, mask, H ** -0.5).sum(),
-                              argnums=(0, 1, 2))(q, k, v)
-            put = lambda x, spec: jax.device_put(x, jax.NamedSharding(mesh, jax.P(*spec)))
-            kv_spec = (("data", "fsdp"), None, "tensor" if K % mesh.shape["tensor"] == 0 else None)
-            qs, ks, vs = put(q, (("data", "fsdp"), None, "tensor")), put(k, kv_spec), put(v, kv_spec)
-            segs = put(seg, (("data", "fsdp"),))
-            with use_mesh(mesh):
-                fwd = jax.jit(lambda q, k, v, s: splash_attention(q, k, v, s, interpret=True))
-                bwd = jax.jit(jax.grad(lambda q, k, v, s: splash_attention(q, k, v, s, interpret=True).sum(),
-                                       argnums=(0, 1, 2)))
-                got, got_g = fwd(qs, ks, vs, segs), bwd(qs, ks, vs, segs)
-                hlo = fwd.lower(qs, ks, vs, segs).compile().as_text() + bwd.lower(qs, ks, vs, segs).compile().as_text()
-            assert got.sharding.spec[2] == "tensor", got.sharding
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol={FP32_ATOL}, rtol=0)
-            for a, b in zip(got_g, want_g):
-                # d(sum)/dk and dv add up over all the queries of a group (entries reach ~20): relative bound
-                scale = max(1.0, float(np.abs(np.asarray(b)).max()))
-                np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol={FP32_ATOL} * scale, rtol=0)
-            print(mesh_cfg, "max abs diff", np.abs(np.asarray(got) - np.asarray(want)).max(),
-                  [(float(np.abs(np.asarray(a) - np.asarray(b)).max()), float(np.abs(np.asarray(b)).max()))
-                   for a, b in zip(got_g, want_g)])
-            if no_collectives:
-                for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter", "collective-permute"):
-                    assert op not in hlo, op
-
-        mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
-        cfg = preset("tiny", initializer_range=0.2)
-        ref = create_model(cfg, seed=3)
-        sharded = create_model(cfg.replace(attention_impl="splash"), mesh=mesh, seed=3)
-        tokens = jnp.asarray(np.random.RandomState(0).randint(0, 512, (4, T)), jnp.int32)
-        seg = jnp.asarray(np.tile(seg_row, (4, 1)), jnp.int32)
-        forward = jax.jit(lambda m, t, s: m(t, None, s)[0])
-        want = np.asarray(forward(ref, tokens, seg))
+    import jax, jax.numpy as jnp, numpy as np
+    from vt.model.config import preset
+    from vt.model.attention import dense_attention as _xla_attention
+    from vt.model.qwen2 import create_model
+    from vt.model.splash import splash_attention
+    from vt.sharding import MeshConfig, make_mesh, use_mesh
+    assert len(jax.devices()) == 8
+    T = 128
+    seg_row = np.repeat([1, 2, 0], [50, 70, 8])
+    for mesh_cfg, (B, N, K, H), no_collectives in [(MeshConfig(data=2, fsdp=2, tensor=2), (4, 4, 2, 64), True),
+                                                   (MeshConfig(data=2, fsdp=1, tensor=4), (2, 8, 2, 64), False)]:
+        mesh = make_mesh(mesh_cfg)
+        rng = np.random.default_rng(0)
+        q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(B, T, N, H), (B, T, K, H), (B, T, K, H)])
+        seg = jnp.asarray(np.tile(seg_row, (B, 1)), jnp.int32)
+        mask = jnp.tril(jnp.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :])
+        want = _xla_attention(q, k, v, mask, H ** -0.5)
+        want_g = jax.grad(lambda q, k, v: _xla_attention(q, k, v, mask, H ** -0.5).sum(),
+                          argnums=(0, 1, 2))(q, k, v)
+        put = lambda x, spec: jax.device_put(x, jax.NamedSharding(mesh, jax.P(*spec)))
+        kv_spec = (("data", "fsdp"), None, "tensor" if K % mesh.shape["tensor"] == 0 else None)
+        qs, ks, vs = put(q, (("data", "fsdp"), None, "tensor")), put(k, kv_spec), put(v, kv_spec)
+        segs = put(seg, (("data", "fsdp"),))
         with use_mesh(mesh):
-            got = np.asarray(forward(sharded, tokens, seg))
-        err = np.abs(got - want).max()
-        assert err <= {FP32_ATOL} * np.abs(want).max(), err  # relative to the logit scale, as on one device
-        print("model logits max abs diff", err, "max logit", np.abs(want).max())
-        print("OK")
-    """)
-    assert "OK" in out
+            fwd = jax.jit(lambda q, k, v, s: splash_attention(q, k, v, s, interpret=True))
+            bwd = jax.jit(jax.grad(lambda q, k, v, s: splash_attention(q, k, v, s, interpret=True).sum(),
+                                   argnums=(0, 1, 2)))
+            got, got_g = fwd(qs, ks, vs, segs), bwd(qs, ks, vs, segs)
+            hlo = fwd.lower(qs, ks, vs, segs).compile().as_text() + bwd.lower(qs, ks, vs, segs).compile().as_text()
+        assert got.sharding.spec[2] == "tensor", got.sharding
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=FP32_ATOL, rtol=0)
+        for a, b in zip(got_g, want_g):
+            # d(sum)/dk and dv add up over all the queries of a group (entries reach ~20): relative bound
+            scale = max(1.0, float(np.abs(np.asarray(b)).max()))
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=FP32_ATOL * scale, rtol=0)
+        print(mesh_cfg, "max abs diff", np.abs(np.asarray(got) - np.asarray(want)).max(),
+              [(float(np.abs(np.asarray(a) - np.asarray(b)).max()), float(np.abs(np.asarray(b)).max()))
+               for a, b in zip(got_g, want_g)])
+        if no_collectives:
+            for op in ("all-gather", "all-to-all", "all-reduce", "reduce-scatter", "collective-permute"):
+                assert op not in hlo, op
+
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    cfg = preset("tiny", initializer_range=0.2)
+    ref = create_model(cfg, seed=3)
+    sharded = create_model(cfg.replace(attention_impl="splash"), mesh=mesh, seed=3)
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, 512, (4, T)), jnp.int32)
+    seg = jnp.asarray(np.tile(seg_row, (4, 1)), jnp.int32)
+    forward = jax.jit(lambda m, t, s: m(t, None, s)[0])
+    want = np.asarray(forward(ref, tokens, seg))
+    with use_mesh(mesh):
+        got = np.asarray(forward(sharded, tokens, seg))
+    err = np.abs(got - want).max()
+    assert err <= FP32_ATOL * np.abs(want).max(), err  # relative to the logit scale, as on one device
+    print("model logits max abs diff", err, "max logit", np.abs(want).max())

@@ -13,7 +13,6 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import vt.model.attention as attention
-from testutil import run_multidevice
 from vt.checkpoint.params import load_model
 from vt.model.blocked_attention import blocked_attention
 from vt.model.attention import dense_attention as _xla_attention
@@ -106,35 +105,33 @@ def test_model_uses_blocks_on_long_rows_and_matches_transformers(hf_dir, vt_ckpt
     np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), atol=FP32_TOL, rtol=0)
 
 
+@pytest.mark.devices(8)
 def test_sharded_model_gradients_equal_dense(vt_ckpt):
     """On the (data 2, fsdp 2, tensor 2) mesh the loss gradients through blocked attention equal the dense path's
     on one device."""
-    out = run_multidevice(f"""
-        import jax, jax.numpy as jnp, numpy as np
-        from flax import nnx
-        import vt.model.attention as attention
-        from vt.checkpoint.params import load_model
-        from vt.sharding import MeshConfig, make_mesh, use_mesh
-        mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
-        rng = np.random.RandomState(0)
-        tokens = jnp.asarray(rng.randint(0, 300, (4, 160)), jnp.int32)
-        seg = jnp.asarray(np.sort(rng.randint(1, 4, (4, 160)), axis=1), jnp.int32)
+    import jax, jax.numpy as jnp, numpy as np
+    from flax import nnx
+    import vt.model.attention as attention
+    from vt.checkpoint.params import load_model
+    from vt.sharding import MeshConfig, make_mesh, use_mesh
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    rng = np.random.RandomState(0)
+    tokens = jnp.asarray(rng.randint(0, 300, (4, 160)), jnp.int32)
+    seg = jnp.asarray(np.sort(rng.randint(1, 4, (4, 160)), axis=1), jnp.int32)
 
-        def loss(state, graphdef, tokens, seg):
-            logits = nnx.merge(graphdef, state)(tokens, segment_ids_BT=seg)[0]
-            return jax.nn.log_softmax(logits).mean()
+    def loss(state, graphdef, tokens, seg):
+        logits = nnx.merge(graphdef, state)(tokens, segment_ids_BT=seg)[0]
+        return jax.nn.log_softmax(logits).mean()
 
-        def grads(model):
-            graphdef, state = nnx.split(model)
-            return jax.jit(jax.grad(loss), static_argnums=1)(state, graphdef, tokens, seg)
+    def grads(model):
+        graphdef, state = nnx.split(model)
+        return jax.jit(jax.grad(loss), static_argnums=1)(state, graphdef, tokens, seg)
 
-        with use_mesh(mesh):
-            sharded = grads(load_model("{vt_ckpt}", mesh=mesh))
-        attention.ATTENTION_BLOCK = 10 ** 6
-        dense = grads(load_model("{vt_ckpt}"))
-        worst = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(dense)))
-        assert worst < {FP32_TOL}, worst
-        print("OK", worst)
-    """)
-    assert "OK" in out
+    with use_mesh(mesh):
+        sharded = grads(load_model(vt_ckpt, mesh=mesh))
+    attention.ATTENTION_BLOCK = 10 ** 6
+    dense = grads(load_model(vt_ckpt))
+    worst = max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+                for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(dense)))
+    assert worst < FP32_TOL, worst
+    print(worst)

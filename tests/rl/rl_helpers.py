@@ -3,6 +3,9 @@ answers (half wrong) so that it starts RL at roughly 20-40% accuracy, measured b
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from vt.config import to_dataclass
@@ -60,3 +63,11 @@ def rl_config(task: dict, **overrides) -> RLConfig:
 
 def metrics(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def run_rl_process(task: dict, overrides: dict, workdir: Path, env: dict | None = None,
+                   timeout: int = 900) -> subprocess.CompletedProcess:
+    """tests/rl/rl_worker.py: the RL learner on `task` in a fresh process (`env` added to this one's)."""
+    spec = json.dumps({"task": {k: str(v) for k, v in task.items()}, "overrides": overrides})
+    return subprocess.run([sys.executable, str(Path(__file__).with_name("rl_worker.py")), spec, str(workdir)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})

@@ -1,17 +1,12 @@
 """Asynchronous RL (rollout.max_staleness = k): k = 0 is the synchronous learner; k >= 1 learns on the toy task
 with samples at most k versions old, resumes exactly, and its buffer releases whole groups and drops stale ones."""
-import os
 import signal
-import subprocess
-import sys
-import textwrap
 
 import jax
 import numpy as np
 import pytest
 
-from rl_helpers import build_task, metrics, rl_config
-from testutil import REPO
+from rl_helpers import build_task, metrics, rl_config, run_rl_process
 from vt import VtError
 from vt.checkpoint.params import flat_params, load_model
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
@@ -190,19 +185,9 @@ def test_async_kill_9_then_restart_equals_an_uninterrupted_run(task, straight, t
     """k = 1, a checkpoint every step: SIGKILL while an update is in flight and the next batch about to be
     sampled (step 5), or once that batch is sampled and not yet saved (step 4); the restart (from the last
     sealed step, its buffer) ends with the weights of 6 straight steps."""
-    code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
-        from pathlib import Path
-        from rl_helpers import rl_config
-        from vt.rl.learner import train_rl
-        task = {{"root": Path({str(task['root'])!r}), "ckpt": Path({str(task['ckpt'])!r}),
-                "tok": Path({str(task['tok'])!r})}}
-        train_rl(rl_config(task, **{{**{RESUME!r}, "checkpoint.every": 1, "train.steps": 6}}), sys.argv[1])
-    """)
     workdir = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", code, str(workdir)], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "VT_TEST_KILL_AT": point})
+    proc = run_rl_process(task, {**RESUME, "checkpoint.every": 1, "train.steps": 6}, workdir,
+                          env={"VT_TEST_KILL_AT": point})
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     killed_in = int(point.split(":")[1])
     assert max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == killed_in - 1

@@ -1,15 +1,10 @@
 """The MGPO learner end to end: real sampler, real math verifier, real optimiser."""
-import os
 import json
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
-from rl_helpers import build_task, metrics, rl_config
-from testutil import REPO
+from rl_helpers import build_task, metrics, rl_config, run_rl_process
 from vt.checkpoint.params import load_model
 from vt.checkpoint.params import flat_params
 from vt.rl.learner import prompts_for_step, train_rl
@@ -68,24 +63,11 @@ def test_sharded_rl_matches_single_device(task, tmp_path):
     The change is compared as a whole rather than element by element on purpose: Adam divides by sqrt(v), so
     an element whose gradient is ~0 moves by up to lr on the sign of float-reassociation noise; such elements
     differ legitimately between reduction orders (seen: one element in 49k off by 7e-5 with lr 1e-3)."""
-    code = textwrap.dedent(f"""
-        import sys, json
-        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
-        from rl_helpers import rl_config
-        from vt.rl.learner import train_rl
-        from pathlib import Path
-        task = {{"root": Path({str(task['root'])!r}), "ckpt": Path({str(task['ckpt'])!r}), "tok": Path({str(task['tok'])!r})}}
-        mesh = json.loads(sys.argv[1])
-        cfg = rl_config(task, **{{"train.steps": 2, "train.eval_every": 0, "mesh.data": mesh[0], "mesh.fsdp": mesh[1],
-                                 "mesh.tensor": mesh[2]}})
-        train_rl(cfg, sys.argv[2])
-    """)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    for name, mesh in (("one", [1, 1, 1]), ("eight", [2, 2, 2])):
-        d = {"one": [1, 1, 1], "eight": [2, 2, 2]}[name]
-        proc = subprocess.run([sys.executable, "-c", code, json.dumps(mesh if name == "eight" else d),
-                               str(tmp_path / name)], env=env if name == "eight" else os.environ.copy(),
-                              capture_output=True, text=True, timeout=900)
+    for name, (data, fsdp, tensor) in (("one", (1, 1, 1)), ("eight", (2, 2, 2))):
+        proc = run_rl_process(task, {"train.steps": 2, "train.eval_every": 0, "mesh.data": data, "mesh.fsdp": fsdp,
+                                     "mesh.tensor": tensor}, tmp_path / name,
+                              env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={data * fsdp * tensor}",
+                                   "JAX_PLATFORMS": "cpu"})
         assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = metrics(tmp_path / "one"), metrics(tmp_path / "eight")
     assert [r["rollout_hash"] for r in a if "rollout_hash" in r] == [r["rollout_hash"] for r in b if "rollout_hash" in r]

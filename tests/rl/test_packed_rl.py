@@ -1,11 +1,9 @@
 """Packed rows and token-budget micro-batches in the RL learner (issue 18): the same update as the padded rows."""
-import json
 
 import numpy as np
 import pytest
 
 from packed_check import G, Q, check, config, make_scored, row_length
-from testutil import REPO, run_multidevice
 from vt.data.packing import pack_lengths
 from vt.rl.rollouts import build_rows, per_token, sample_lengths
 
@@ -92,14 +90,9 @@ def test_packed_and_padded_updates_equal_on_one_device():
     assert min(r["micro_batches"].values()) > 1
 
 
+@pytest.mark.devices(8)
 def test_packed_and_padded_updates_equal_on_the_8_device_mesh():
-    out = run_multidevice(f"""
-        import json, sys
-        sys.path.insert(0, {str(REPO / 'tests' / 'rl')!r})
-        from packed_check import check
-        print("RESULT", json.dumps(check((2, 2, 2))))
-    """)
-    r = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    r = check((2, 2, 2))
     assert r["bad"] == [], "\n".join(r["bad"])
     assert min(r["micro_batches"].values()) > 1
 

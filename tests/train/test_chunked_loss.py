@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from testutil import run_multidevice
 from train_helpers import assert_logps_equal, chunked_logps, random_batch, reference_logps, value_and_grad_of
 
 
@@ -64,32 +63,25 @@ def test_bad_chunk_is_an_error():
                     dtype="float32", chunk=0)
 
 
+@pytest.mark.devices(8)
 def test_chunked_logps_on_the_8_device_mesh():
     """data 2 x fsdp 2 x tensor 2 (batch split over data x fsdp, vocab over tensor): the sharded chunked loss,
     log-probs, entropy and gradients equal one device's full-logits reference."""
-    out = run_multidevice('''
-import sys
-sys.path.insert(0, "tests/train")
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import NamedSharding
-from train_helpers import assert_logps_equal, chunked_logps, random_batch, reference_logps, value_and_grad_of
-from vt.checkpoint.params import flat_params
-from vt.model.config import preset
-from vt.model.qwen2 import create_model
-from vt.sharding import MeshConfig, logical_to_spec, make_mesh, use_mesh
-from vt.train.state import ModelDef
+    from jax.sharding import NamedSharding
+    from vt.checkpoint.params import flat_params
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
+    from vt.sharding import MeshConfig, logical_to_spec, make_mesh, use_mesh
+    from vt.train.state import ModelDef
 
-cfg = preset("tiny", vocab_size=500, tie_word_embeddings=False)
-md = ModelDef(cfg)
-mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
-batch = {k: jnp.asarray(v[0]) for k, v in random_batch(np.random.default_rng(6), 1, 4, 40, vocab=500).items()}
-ref = value_and_grad_of(lambda p, b: reference_logps(md, p, b, 0.7))(flat_params(create_model(cfg, seed=1)), batch)
-sharded = flat_params(create_model(cfg, mesh=mesh, seed=1))
-assert sharded["lm_head"].sharding.spec[1] == "tensor", sharded["lm_head"].sharding.spec
-batch = jax.device_put(batch, NamedSharding(mesh, logical_to_spec(("batch", "sequence"))))
-with use_mesh(mesh):
-    got = value_and_grad_of(lambda p, b: chunked_logps(md, p, b, 0.7, 16))(sharded, batch)
-assert_logps_equal(ref, got)
-print("OK")
-''')
-    assert "OK" in out
+    cfg = preset("tiny", vocab_size=500, tie_word_embeddings=False)
+    md = ModelDef(cfg)
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    batch = {k: jnp.asarray(v[0]) for k, v in random_batch(np.random.default_rng(6), 1, 4, 40, vocab=500).items()}
+    ref = value_and_grad_of(lambda p, b: reference_logps(md, p, b, 0.7))(flat_params(create_model(cfg, seed=1)), batch)
+    sharded = flat_params(create_model(cfg, mesh=mesh, seed=1))
+    assert sharded["lm_head"].sharding.spec[1] == "tensor", sharded["lm_head"].sharding.spec
+    batch = jax.device_put(batch, NamedSharding(mesh, logical_to_spec(("batch", "sequence"))))
+    with use_mesh(mesh):
+        got = value_and_grad_of(lambda p, b: chunked_logps(md, p, b, 0.7, 16))(sharded, batch)
+    assert_logps_equal(ref, got)
