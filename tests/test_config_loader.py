@@ -117,7 +117,7 @@ def test_a_recipe_override_reaches_a_field_the_stage_config_declares(tmp_path):
                                           "--config.probe.sampler.top_k=5"])
     resolved = validate(recipe_config(cfg, tmp_path), tmp_path)
     assert resolved["problems"] == []
-    rl = resolved["stages"]["rl_math"]["rl"]
+    rl = resolved["stages"]["rl_math"].rl
     assert rl.mgpo.dynamic_sampling_rounds == 2 and rl.train.peak_flops == 1e12
     bad = recipe_config(load_config("configs/demo.py", ["--config.stages.select.sampler.top_p=0"]), tmp_path)
     assert validate(bad, tmp_path)["problems"] == [

@@ -422,8 +422,7 @@ class Learner:
         return run_loop(self.setup, state, start, cfg.train.steps,
                         self.async_step_fn(buffer) if buffer is not None else step_fn,
                         evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
-                        eval_every=cfg.train.eval_every, eval_at_start=True, progress=cfg.train.progress,
-                        data_iterator=buffer, close=close)
+                        eval_at_start=True, data_iterator=buffer, close=close)
 
     def sampler_copy(self, params):
         """The params the sampler is given. Synchronous: the learner's own arrays (the update that donates them

@@ -147,7 +147,8 @@ class EventFile:
 
 
 class MetricsWriter:
-    """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}."""
+    """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}; `rows` holds
+    the run's lines so far (a resumed run's: those of metrics.jsonl it keeps, then its own)."""
 
     def __init__(self, workdir: Path | str, *, total_steps: int, start_step: int = 0, progress: bool = True,
                  tensorboard: bool = True, logging_cfg: LoggingConfig = LoggingConfig(), config: dict | None = None,
@@ -157,6 +158,7 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
         self._tb = self._bar = self._file = self._wandb = None
+        self.rows: list[dict[str, Any]] = []
         if not self.enabled:
             return
         Path(workdir).mkdir(parents=True, exist_ok=True)
@@ -182,13 +184,15 @@ class MetricsWriter:
                 continue
             if row.get("step", 0) <= step:
                 keep.append(line)
+                self.rows.append(row)
         with writing(self.path):
             atomic_write_text(self.path, "".join(line + "\n" for line in keep))
 
     def write(self, step: int, values: dict[str, Any]) -> None:
+        clean = {k: _plain(v) for k, v in values.items()}
+        self.rows.append({"step": step, **clean})
         if not self.enabled:
             return
-        clean = {k: _plain(v) for k, v in values.items()}
         with writing(self.path):
             self._file.write(json.dumps({"step": step, **clean}) + "\n")
             self._file.flush()
