@@ -122,6 +122,10 @@ def test_a_recipe_override_reaches_a_field_the_stage_config_declares(tmp_path):
     bad = recipe_config(load_config("configs/demo.py", ["--config.stages.select.sampler.top_p=0"]), tmp_path)
     assert validate(bad, tmp_path)["problems"] == [
         "config.stages.select: config.stages.select.sampler.top_p: must be > 0 and <= 1, got 0.0"]
+    # An RL section's pipeline fields (RLStageConfig) sit beside its learner's and are checked as typed.
+    bad = recipe_config(load_config("configs/demo.py", ["--config.stages.rl_math.profile_k=-1"]), tmp_path)
+    assert validate(bad, tmp_path)["problems"] == [
+        "config.stages.rl_math: config.stages.rl_math.profile_k: must be >= 0, got -1"]
 
 
 def test_unknown_variant_is_named_with_the_known_ones():

@@ -5,7 +5,8 @@ stage) and its `run` (do the work in the stage directory). Every other list of s
 Wiring between stages lives here and only here: which checkpoint a stage starts from, the tokenizer every
 stage shares, the profiling file SFT stage 2 and the RL stages read, the RL checkpoints self-distillation
 samples from. A stage section of the config holds its learner's own config (SftConfig, RLConfig,
-SelfDistillConfig, EvalConfig fields) plus a few pipeline fields (`enabled`, `profile_k`, ...).
+SelfDistillConfig, EvalConfig fields) plus a few pipeline fields (`enabled`, `profile_k`, ...); its plan types it
+once, as the recipe is loaded (Plan[C]: RLStageConfig, SelfDistillStageConfig, ...).
 
 A new stage is one `plan_*` / `run_*` pair and one record in STAGES (and a section in the recipe configs).
 """

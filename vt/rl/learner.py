@@ -403,7 +403,7 @@ class Learner:
             scored = self.rollout_batch(step)
             t1 = time.perf_counter()
             state, metrics = self.train_on(state, scored)
-            if metrics["finite"]:  # else the loop halts the run: nothing to sample with
+            if metrics["finite"]:  # else the update was skipped (the loop halts the run)
                 self.engine.update_weights(self.sampler_weights(state.params))
             t2 = time.perf_counter()
             metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
