@@ -73,10 +73,10 @@ def _rl_batch(args, mesh, with_step_keys: bool):
     import numpy as np
     from vt.rl.step import row_sharding
     N, T = args.rl_rows, args.rl_seq
-    keys = ["tokens", "targets", "positions", "segment_ids"]
+    keys = ["input_ids", "targets", "positions", "segment_ids"]
     if with_step_keys:
-        keys += ["mask", "sampler_logp", "old_logp", "adv", "weight"]  # per token (packed rows)
-    floats = {"mask", "sampler_logp", "old_logp", "adv", "weight"}
+        keys += ["loss_mask", "sampler_logp", "old_logp", "adv", "weight"]  # per token (packed rows)
+    floats = {"loss_mask", "sampler_logp", "old_logp", "adv", "weight"}
     sh = row_sharding(mesh)
     return {k: jax.ShapeDtypeStruct((N, T), np.float32 if k in floats else np.int32, sharding=sh) for k in keys}
 

@@ -171,8 +171,8 @@ def check_rl(args, mesh, sft) -> Row:
     mask[:, T // 4:] = 1.0  # the first quarter is the prompt
     adv = np.repeat(rng.standard_normal((N, 1)).astype(np.float32), T, axis=1)
     # per-sequence mean: each completion token weighs 1 / (N * its sequence's completion length)
-    batch = {"tokens": r["input_ids"], "targets": r["targets"], "positions": r["positions"],
-             "segment_ids": r["segment_ids"], "mask": mask, "adv": adv * mask,
+    batch = {"input_ids": r["input_ids"], "targets": r["targets"], "positions": r["positions"],
+             "segment_ids": r["segment_ids"], "loss_mask": mask, "adv": adv * mask,
              "weight": (mask / (N * mask.sum(1, keepdims=True))).astype(np.float32)}
     import jax
     batch = jax.device_put(batch, row_sharding(mesh))

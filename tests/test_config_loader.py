@@ -117,11 +117,15 @@ def test_a_recipe_override_reaches_a_field_the_stage_config_declares(tmp_path):
                                           "--config.probe.sampler.top_k=5"])
     resolved = validate(recipe_config(cfg, tmp_path), tmp_path)
     assert resolved["problems"] == []
-    rl = resolved["stages"]["rl_math"]["rl"]
+    rl = resolved["stages"]["rl_math"].rl
     assert rl.mgpo.dynamic_sampling_rounds == 2 and rl.train.peak_flops == 1e12
     bad = recipe_config(load_config("configs/demo.py", ["--config.stages.select.sampler.top_p=0"]), tmp_path)
     assert validate(bad, tmp_path)["problems"] == [
         "config.stages.select: config.stages.select.sampler.top_p: must be > 0 and <= 1, got 0.0"]
+    # An RL section's pipeline fields (RLStageConfig) sit beside its learner's and are checked as typed.
+    bad = recipe_config(load_config("configs/demo.py", ["--config.stages.rl_math.profile_k=-1"]), tmp_path)
+    assert validate(bad, tmp_path)["problems"] == [
+        "config.stages.rl_math: config.stages.rl_math.profile_k: must be >= 0, got -1"]
 
 
 def test_unknown_variant_is_named_with_the_known_ones():

@@ -149,6 +149,8 @@ def to_dataclass(cls, cd, where: str = "config"):
 def _coerce(tp, value, where):
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # typed already (a recipe stage's learner config, named as its section spells it)
+            return value
         if not isinstance(value, dict) and not hasattr(value, "to_dict"):
             raise VtError(f"{where}: expected a group of fields, got {value!r}")
         return to_dataclass(tp, value, where)

@@ -89,7 +89,7 @@ class Setup:
         batches, _, tokens = learner_batches(s, adv, T, 0, cfg, self.mesh)
         (micro,) = batches
         for mb in micro:
-            inputs = {k: mb[k] for k in ("tokens", "targets", "positions", "segment_ids")}
+            inputs = {k: mb[k] for k in ("input_ids", "targets", "positions", "segment_ids")}
             mb["old_logp"] = self.logps(self.old_params, inputs)
             mb["ref_logp"] = self.logps(self.ref_params, inputs)
         grads, loss = self.step.gradients(self.params, micro)
@@ -107,17 +107,17 @@ def padded_reference(md: ModelDef, params: dict, old_params: dict, ref_params: d
     """aggregation -> (loss, grads) of -J + kl_coef * KL on one sample per row, from objectives' row functions,
     for both aggregations (one compile); params as host arrays, computed on this process's first device."""
     rows = build_rows(s, T, pack=False)
-    batch = {k: rows[k] for k in ("tokens", "targets", "positions", "segment_ids", "mask", "sampler_logp")}
+    batch = {k: rows[k] for k in ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "sampler_logp")}
     batch["adv"] = {agg: step_advantages(s, config(agg, False, 1).mgpo)[0].reshape(-1) for agg in obj.AGGREGATIONS}
 
     def logp_of(p, batch):
-        logits = md.apply(p, batch["tokens"], batch["positions"], batch["segment_ids"]) / TEMPERATURE
+        logits = md.apply(p, batch["input_ids"], batch["positions"], batch["segment_ids"]) / TEMPERATURE
         # Full float32 logits on purpose: an independent reference for the learner's chunked log-probs.
         logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         return jnp.take_along_axis(logp_all, batch["targets"][..., None].astype(jnp.int32), axis=-1)[..., 0]
 
     def loss_fn(p, old_p, ref_p, batch, aggregation):
-        logp, old, ref, mask = logp_of(p, batch), logp_of(old_p, batch), logp_of(ref_p, batch), batch["mask"]
+        logp, old, ref, mask = logp_of(p, batch), logp_of(old_p, batch), logp_of(ref_p, batch), batch["loss_mask"]
         is_w = obj.truncated_importance_weight(old, batch["sampler_logp"], IS_CAP)
         J, _ = obj.clipped_surrogate(logp, old, batch["adv"][aggregation], mask, eps_low=EPS_LOW,
                                      eps_high=EPS_HIGH, aggregation=aggregation, is_weight_YT=is_w)

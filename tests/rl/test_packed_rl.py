@@ -49,12 +49,12 @@ def test_packed_rows_hold_the_padded_rows_tokens():
     T = row_length(s)
     padded, packed = build_rows(s, T, pack=False), build_rows(s, T, pack=True)
     n = sample_lengths(s, T)
-    assert len(padded["tokens"]) == Q * G
-    assert len(packed["tokens"]) <= -(-n.sum() * 11 // (9 * T)) + 1  # first fit decreasing's bound
+    assert len(padded["input_ids"]) == Q * G
+    assert len(packed["input_ids"]) <= -(-n.sum() * 11 // (9 * T)) + 1  # first fit decreasing's bound
     for i in range(Q * G):
         a, b = padded["sample"] == i, packed["sample"] == i
         assert a.sum() == b.sum() == n[i]
-        for k in ("tokens", "targets", "mask", "sampler_logp", "positions"):
+        for k in ("input_ids", "targets", "loss_mask", "sampler_logp", "positions"):
             np.testing.assert_array_equal(padded[k][a], packed[k][b], err_msg=k)
     values = np.arange(Q * G, dtype=np.float32) + 1
     np.testing.assert_array_equal(per_token(values, packed["sample"]), np.where(packed["sample"] >= 0,
@@ -136,7 +136,7 @@ def test_one_micro_batch_update_is_one_program_equal_to_the_accumulated_update()
     (micro,), _, _ = learner_batches(s, step_advantages(s, cfg.mgpo)[0], row_length(s), 0, cfg, mesh)
     assert len(micro) == 1
     mb = micro[0]
-    inputs = {k: mb[k] for k in ("tokens", "targets", "positions", "segment_ids")}
+    inputs = {k: mb[k] for k in ("input_ids", "targets", "positions", "segment_ids")}
     mb["old_logp"], mb["ref_logp"] = setup.logps(setup.old_params, inputs), setup.logps(setup.ref_params, inputs)
     progs = setup.step.programs
 

@@ -97,18 +97,18 @@ def test_bad_logging_fields_are_named(tmp_path):
 
 
 def test_recipe_gives_each_stage_its_run_in_one_group(tmp_path):
-    from vt.recipe.runner import _plan, fingerprint, recipe_config
+    from vt.recipe.runner import fingerprint, recipe_config
     from vt.recipe.stages import Context
     demo = str(REPO / "configs" / "demo.py:ci")
     on = Context(recipe_config(load_config(demo, ["--config.logging.wandb_project=vt-test"]), tmp_path), tmp_path,
                  dry=True)
     off = Context(recipe_config(load_config(demo), tmp_path), tmp_path, dry=True)
-    for stage, learner in (("sft1", lambda c: c), ("rl_math", lambda c: c["rl"]),
-                           ("self_distill", lambda c: c["sft"])):
-        plan = _plan(on, stage)
+    for stage, learner in (("sft1", lambda c: c), ("rl_math", lambda c: c.rl),
+                           ("self_distill", lambda c: c.sft)):
+        plan = on.plan(stage)
         lg = learner(plan.config).logging
         assert lg.wandb_project == "vt-test" and lg.wandb_run_name == f"{on.cfg.name}/{stage}"
         assert lg.wandb_group == f"{on.cfg.name}-{tmp_path.name}" and lg.wandb_tags == (stage,)
-        assert learner(_plan(off, stage).config).logging.wandb_project == ""
+        assert learner(off.plan(stage).config).logging.wandb_project == ""
         # W&B on or off: the same stage fingerprint, so turning it on never re-runs a finished stage.
-        assert fingerprint(plan.config, tmp_path) == fingerprint(_plan(off, stage).config, tmp_path)
+        assert fingerprint(plan.config, tmp_path) == fingerprint(off.plan(stage).config, tmp_path)

@@ -98,10 +98,6 @@ def check_inputs(inputs: list[tuple[str, str, str]], made_by_pipeline: Callable[
     return problems
 
 
-def _plan(ctx: Context, stage: str) -> Plan:
-    return STAGE_BY_NAME[stage].plan(ctx, ctx.section(stage), ctx.stage_dir(stage))
-
-
 def validate(cfg: RecipeConfig, workdir: Path, stages: list[str] | None = None) -> dict[str, Any]:
     """Resolve every stage's config (types and fields checked) and check every input path, running nothing.
 
@@ -117,7 +113,7 @@ def validate(cfg: RecipeConfig, workdir: Path, stages: list[str] | None = None) 
     resolved, problems = {}, []
     for stage in stages:
         try:
-            plan = _plan(ctx, stage)
+            plan = ctx.plan(stage)
         except VtError as e:
             problems.append(f"config.stages.{stage}: {e}")
             continue
@@ -191,7 +187,7 @@ def run_pipeline(cfg: RecipeConfig, workdir: Path | str, *, from_stage: str | No
                 manifests.append(m)
             continue
         m = ctx.manifest(stage)
-        plan = _plan(ctx, stage)
+        plan = ctx.plan(stage)
         fp = fingerprint(plan.config, workdir)
         if m is not None:
             if m.get("fingerprint") != fp:

@@ -5,7 +5,8 @@ stage) and its `run` (do the work in the stage directory). Every other list of s
 Wiring between stages lives here and only here: which checkpoint a stage starts from, the tokenizer every
 stage shares, the profiling file SFT stage 2 and the RL stages read, the RL checkpoints self-distillation
 samples from. A stage section of the config holds its learner's own config (SftConfig, RLConfig,
-SelfDistillConfig, EvalConfig fields) plus a few pipeline fields (`enabled`, `profile_k`, ...).
+SelfDistillConfig, EvalConfig fields) plus a few pipeline fields (`enabled`, `profile_k`, ...); its plan types it
+once, as the recipe is loaded (Plan[C]: RLStageConfig, SelfDistillStageConfig, ...).
 
 A new stage is one `plan_*` / `run_*` pair and one record in STAGES (and a section in the recipe configs).
 """
@@ -16,7 +17,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Generic, TypeVar
 
 import numpy as np
 from flax import nnx
@@ -78,9 +79,12 @@ class StageOutput:
     learner_dir: Path | None = None  # where the stage's learner ran (its W&B run), if one did
 
 
+C = TypeVar("C")
+
+
 @dataclasses.dataclass
-class Plan:
-    config: Any  # the typed config(s) the stage runs with (a dataclass or a dict of them)
+class Plan(Generic[C]):
+    config: C  # the typed config the stage runs with (its Stage record's `section`, resolved and wired)
     inputs: list  # [(field, path, kind)] supplied by the user: checked by validation
 
 
@@ -91,7 +95,12 @@ class Context:
         self.cfg, self.workdir, self.dry = cfg, workdir, dry
 
     def section(self, stage: str) -> dict:
-        return dict(self.cfg.stages.get(stage, {}))
+        """`stage`'s section of the config, less `enabled` (which the recipe reads, not the stage)."""
+        return {k: v for k, v in self.cfg.stages.get(stage, {}).items() if k != "enabled"}
+
+    def plan(self, stage: str) -> Plan:
+        """`stage`'s typed config (and inputs), as it runs."""
+        return STAGE_BY_NAME[stage].plan(self, self.section(stage), self.stage_dir(stage))
 
     def enabled(self, stage: str) -> bool:
         return stage in self.cfg.stages and bool(self.cfg.stages[stage].get("enabled", True))
@@ -134,13 +143,6 @@ def stage_logging(ctx: Context, stage: str, own: LoggingConfig = LoggingConfig()
     return dataclasses.replace(r, wandb_run_name=f"{r.wandb_run_name or ctx.cfg.name}/{stage}",
                                wandb_group=r.wandb_group or f"{ctx.cfg.name}-{ctx.workdir.name}",
                                wandb_tags=(*r.wandb_tags, stage))
-
-
-def _split(section: dict, pipeline_fields: dict) -> tuple[dict, dict]:
-    """(pipeline fields with defaults, the rest: the learner's config)."""
-    own = {k: section.pop(k, v) for k, v in pipeline_fields.items()}
-    section.pop("enabled", None)
-    return own, section
 
 
 def _replace(obj, **changes):
@@ -190,15 +192,14 @@ class DataStageConfig:
 
 
 def plan_data(ctx: Context, section: dict, sdir: Path) -> Plan:
-    _, rest = _split(section, {})
-    cfg = to_dataclass(DataStageConfig, rest, "config.stages.data")
+    cfg = to_dataclass(DataStageConfig, section, "config.stages.data")
     if not cfg.out:
         raise VtError("out: the directory for the synthetic data is not set")
     return Plan(cfg, [])
 
 
-def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
-    c: DataStageConfig = plan.config
+def run_data(ctx: Context, plan: Plan[DataStageConfig], sdir: Path) -> StageOutput:
+    c = plan.config
     out = Path(c.out)
     sft = []
     for d in c.domains:
@@ -228,8 +229,7 @@ def run_data(ctx: Context, plan: Plan, sdir: Path) -> StageOutput:
 # --- SFT stages -------------------------------------------------------------------------------------------------
 
 def _sft_config(ctx: Context, section: dict, stage: str, init: str, **wiring):
-    _, rest = _split(section, {})
-    cfg = to_dataclass(SftConfig, rest, f"config.stages.{stage}")
+    cfg = to_dataclass(SftConfig, section, f"config.stages.{stage}")
     changes = {"model.init_checkpoint": init, "logging": stage_logging(ctx, stage.partition(".")[0], cfg.logging),
                **wiring}
     if cfg.data.kind == "chat":
@@ -259,7 +259,7 @@ def plan_sft2(ctx, section, sdir) -> Plan:
     return Plan(cfg, _sft_inputs(cfg, "sft2"))
 
 
-def run_sft(ctx, plan: Plan, sdir: Path) -> StageOutput:
+def run_sft(ctx, plan: Plan[SftConfig], sdir: Path) -> StageOutput:
     result = train(plan.config, sdir)
     if result.status != "finished":
         raise VtError(f"SFT in {sdir} stopped ({result.status}) at step {result.step}; re-run to resume")
@@ -285,17 +285,16 @@ class ProfileStageConfig:
 
 
 def plan_profile(ctx, section, sdir) -> Plan:
-    _, rest = _split(section, {})
-    cfg = to_dataclass(ProfileStageConfig, rest, "config.stages.profile")
+    cfg = to_dataclass(ProfileStageConfig, section, "config.stages.profile")
     inputs = [("config.stages.profile.data", cfg.data, "data")] if cfg.data else []
     if not cfg.data and not ctx.enabled("sft1"):
         raise VtError("data: empty, and sft1 (whose training data it defaults to) is disabled")
     return Plan(cfg, inputs)
 
 
-def run_profile(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    c: ProfileStageConfig = plan.config
-    data = c.data or ctx.cfg.stages["sft1"]["data"]["train"]
+def run_profile(ctx, plan: Plan[ProfileStageConfig], sdir: Path) -> StageOutput:
+    c = plan.config
+    data = c.data or ctx.plan("sft1").config.data.train
     seen, records = set(), []
     for r in load_records(data, "profile.data"):
         if r.prompt_id not in seen and (not c.limit or len(records) < c.limit):
@@ -330,8 +329,7 @@ class SelectStageConfig:
 
 
 def plan_select(ctx, section, sdir) -> Plan:
-    _, rest = _split(section, {})
-    cfg = to_dataclass(SelectStageConfig, rest, "config.stages.select")
+    cfg = to_dataclass(SelectStageConfig, section, "config.stages.select")
     bad = [p for p in cfg.pools if p not in ("sft1", "sft2") or not ctx.enabled(p)]
     if bad or not cfg.pools:
         raise VtError(f"pools: {list(cfg.pools)}: need enabled SFT stages among sft1, sft2")
@@ -367,8 +365,8 @@ class _Verifier:
             r.close()
 
 
-def run_select(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    c: SelectStageConfig = plan.config
+def run_select(ctx, plan: Plan[SelectStageConfig], sdir: Path) -> StageOutput:
+    c = plan.config
     candidates = [ctx.stage_dir(pool) / "checkpoints" / str(step) for pool in c.pools
                   for step in sealed_steps(ctx.stage_dir(pool) / "checkpoints")]
     if not candidates:
@@ -395,35 +393,48 @@ def run_select(ctx, plan: Plan, sdir: Path) -> StageOutput:
 
 # --- RL stages ----------------------------------------------------------------------------------------------------
 
-RL_FIELDS = {"profile_k": 8, "profile_max_new_tokens": 0}
+@dataclasses.dataclass(frozen=True)
+class RLStageConfig:
+    """An RL stage: its learner's config (the RLConfig fields, at the top level of the stage's section) and the
+    pipeline's own fields."""
+    rl: RLConfig
+    # RECIPE: profile the phase's starting checkpoint with k rollouts per prompt and drop the prompts it solves
+    # always or never (0 = no profiling).
+    profile_k: Annotated[int, NON_NEGATIVE] = 8
+    profile_max_new_tokens: Annotated[int, NON_NEGATIVE] = 0  # 0 = rl.rollout.sampler.max_new_tokens
+
+    def __post_init__(self):
+        check_fields(self)
 
 
 def plan_rl(stage: str):
-    def plan(ctx, section, sdir) -> Plan:
-        own, rest = _split(section, dict(RL_FIELDS))
-        cfg = to_dataclass(RLConfig, rest, f"config.stages.{stage}")
+    def plan(ctx, section, sdir) -> Plan[RLStageConfig]:
+        pipeline = [f.name for f in dataclasses.fields(RLStageConfig) if f.name != "rl"]
+        own = {k: section.pop(k) for k in pipeline if k in section}
+        where = f"config.stages.{stage}"
+        cfg = to_dataclass(RLStageConfig, {**own, "rl": to_dataclass(RLConfig, section, where)}, where)
         wiring = {"model.init_checkpoint": ctx.checkpoint_before(stage), "data.tokenizer": ctx.cfg.tokenizer,
-                  "logging": stage_logging(ctx, stage, cfg.logging)}
-        if own["profile_k"] > 0:
+                  "logging": stage_logging(ctx, stage, cfg.rl.logging)}
+        if cfg.profile_k > 0:
             wiring["data.profile"] = str(sdir / "profile.jsonl")
-        cfg = _replace(cfg, **wiring)
-        if stage == "long2short" and cfg.mgpo.long2short_lambda <= 0:
+        rl = _replace(cfg.rl, **wiring)
+        if stage == "long2short" and rl.mgpo.long2short_lambda <= 0:
             raise VtError("mgpo.long2short_lambda must be > 0 in the Long2Short stage (RECIPE: 0.2)")
-        inputs = [(f"config.stages.{stage}.data.train", cfg.data.train, "data")]
-        if cfg.data.eval:
-            inputs.append((f"config.stages.{stage}.data.eval", cfg.data.eval, "data"))
-        return Plan({"rl": cfg, **own}, inputs)
+        inputs = [(f"{where}.data.train", rl.data.train, "data")]
+        if rl.data.eval:
+            inputs.append((f"{where}.data.eval", rl.data.eval, "data"))
+        return Plan(dataclasses.replace(cfg, rl=rl), inputs)
     return plan
 
 
-def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    cfg = plan.config["rl"]
+def run_rl(ctx, plan: Plan[RLStageConfig], sdir: Path) -> StageOutput:
+    cfg, c = plan.config.rl, plan.config
     metrics: dict[str, Any] = {}
-    if plan.config["profile_k"] > 0:  # RECIPE: drop prompts the phase's start always or never solves
+    if c.profile_k > 0:  # RECIPE: drop prompts the phase's start always or never solves
         r = cfg.rollout.sampler
         profile(Path(cfg.model.init_checkpoint), Path(cfg.data.tokenizer), cfg.data.train, Path(cfg.data.profile),
-                k=plan.config["profile_k"], domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
-                max_new_tokens=plan.config["profile_max_new_tokens"] or r.max_new_tokens, batch_size=r.batch_size,
+                k=c.profile_k, domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
+                max_new_tokens=c.profile_max_new_tokens or r.max_new_tokens, batch_size=r.batch_size,
                 max_prompt_tokens=cfg.data.max_prompt_tokens, seed=r.seed, progress=False)
         rates = load_pass_rates(cfg.data.profile)
         if rates and all(r.pass_rate in (0.0, 1.0) for r in rates.values()):
@@ -435,8 +446,7 @@ def run_rl(ctx, plan: Plan, sdir: Path) -> StageOutput:
     result = train_rl(cfg, sdir)
     if result.status != "finished":
         raise VtError(f"RL in {sdir} stopped ({result.status}) at step {result.step}; re-run to resume")
-    rows = [json.loads(x) for x in (sdir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    steps = [r for r in rows if "reward_mean" in r]
+    steps = [r for r in result.history if "reward_mean" in r]
     if steps:
         k = max(1, len(steps) // 5)
         mean = lambda rs, key: sum(r[key] for r in rs) / len(rs)  # noqa: E731
@@ -464,30 +474,34 @@ def _teacher(ctx: Context, domain: str) -> str:
     return ""
 
 
-def plan_self_distill(ctx, section, sdir) -> Plan:
-    _, rest = _split(section, {})
-    dcfg = to_dataclass(SelfDistillConfig, rest.pop("distill", {}), "config.stages.self_distill.distill")
+@dataclasses.dataclass(frozen=True)
+class SelfDistillStageConfig:
+    distill: SelfDistillConfig  # sample the RL teachers, select traces
+    sft: SftConfig  # SFT of the student on the selected traces
+
+
+def plan_self_distill(ctx, section, sdir) -> Plan[SelfDistillStageConfig]:
+    where = "config.stages.self_distill"
+    dcfg = to_dataclass(SelfDistillConfig, section.pop("distill", {}), f"{where}.distill")
     student = ctx.checkpoint_before("self_distill")
     changes = {"student": student, "tokenizer": ctx.cfg.tokenizer}
     for d in DISTILL_DOMAINS:
         if getattr(dcfg.sources, d).data:
             changes[f"sources.{d}.ckpt"] = _teacher(ctx, d)
-    dcfg = _replace(dcfg, **changes)
-    sft = _sft_config(ctx, rest.pop("sft", {}), "self_distill.sft", student,
+    sft = _sft_config(ctx, section.pop("sft", {}), "self_distill.sft", student,
                       **{"data.train": str(sdir / "distill" / "selected.jsonl")})
-    if rest:
-        raise VtError(f"unknown field(s) {sorted(rest)} (expected enabled, distill, sft)")
-    inputs = [(f"config.stages.self_distill.distill.sources.{d}.data", getattr(dcfg.sources, d).data, "data")
-              for d in DISTILL_DOMAINS if getattr(dcfg.sources, d).ckpt]
+    cfg = to_dataclass(SelfDistillStageConfig, {**section, "distill": _replace(dcfg, **changes), "sft": sft}, where)
+    inputs = [(f"{where}.distill.sources.{d}.data", getattr(cfg.distill.sources, d).data, "data")
+              for d in DISTILL_DOMAINS if getattr(cfg.distill.sources, d).ckpt]
     if not inputs:
         raise VtError("distill.sources: no domain has both prompts and an enabled RL stage")
-    return Plan({"distill": dcfg, "sft": sft}, inputs)
+    return Plan(cfg, inputs)
 
 
-def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    d = plan.config["distill"]
+def run_self_distill(ctx, plan: Plan[SelfDistillStageConfig], sdir: Path) -> StageOutput:
+    d = plan.config.distill
     report = distill_traces(d, sdir / "distill")
-    result = train(plan.config["sft"], sdir / "sft")
+    result = train(plan.config.sft, sdir / "sft")
     if result.status != "finished":
         raise VtError(f"SFT in {sdir / 'sft'} stopped ({result.status}); re-run to resume")
     return StageOutput(checkpoint=final_checkpoint(sdir / "sft"),
@@ -501,10 +515,9 @@ def run_self_distill(ctx, plan: Plan, sdir: Path) -> StageOutput:
 # --- evaluation and export ----------------------------------------------------------------------------------------
 
 def plan_eval(ctx, section, sdir) -> Plan:
-    _, rest = _split(section, {})
-    benchmarks = rest.pop("benchmarks", {})
-    if rest:
-        raise VtError(f"unknown field(s) {sorted(rest)} (expected enabled, benchmarks)")
+    benchmarks = section.pop("benchmarks", {})
+    if section:
+        raise VtError(f"unknown field(s) {sorted(section)} (expected enabled, benchmarks)")
     if not benchmarks:
         raise VtError("benchmarks: none configured")
     ckpt = ctx.checkpoint_before("eval")
@@ -516,7 +529,7 @@ def plan_eval(ctx, section, sdir) -> Plan:
     return Plan(cfgs, inputs)
 
 
-def run_eval_stage(ctx, plan: Plan, sdir: Path) -> StageOutput:
+def run_eval_stage(ctx, plan: Plan[dict[str, EvalConfig]], sdir: Path) -> StageOutput:
     metrics = {}
     for name, cfg in plan.config.items():
         summary = run_eval(cfg, sdir / name)
@@ -537,15 +550,14 @@ class ExportStageConfig:
 
 
 def plan_export(ctx, section, sdir) -> Plan:
-    _, rest = _split(section, {})
-    cfg = to_dataclass(ExportStageConfig, rest, "config.stages.export")
+    cfg = to_dataclass(ExportStageConfig, section, "config.stages.export")
     if cfg.check_transformers and not ctx.cfg.probe.data:
         raise VtError("check_transformers needs prompts: config.probe.data is empty")
     return Plan(cfg, [])
 
 
-def run_export(ctx, plan: Plan, sdir: Path) -> StageOutput:
-    c: ExportStageConfig = plan.config
+def run_export(ctx, plan: Plan[ExportStageConfig], sdir: Path) -> StageOutput:
+    c = plan.config
     ckpt = ctx.checkpoint_before("export")
     hf = sdir / "hf"
     tok = Path(ctx.cfg.tokenizer)
@@ -625,11 +637,12 @@ def heldout_accuracy(ctx: Context, ckpt: str, sdir: Path) -> dict[str, float]:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     name: str  # its config section (config.stages.<name>) and work directory (<workdir>/<name>/)
-    plan: Callable[[Context, dict, Path], Plan]
+    plan: Callable[[Context, dict, Path], Plan]  # its Plan's config: what `section` resolves to
     run: Callable[[Context, Plan, Path], StageOutput]
     trains_model: bool  # its output is a model checkpoint: the next training stage starts from it
-    # What its config section holds besides `enabled`: a config dataclass, or {key: dataclass} for a section of
-    # several (dict[str, X]: a mapping of X configs). The plan types it; tests check every field is declared.
+    # What its config section holds besides `enabled`: a config dataclass (an RL stage's: RLConfig, beside
+    # RLStageConfig's own fields), or {key: dataclass} (dict[str, X]: a mapping of X configs). The plan types it;
+    # tests check every field is declared.
     section: Any
 
 
@@ -640,11 +653,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("profile", plan_profile, run_profile, False, ProfileStageConfig),
     Stage("sft2", plan_sft2, run_sft, True, SftConfig),
     Stage("select", plan_select, run_select, True, SelectStageConfig),
-    Stage("rl_math", plan_rl("rl_math"), run_rl, True, RLConfig),  # each RL section also: RL_FIELDS
+    Stage("rl_math", plan_rl("rl_math"), run_rl, True, RLConfig),  # each RL section also: RLStageConfig's own
     Stage("long2short", plan_rl("long2short"), run_rl, True, RLConfig),
     Stage("rl_code", plan_rl("rl_code"), run_rl, True, RLConfig),
     Stage("rl_stem", plan_rl("rl_stem"), run_rl, True, RLConfig),
-    Stage("self_distill", plan_self_distill, run_self_distill, True, {"distill": SelfDistillConfig, "sft": SftConfig}),
+    Stage("self_distill", plan_self_distill, run_self_distill, True, SelfDistillStageConfig),
     Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
     Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
     Stage("export", plan_export, run_export, False, ExportStageConfig),

@@ -350,7 +350,7 @@ class Learner:
         adv, w = step_advantages(s, m)
         T = int(allgather(batch_length(s, self.model_cfg.max_position_embeddings)).max())
         batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh)
-        model_keys = ("tokens", "targets", "positions", "segment_ids")
+        model_keys = ("input_ids", "targets", "positions", "segment_ids")
         for micro in batches:
             for mb in micro:
                 inputs = {k: mb[k] for k in model_keys}
@@ -403,7 +403,7 @@ class Learner:
             scored = self.rollout_batch(step)
             t1 = time.perf_counter()
             state, metrics = self.train_on(state, scored)
-            if metrics["finite"]:  # else the loop halts the run: nothing to sample with
+            if metrics["finite"]:  # else the update was skipped (the loop halts the run)
                 self.engine.update_weights(self.sampler_weights(state.params))
             t2 = time.perf_counter()
             metrics.update(self.throughput(metrics, self.engine.stats.tokens - sampled0, scored.time_sample_s,
@@ -422,8 +422,7 @@ class Learner:
         return run_loop(self.setup, state, start, cfg.train.steps,
                         self.async_step_fn(buffer) if buffer is not None else step_fn,
                         evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
-                        eval_every=cfg.train.eval_every, eval_at_start=True, progress=cfg.train.progress,
-                        data_iterator=buffer, close=close)
+                        eval_at_start=True, data_iterator=buffer, close=close)
 
     def sampler_copy(self, params):
         """The params the sampler is given. Synchronous: the learner's own arrays (the update that donates them
@@ -640,10 +639,10 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
         rows = build_rows(s.select(g), T, pack=t.pack_rows)
         rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
         used = rows["sample"] >= 0
-        completion = np.bincount(rows["sample"][used], weights=rows["mask"][used], minlength=k * C)
+        completion = np.bincount(rows["sample"][used], weights=rows["loss_mask"][used], minlength=k * C)
         minis.append((rows, completion))
     # One collective for the whole step: each mini-batch's completion tokens, rows and real slots, per process.
-    counts = allgather(np.array([[c.sum(), len(r["tokens"]), np.count_nonzero(r["sample"] >= 0)]
+    counts = allgather(np.array([[c.sum(), len(r["input_ids"]), np.count_nonzero(r["sample"] >= 0)]
                                  for r, c in minis], np.int64))
     completion_tokens, real = counts[..., 0].sum(0), counts[..., 2].sum()
     sh = row_sharding(mesh)
@@ -651,7 +650,7 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
     for i, (rows, completion) in enumerate(minis):
         weights = obj.objective_weights(completion, m.aggregation, k * C * jax.process_count(),
                                         int(completion_tokens[i]))
-        rows["weight"] = per_token(weights, rows["sample"]) * rows["mask"]
+        rows["weight"] = per_token(weights, rows["sample"]) * rows["loss_mask"]
         micro, start = [], 0
         for b in micro_batch_sizes(T, int(counts[:, i, 1].max()), t.tokens_per_micro_batch, mesh):
             part = {key: rows[key][start:start + b] for key in ROW_KEYS}

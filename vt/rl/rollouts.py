@@ -184,7 +184,7 @@ def batch_length(scored: Scored, max_len: int) -> int:
     return min(bucket_length(int(sample_lengths(scored, max_len).max())), max_len)
 
 
-ROW_FIELDS = ("tokens", "targets", "positions", "segment_ids", "mask", "sampler_logp", "sample")
+ROW_FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "sampler_logp", "sample")
 
 
 def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, np.ndarray]:
@@ -194,7 +194,7 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, n
                 segment ids 1..k, positions restarting at 0 for each; W is about the real tokens / T.
     pack=False  padded: sample i alone in row i, right-padded (W = Y).
 
-    Slot t predicts targets[t]; `mask` is 1 where that target is a completion token, `sampler_logp` holds the
+    Slot t predicts targets[t]; `loss_mask` is 1 where that target is a completion token, `sampler_logp` holds the
     sampler's log-prob of it, and `sample` the index (q*C + g) of the sample in the slot (-1 on padding), by
     which per-sample values become per-token ones (`per_token`). Samples longer than T are cut (T >= the
     batch_length of every process's samples, so none is)."""
@@ -204,16 +204,16 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, n
     # Every sample's slots, concatenated: sample i's are flat[offsets[i]: offsets[i] + lengths[i]].
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     total = int(lengths.sum())
-    flat = {"tokens": np.zeros(total, np.int32), "targets": np.zeros(total, np.int32),
-            "mask": np.zeros(total, np.float32), "sampler_logp": np.zeros(total, np.float32)}
+    flat = {"input_ids": np.zeros(total, np.int32), "targets": np.zeros(total, np.int32),
+            "loss_mask": np.zeros(total, np.float32), "sampler_logp": np.zeros(total, np.float32)}
     for i, (p, s) in enumerate(pairs):
         ids = np.asarray(list(p) + list(s.completion_ids), np.int32)[: T + 1]
         o, n = offsets[i], lengths[i]
-        flat["tokens"][o:o + n] = ids[:-1]
+        flat["input_ids"][o:o + n] = ids[:-1]
         flat["targets"][o:o + n] = ids[1:]
         first = len(p) - 1  # the slot whose target is the first completion token
         k = max(0, n - first)
-        flat["mask"][o + first:o + first + k] = 1.0
+        flat["loss_mask"][o + first:o + first + k] = 1.0
         flat["sampler_logp"][o + first:o + first + k] = np.asarray(s.logprobs[:k], np.float32)
     if pack:
         placed = np.flatnonzero(lengths > 0)  # a sample with no slots (empty completion of a 1-token prompt)

@@ -6,7 +6,7 @@
 Shape letters: b rows of a micro-batch, T row length (slots); a row holds one or more samples.
 
 A micro-batch is b token rows of length T (vt.rl.rollouts.build_rows: packed rows hold several samples, told
-apart by segment ids, positions restarting per sample), with `mask` on completion targets, per-token `adv`
+apart by segment ids, positions restarting per sample), with `loss_mask` on completion targets, per-token `adv`
 (w(q) * A_i of the slot's sample), per-token `weight` (the token's share of J: objectives.objective_weights,
 0 off completion targets), sampler_logp, ref_logp when a KL term is used, and old_logp (pi_old: the learner
 before this batch's first update). With one update per batch pi_old is the current policy, so old_logp may
@@ -25,6 +25,8 @@ log-probs are computed from the hidden states in sequence chunks of `loss_chunk`
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -39,8 +41,8 @@ from vt.train.state import ModelDef, TrainState
 from vt.train.step import accumulate_gradients, apply_update, zero_accumulator
 
 # What the host sends per micro-batch; the learner adds old_logp and ref_logp (token_logps) on device.
-ROW_KEYS = ("tokens", "targets", "positions", "segment_ids", "mask", "adv", "weight", "sampler_logp")
-# Token means of the metrics: summed over micro-batches as sum(mask * x), divided by the mask's sum at the end.
+ROW_KEYS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "adv", "weight", "sampler_logp")
+# Token means of the metrics: summed over micro-batches as sum(loss_mask * x), divided by its sum at the end.
 TOKEN_MEAN_METRICS = ("clip_fraction", "ratio_mean", "is_weight_mean", "is_weight_capped", "mismatch_kl", "entropy")
 
 
@@ -51,7 +53,7 @@ def row_sharding(mesh: Mesh) -> NamedSharding:
 
 def _logps(md: ModelDef, params, batch, temperature: float, loss_chunk: int, with_entropy: bool = False):
     # In sequence chunks from the hidden states: no float32 [b, T, V] logits (vt.train.losses.token_logps).
-    return md.token_logps(params, batch["tokens"], batch["positions"], batch["segment_ids"], batch["targets"],
+    return md.token_logps(params, batch["input_ids"], batch["positions"], batch["segment_ids"], batch["targets"],
                           temperature=temperature, chunk=loss_chunk, with_entropy=with_entropy)
 
 
@@ -75,7 +77,7 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
         is_weight = truncated_importance_weight(old, batch["sampler_logp"], is_cap)
         per_token, ratio, clipped = surrogate_per_token(logp, old, batch["adv"], eps_low=eps_low,
                                                         eps_high=eps_high, is_weight=is_weight)
-        weight, mask = batch["weight"], batch["mask"]
+        weight, mask = batch["weight"], batch["loss_mask"]
         J = jnp.sum(per_token * weight)
         loss = -J
         m = {"objective": J}
@@ -119,26 +121,36 @@ def make_rl_step(md: ModelDef, optimizer: optax.GradientTransformation, schedule
     # three, and no fp32 gradient accumulator written out and read back between them.
     update_one_prog = MeshProgram(update_one, mesh, in_shardings=(state_sh, row_sharding(mesh)),
                                   out_shardings=(state_sh, replicated), donate_argnums=(0,))
+    return RLStep(zeros_prog, accumulate_prog, apply_prog, update_one_prog)
 
-    def accumulated(params, micro_batches):
+
+@dataclasses.dataclass(frozen=True)
+class RLStep:
+    """One RL update (`make_rl_step`): `step(state, micro_batches) -> (state, metrics)` on the summed gradients
+    of `micro_batches` (dicts of [b, T] arrays), through its compiled programs."""
+    zeros: MeshProgram  # params -> an empty accumulator
+    accumulate: MeshProgram  # (params, accumulator, micro-batch) -> accumulator
+    apply: MeshProgram  # (state, accumulator) -> (state, metrics)
+    update_one: MeshProgram  # (state, micro-batch) -> (state, metrics): one micro-batch in one program
+
+    def __call__(self, state: TrainState, micro_batches):
+        if len(micro_batches) == 1:
+            return self.update_one(state, micro_batches[0])
+        return self.apply(state, self._accumulated(state.params, micro_batches))
+
+    def _accumulated(self, params, micro_batches):
         if not micro_batches:
             raise ValueError("rl_step needs at least one micro-batch")
-        acc = zeros_prog(params)
+        acc = self.zeros(params)
         for mb in micro_batches:  # each shape [b, T] compiles once
-            acc = accumulate_prog(params, acc, mb)
+            acc = self.accumulate(params, acc, mb)
         return acc
 
-    def run(state: TrainState, micro_batches):
-        """One update on the summed gradients of `micro_batches` (dicts of [b, T] arrays)."""
-        if len(micro_batches) == 1:
-            return update_one_prog(state, micro_batches[0])
-        return apply_prog(state, accumulated(state.params, micro_batches))
-
-    def gradients(params, micro_batches):
+    def gradients(self, params, micro_batches):
         """(summed gradients, summed loss) of `micro_batches`, nothing updated (tests)."""
-        acc = accumulated(params, micro_batches)
+        acc = self._accumulated(params, micro_batches)
         return acc["grads"], acc["loss"]
-    run.gradients = gradients
-    run.programs = {"zeros": zeros_prog, "accumulate": accumulate_prog, "apply": apply_prog,  # bench/compile.py
-                    "update_one": update_one_prog}
-    return run
+
+    @property
+    def programs(self) -> dict[str, MeshProgram]:  # bench/compile.py
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

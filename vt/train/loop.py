@@ -20,24 +20,25 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Sequence
+from typing import Annotated, Any, Callable, Iterator, Protocol, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 
 from vt import Preempted, Terminated, VtError
-from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointManager
+from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointConfig, CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
 from vt.distributed import enable_compilation_cache, is_primary
 from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, exclusive, out_of_space, writing
 from vt.model.config import ModelConfig, preset
 from vt.model import lora
 from vt.model.qwen2 import Qwen2, create_model
-from vt.sharding import make_mesh
+from vt.sharding import MeshConfig, make_mesh
 from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.metrics import MetricsWriter, peak_flops_per_device
-from vt.train.optim import make_optimizer
+from vt.train.optim import OptimConfig, make_optimizer
+from vt.tracking import LoggingConfig
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, check_fields
 
@@ -74,9 +75,31 @@ class TrainResult:
     status: str  # "finished" | "preempted"
     last_metrics: dict[str, Any]
     eval_history: list[tuple[int, float]]  # (step, held-out metric: SFT eval_loss, RL eval_accuracy)
+    history: list[dict[str, Any]]  # the lines of metrics.jsonl, a resumed run's earlier ones included
 
 
-def check_learner(cfg, expected: str) -> None:
+class LoopTrainSection(Protocol):
+    """The fields of a learner's `train` section that `Setup` and `run_loop` read."""
+    eval_every: int
+    peak_flops: float
+    progress: bool
+    compilation_cache: str
+
+
+class LearnerConfig(Protocol):
+    """A learner's config (vt.train.sft.SftConfig, vt.rl.learner.RLConfig, both dataclasses): the sections
+    `Setup` and `run_loop` read, which each learner's config declares with these types
+    (tests/train/test_learner_config.py)."""
+    learner: str
+    model: ModelSection
+    mesh: MeshConfig
+    optim: OptimConfig
+    train: LoopTrainSection
+    checkpoint: CheckpointConfig
+    logging: LoggingConfig
+
+
+def check_learner(cfg: LearnerConfig, expected: str) -> None:
     """The config's top-level `learner` field names the learner that reads it (`vt train` dispatches on it)."""
     if cfg.learner != expected:
         raise VtError(f"config learner={cfg.learner!r}: this config is read by the {expected!r} learner "
@@ -116,7 +139,7 @@ def fresh_adapters(model_cfg: ModelConfig, mesh, seed: int) -> dict[str, jax.Arr
     return jax.jit(lambda: lora.trainable(flat_params(Qwen2(model_cfg, rngs=nnx.Rngs(seed)))), out_shardings=out)()
 
 
-def write_run_config(cfg, workdir: Path) -> None:
+def write_run_config(cfg: LearnerConfig, workdir: Path) -> None:
     """workdir/config.json: the resolved config of the run (process 0)."""
     if jax.process_index() == 0:
         path = workdir / "config.json"
@@ -125,7 +148,7 @@ def write_run_config(cfg, workdir: Path) -> None:
 
 
 @contextlib.contextmanager
-def run_workdir(cfg, workdir: Path | str) -> Iterator[Path]:
+def run_workdir(cfg: LearnerConfig, workdir: Path | str) -> Iterator[Path]:
     """A learner's workdir for the whole run: created, locked (vt.io.exclusive: a second learner on the same
     workdir is refused with the pid of this one before it writes anything, where two would interleave
     metrics.jsonl and delete each other's checkpoints), holding the run's config.json. Process 0 holds the lock
@@ -171,11 +194,10 @@ class Preemption:
 
 
 class Setup:
-    """What every learner builds from its config (sections model, mesh, optim, checkpoint and train.peak_flops,
-    train.compilation_cache): the mesh, the model, the optimiser over `total_updates` updates, the state's
+    """What every learner builds from its config (LearnerConfig): the mesh, the model, the optimiser over `total_updates` updates, the state's
     shardings and abstract state, the checkpoint manager and the peak FLOPs for MFU."""
 
-    def __init__(self, cfg, workdir: Path, model_cfg: ModelConfig, total_updates: int,
+    def __init__(self, cfg: LearnerConfig, workdir: Path, model_cfg: ModelConfig, total_updates: int,
                  devices: Sequence[jax.Device] | None = None):
         if cfg.train.compilation_cache:
             enable_compilation_cache(cfg.train.compilation_cache)
@@ -205,107 +227,115 @@ class Setup:
 
 def run_loop(setup: Setup, state: TrainState, start: int, total: int,
              step_fn: Callable[[TrainState, int], tuple[TrainState, dict]], *,
-             evaluate: Callable[[TrainState, int], float] | None = None, eval_key: str = "", eval_every: int = 0,
-             eval_at_start: bool = False, data_iterator=None, overlap_metrics: bool = False,
-             host_metrics: Callable[[dict, float], dict] | None = None, progress: bool = True,
+             evaluate: Callable[[TrainState, int], float] | None = None, eval_key: str = "",
+             eval_at_start: bool = False, data_iterator=None, host_metrics: Callable[[dict, float], dict] | None = None,
              close: Callable[[], None] | None = None) -> TrainResult:
-    """Steps start..total-1 of a learner, until the last, a SIGTERM (then status "preempted"), or a non-finite
-    step (a VtError, raised before any checkpoint of that state is written).
+    """Steps start..total-1 of a learner, until the last, a SIGTERM (then status "preempted"), a non-finite
+    step (a VtError, raised before any checkpoint of that state is written) or an error (`_as_reported`).
 
-    `step_fn(state, step) -> (state, metrics)`: one learner step; metrics may still be on device and hold
-    `finite` (0: an update was skipped on device), `loss` and `grad_norm`. With `overlap_metrics` they are read
-    while the device runs the next step (so the host never waits for them); `host_metrics(metrics, seconds
-    since the last line)` adds what needs the wall time. Held-out `evaluate(state, step)` -> `eval_key` runs
-    every `eval_every` steps (0: never in between) and at the last step (and at step 0 with `eval_at_start`),
-    not at a step a SIGTERM stops the run after. A checkpoint is saved every
-    `checkpoint.every` steps and at the end or on SIGTERM, after the step's metrics are checked. `close` runs
-    last, however the loop ends.
-
-    A full disk stops the run at the step any writer meets it (a background save's failure is looked for after
-    every step): OutOfSpace naming what could not be written and the newest sealed step. Errors after a SIGTERM
-    become Preempted (exit status EXIT_PREEMPTED); a SIGTERM while stopping raises Terminated (Preemption)."""
-    ckpt, every = setup.ckpt, setup.cfg.checkpoint.every
-    writer: MetricsWriter | None = None
+    `step_fn(state, step) -> (state, metrics)`: one learner step; its metrics are read while the device runs the
+    next step (`_Lines`). Held-out `evaluate(state, step)` -> `eval_key` runs every `train.eval_every` steps (0:
+    never in between) and at the last step (and at step 0 with `eval_at_start`), not at a step a SIGTERM stops
+    the run after: a resumed run's metrics.jsonl equals a straight one's. A checkpoint is saved every
+    `checkpoint.every` steps and at the end or on SIGTERM, once the step is checked; a background save's failure
+    (a full disk) is looked for after every step. `close` runs last, however the loop ends."""
+    ckpt, every, eval_every = setup.ckpt, setup.cfg.checkpoint.every, setup.cfg.train.eval_every
+    lines: _Lines | None = None
     history: list[tuple[int, float]] = []
-    last: dict[str, Any] = {}
-    pending: dict | None = None  # {"step", "metrics" (maybe on device), "extra" (host)}: not yet written
-    t_prev = time.perf_counter()
-    status, step = "finished", start
-
-    def check(p: dict) -> dict:
-        """The step's metrics on the host; a skipped (non-finite) update halts the run here."""
-        m = {k: (v.item() if hasattr(v, "item") else v) for k, v in jax.device_get(p["metrics"]).items()}
-        if "finite" in m and not m.pop("finite"):
-            ckpt.wait()  # saves in flight hold earlier, good states: let them land
-            raise VtError(f"non-finite loss or gradient at step {p['step']} (loss={m.get('loss')}, "
-                          f"grad_norm={m.get('grad_norm')}): run halted, the non-finite update was not applied "
-                          f"and no checkpoint after step {ckpt.latest_step()} was written")
-        p["metrics"] = m
-        return p
-
-    def flush():
-        nonlocal pending, last, t_prev
-        if pending is None:
-            return
-        m = check(pending)["metrics"] | pending["extra"]
-        now = time.perf_counter()
-        dt, t_prev = now - t_prev, now
-        if host_metrics is not None:
-            m = host_metrics(m, dt)
-        writer.write(pending["step"], m)
-        last, pending = m, None
-
-    error: BaseException | None = None
+    status, step, error = "finished", start, None
     with Preemption() as preempt:
         try:
-            writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=progress,
-                                   logging_cfg=setup.cfg.logging, config=dataclasses.asdict(setup.cfg),
-                                   job_type=setup.cfg.learner)
+            lines = _Lines(setup, start, total, host_metrics)
             if evaluate is not None and eval_at_start and start == 0:
                 history.append((0, evaluate(state, 0)))
-                writer.write(0, {eval_key: history[-1][1]})
-            for step in range(start, total):
-                state, metrics = step_fn(state, step)
-                if overlap_metrics:
-                    flush()  # the previous step's metrics: ready by now, the device is busy with this step
-                done = step + 1
-                pending = {"step": done, "metrics": metrics, "extra": {}}
-                if not overlap_metrics:
-                    check(pending)
-                final = done == total or preempt.requested
-                # Not on a preemption: the step's metrics line must be what an uninterrupted run writes there,
-                # so a resumed run's metrics.jsonl equals a straight one's.
-                if evaluate is not None and (done == total or (eval_every and done % eval_every == 0)):
-                    history.append((done, evaluate(state, done)))
-                    pending["extra"][eval_key] = history[-1][1]
-                if not overlap_metrics or final or done % every == 0:
-                    flush()  # check this step before its state can reach disk
-                if final or done % every == 0:
-                    ckpt.save(done, state, data_iterator, metrics=last)
+                lines.writer.write(0, {eval_key: history[-1][1]})
+            for step in range(start + 1, total + 1):  # step: learner steps done once step_fn returns
+                state, metrics = step_fn(state, step - 1)
+                pending = lines.add(step, metrics)
+                if evaluate is not None and (step == total or (eval_every and step % eval_every == 0)):
+                    history.append((step, evaluate(state, step)))
+                    pending.extra[eval_key] = history[-1][1]
+                if step == total or preempt.requested or step % every == 0:
+                    lines.flush()  # check this step before its state can reach disk
+                    ckpt.save(step, state, data_iterator, metrics=lines.last)
                 ckpt.check()  # a background save that failed (a full disk) stops the run now
-                step = done
                 if preempt.requested:
                     status = "preempted"
                     break
-            flush()
+            lines.flush()
         except Terminated:
             raise
         except BaseException as e:  # every error still closes what the run opened; the first one is reported
             error = e
         preempt.stop(error)
         _test_hold("stopping")
-        try:
-            call_all([ckpt.close] + [f.close for f in (writer,) if f is not None] + ([close] if close else []))
-        except Exception as e:
-            error = error or e
+        error = _close_all([ckpt.close] + ([lines.writer.close] if lines else []) + ([close] if close else []), error)
     if error is not None:
         raise _as_reported(error, preempt.requested, ckpt)
-    return TrainResult(step=step, status=status, last_metrics=last, eval_history=history)
+    return TrainResult(step=step, status=status, last_metrics=lines.last, eval_history=history,
+                       history=lines.writer.rows)
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A step's metrics line, not yet written."""
+    step: int
+    metrics: dict[str, Any]  # maybe still on device
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)  # host values (the held-out metric)
+
+
+class _Lines:
+    """metrics.jsonl (MetricsWriter) of a run. A step's line is written once the next step is dispatched (the
+    host never waits for the device: nanodo's "dispatch step N, then read step N-1's metrics"), or earlier when
+    the run needs the step checked (`flush`: before its checkpoint, at the end). Checking it halts the run on a
+    skipped update (`finite` 0: non-finite loss or gradient). `host_metrics(metrics, seconds since the last
+    line)` adds what needs the wall time."""
+
+    def __init__(self, setup: Setup, start: int, total: int, host_metrics: Callable[[dict, float], dict] | None):
+        cfg = setup.cfg
+        self.ckpt, self.host_metrics = setup.ckpt, host_metrics
+        self.pending: _Pending | None = None
+        self.last: dict[str, Any] = {}  # the newest line written
+        self.t_prev = time.perf_counter()
+        self.writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=cfg.train.progress,
+                                    logging_cfg=cfg.logging, config=dataclasses.asdict(cfg), job_type=cfg.learner)
+
+    def add(self, step: int, metrics: dict[str, Any]) -> _Pending:
+        self.flush()  # the previous step's: ready by now, the device is busy with this step
+        self.pending = _Pending(step, metrics)
+        return self.pending
+
+    def flush(self) -> None:
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        m = {k: (v.item() if hasattr(v, "item") else v) for k, v in jax.device_get(p.metrics).items()}
+        if "finite" in m and not m.pop("finite"):
+            self.ckpt.wait()  # saves in flight hold earlier, good states: let them land
+            raise VtError(f"non-finite loss or gradient at step {p.step} (loss={m.get('loss')}, "
+                          f"grad_norm={m.get('grad_norm')}): run halted, the non-finite update was not applied "
+                          f"and no checkpoint after step {self.ckpt.latest_step()} was written")
+        now = time.perf_counter()
+        dt, self.t_prev = now - self.t_prev, now
+        m |= p.extra
+        self.last = self.host_metrics(m, dt) if self.host_metrics is not None else m
+        self.writer.write(p.step, self.last)
+
+
+def _close_all(closers: list[Callable[[], None]], error: BaseException | None) -> BaseException | None:
+    """Run every closer (vt.io.call_all); the run's error, else the first closer's."""
+    try:
+        call_all(closers)
+    except Exception as e:
+        return error or e
+    return error
 
 
 def _as_reported(error: BaseException, preempted: bool, ckpt: CheckpointManager) -> BaseException:
-    """The error a run stopped with, as the CLI reports it: a full disk says which step the run resumes from;
-    after a SIGTERM an error the user can act on is a Preempted (the preemption's exit status)."""
+    """The error a run stopped with, as the CLI reports it: a full disk (met by any writer) is an OutOfSpace
+    naming what could not be written and the newest sealed step, the one the run resumes from; after a SIGTERM
+    an error the user can act on is a Preempted (exit status EXIT_PREEMPTED). A SIGTERM while stopping raises
+    Terminated (Preemption)."""
     if out_of_space(error) and not isinstance(error, VtError):  # a writer not wrapped in vt.io.writing
         error = OutOfSpace(f"out of disk space ({error_detail(error)})").with_traceback(error.__traceback__)
     if isinstance(error, OutOfSpace):

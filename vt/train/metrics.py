@@ -147,7 +147,8 @@ class EventFile:
 
 
 class MetricsWriter:
-    """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}."""
+    """`write(step, {...})` to every sink; `close()` at the end. JSONL lines are {"step": s, ...}; `rows` holds
+    the run's lines so far (a resumed run's: those of metrics.jsonl it keeps, then its own)."""
 
     def __init__(self, workdir: Path | str, *, total_steps: int, start_step: int = 0, progress: bool = True,
                  tensorboard: bool = True, logging_cfg: LoggingConfig = LoggingConfig(), config: dict | None = None,
@@ -157,10 +158,14 @@ class MetricsWriter:
         self.enabled = jax.process_index() == 0
         self.path = Path(workdir) / "metrics.jsonl"
         self._tb = self._bar = self._file = self._wandb = None
+        kept = self._lines_through(start_step)  # every process: a learner's TrainResult.history holds them
+        self.rows: list[dict[str, Any]] = [row for _, row in kept]
         if not self.enabled:
             return
         Path(workdir).mkdir(parents=True, exist_ok=True)
-        self._truncate_after(start_step)
+        if self.path.is_file():  # a resumed run rewrites history from its checkpoint on
+            with writing(self.path):
+                atomic_write_text(self.path, "".join(line + "\n" for line, _ in kept))
         with writing(self.path):
             self._file = open(self.path, "a")
         if tensorboard:
@@ -169,26 +174,24 @@ class MetricsWriter:
         if progress:
             self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True)
 
-    def _truncate_after(self, step: int) -> None:
-        """A resumed run rewrites history from its checkpoint on: drop lines a killed run wrote past it, and a line
-        it did not finish (a new file renamed over the old: a full disk leaves the old one whole)."""
-        if not self.path.is_file():
-            return
-        keep = []
-        for line in self.path.read_text().splitlines():
+    def _lines_through(self, step: int) -> list[tuple[str, dict[str, Any]]]:
+        """(line, row) of metrics.jsonl up to `step`: not the lines a killed run wrote past it, nor a line it did
+        not finish (a new file renamed over the old: a full disk leaves the old one whole)."""
+        kept = []
+        for line in self.path.read_text().splitlines() if self.path.is_file() else []:
             try:
                 row = json.loads(line)
             except ValueError:  # the end of a line a kill or a full disk cut short
                 continue
             if row.get("step", 0) <= step:
-                keep.append(line)
-        with writing(self.path):
-            atomic_write_text(self.path, "".join(line + "\n" for line in keep))
+                kept.append((line, row))
+        return kept
 
     def write(self, step: int, values: dict[str, Any]) -> None:
+        clean = {k: _plain(v) for k, v in values.items()}
+        self.rows.append({"step": step, **clean})
         if not self.enabled:
             return
-        clean = {k: _plain(v) for k, v in values.items()}
         with writing(self.path):
             self._file.write(json.dumps({"step": step, **clean}) + "\n")
             self._file.flush()

@@ -250,8 +250,7 @@ class Learner:
 
         return run_loop(self.setup, state, start, self.total, step_fn,
                         evaluate=self.evaluate if self.eval_fn is not None else None, eval_key="eval_loss",
-                        eval_every=self.cfg.train.eval_every, data_iterator=it, overlap_metrics=True,
-                        host_metrics=host_metrics, progress=self.cfg.train.progress)
+                        data_iterator=it, host_metrics=host_metrics)
 
 
 def train(cfg: SftConfig, workdir: Path | str) -> TrainResult:
