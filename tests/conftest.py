@@ -95,6 +95,8 @@ def _run_in_child(item, devices: int, timeout: int) -> None:
         pytest.fail(f"{item.nodeid} on {devices} simulated devices (child pytest, exit {proc.returncode}):\n"
                     f"{proc.stdout[-20000:]}\n{proc.stderr[-5000:]}", pytrace=False)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    # Not a skip of our own: a test that skips itself in the child (its own pytest.skip or skipif, e.g. a missing
+    # optional dependency) must read as skipped here too, not as passed.
     if "skipped" in summary and "passed" not in summary:
         pytest.skip(f"skipped in the child on {devices} devices: {proc.stdout[-2000:]}")
     print(proc.stdout[-5000:])
