@@ -8,11 +8,24 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from testutil import make_hf_model, run_vt
+# One persistent JAX compilation cache for the whole run: the xdist workers, the devices(n) children and every `vt`
+# subprocess inherit it, so a program the suite compiled once (the tiny model's train step, say, in each of a
+# resume test's runs) is read back instead of compiled again. Set before jax is imported (it reads these at
+# import); a cache the user points JAX_COMPILATION_CACHE_DIR at is used as is. A size bound turns on jax's file
+# lock, so concurrent writers never show a reader a half-written entry.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="vt-test-jax-cache-")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
+else:
+    _OWN_JAX_CACHE = None
+
+from testutil import make_hf_model, run_vt  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -64,6 +77,11 @@ _hypothesis_settings.load_profile("ci")
 
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def pytest_unconfigure(config):
+    if _OWN_JAX_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
+        shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
 
 
 def pytest_configure(config):
