@@ -16,14 +16,14 @@ import pytest
 # One persistent JAX compilation cache for the whole run: the xdist workers, the devices(n) children and every `vt`
 # subprocess inherit it, so a program the suite compiled once (the tiny model's train step, say, in each of a
 # resume test's runs) is read back instead of compiled again. Set before jax is imported (it reads these at
-# import); a cache the user points JAX_COMPILATION_CACHE_DIR at is used as is. A size bound turns on jax's file
-# lock, so concurrent writers never show a reader a half-written entry.
+# import); a cache the user points JAX_COMPILATION_CACHE_DIR at is used instead (and kept). A size bound turns on
+# jax's file lock, so concurrent writers never show a reader a half-written entry. The workers and children find
+# the variable set, so only the process that made the directory removes it.
+_OWN_JAX_CACHE = None
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="vt-test-jax-cache-")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
-else:
-    _OWN_JAX_CACHE = None
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
 
 from testutil import make_hf_model, run_vt  # noqa: E402
 
@@ -80,7 +80,7 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
 def pytest_unconfigure(config):
-    if _OWN_JAX_CACHE and "PYTEST_XDIST_WORKER" not in os.environ:
+    if _OWN_JAX_CACHE:
         shutil.rmtree(_OWN_JAX_CACHE, ignore_errors=True)
 
 
