@@ -114,7 +114,10 @@ class Rollout:
     # k: the rollouts of step s + k are sampled while the learner updates on step s's (one device: the update is
     # dispatched, then the sampler decodes and verifies with its own copy of the weights), so an update may use
     # samples up to k policy versions old, corrected by mgpo.is_cap's truncated importance weight (vt.rl.buffer).
-    # 0: on-policy, every rollout sampled by the weights it updates (the synchronous learner).
+    # 0: on-policy, every rollout sampled by the weights it updates (the synchronous learner). The weight corrects
+    # the lag but does not bound the step: watch mismatch_kl (the sampling vs the updating version, per token);
+    # growing over a few steps it means the learning rate is too large for k (tests/rl/test_async.py: a run whose
+    # mismatch_kl went 0.09 -> 0.76 in three steps collapsed; at half the learning rate it stayed <= 0.1).
     max_staleness: Annotated[int, Range(ge=0, le=16)] = 0
     # n > 0: the sampler decodes on its own sub-mesh of the last n devices (shaped as vt.distributed.process_mesh
     # shapes `mesh` on them) and the learner trains on the others (`mesh` over those); after each update the new
