@@ -95,6 +95,12 @@ CPU, whose thunk events name each XLA op):
   every second ~20x, and with 2 warm-up steps a new row shape (T bucket, rows) can still compile in a timed
   step; the Tunix ratio was not re-measured here.
 
+Measured 2026-12-03, idle 2-core box, main at 7f25347 (jax 0.10.2, Tunix 0.1.7), defaults with --rounds 1:
+step vt 0.280 s vs Tunix 0.245 s (Tunix / vt 0.87x; issue 29 asks >= 1.5x), sampling 0.056 vs 0.091 s (1.60x),
+training 0.217 vs 0.147 s (0.68x). cProfile of Learner.train_on on the toy (3 steps, warm): ~17 ms of host work
+per update (advantages in jnp ops ~7 ms, build_rows ~3 ms, device_put ~3 ms), the rest the wait for the one
+update program (rows [128, 16]).
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result. Two runs on an idle 2-core box (2026-11-30, Tunix
