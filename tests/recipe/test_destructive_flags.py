@@ -19,6 +19,7 @@ def _intact(d):
 
 
 @pytest.mark.parametrize("extra", [["--validate"], ["--variant", "nosuch"], ["--only", "nosuchstage"],
+                                   ["--until", "nosuchstage"], ["--from", "rl_code", "--until", "rl_math"],
                                    ["--validate", "--variant", "nosuch"]])
 def test_demo_fresh_never_deletes_before_validation_or_under_validate(tmp_path, capsys, extra):
     d = _unrelated(tmp_path)

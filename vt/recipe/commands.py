@@ -46,6 +46,8 @@ def _common(p) -> None:
                    help="discard STAGE and later stages, run them again")
     p.add_argument("--only", metavar="STAGE",
                    help="run only STAGE again (earlier stages must be finished)")
+    p.add_argument("--until", metavar="STAGE",
+                   help="run (or finish) the stages up to and including STAGE; leave the later ones alone")
     p.add_argument("--validate", action="store_true",
                    help="resolve every stage config and check every input path; run nothing")
     add_trust_flag(p)
@@ -60,13 +62,15 @@ def _run(spec: str, args, before_run=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     check_stage_flag("--from", args.from_stage)
     check_stage_flag("--only", args.only)
+    check_stage_flag("--until", args.until)
     check_output_path(args.workdir, "--workdir", directory=True)
     cfg = recipe_config(load_config(spec, args.config_overrides), args.workdir)
     out = _unbuffered_stdout
     if args.validate:
         out(f"validating {spec} (work directory {args.workdir})")
         return 0 if print_validation(validate(cfg, args.workdir.absolute()), out) else 1
-    run_pipeline(cfg, args.workdir, from_stage=args.from_stage, only=args.only, out=out, before_start=before_run)
+    run_pipeline(cfg, args.workdir, from_stage=args.from_stage, only=args.only, until=args.until, out=out,
+                 before_start=before_run)
     return 0
 
 

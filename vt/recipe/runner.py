@@ -57,7 +57,7 @@ def recipe_config(cd, workdir: Path | str) -> RecipeConfig:
 
 
 def check_stage_flag(flag: str, value: str | None) -> None:
-    """VtError unless `value` (of --from / --only) names a stage."""
+    """VtError unless `value` (of --from / --only / --until) names a stage."""
     if value is not None and value not in STAGE_NAMES:
         raise VtError(f"{flag} {value}: not a stage; stages: {', '.join(STAGE_NAMES)}")
 
@@ -154,17 +154,25 @@ def fingerprint(config, workdir: Path) -> str:
 
 
 def run_pipeline(cfg: RecipeConfig, workdir: Path | str, *, from_stage: str | None = None,
-                 only: str | None = None, out=print, before_start=None) -> list[dict]:
-    """Run (or finish) the recipe in `workdir`; returns the manifests of the enabled stages, in order.
+                 only: str | None = None, until: str | None = None, out=print, before_start=None) -> list[dict]:
+    """Run (or finish) the recipe in `workdir` (up to and including stage `until`, when given); returns the
+    manifests of the enabled stages that have one, in order.
     `before_start` runs once every flag and input is checked, before anything is written (`vt demo --fresh`)."""
     workdir = Path(workdir).absolute()
     check_stage_flag("--from", from_stage)
     check_stage_flag("--only", only)
+    check_stage_flag("--until", until)
     ctx = Context(cfg, workdir)
     enabled = [s for s in STAGE_NAMES if ctx.enabled(s)]
     todo = [only] if only else enabled[enabled.index(from_stage):] if from_stage in enabled else enabled
-    if (only or from_stage) and not ctx.enabled(only or from_stage):
-        raise VtError(f"stage {only or from_stage!r} is disabled in this config")
+    for flag, stage in (("--only", only), ("--from", from_stage), ("--until", until)):
+        if stage and not ctx.enabled(stage):
+            raise VtError(f"{flag} {stage}: the stage is disabled in this config")
+    if until:
+        first = only or from_stage
+        if first and enabled.index(first) > enabled.index(until):
+            raise VtError(f"--until {until} comes before {'--only' if only else '--from'} {first}")
+        todo = [s for s in todo if enabled.index(s) <= enabled.index(until)]
     # Fail at once, before hours of SFT, when an input of any stage to run is missing.
     report = validate(cfg, workdir, todo)
     if report["problems"]:
