@@ -19,6 +19,19 @@ alternates vt and the harness ``--repeat`` times, best of each, as the machine's
 measurements come from one run, at the same worker count.
 Printed ratios are rate / rate (< 1: the first is slower).
 Speed is measured here, never asserted in tests.
+
+Measured 2026-12-03, idle 2-core box (load 0.1), main at 7cb3aac, --workers 2: math 1.35x math-verify in-process;
+HumanEval vt pool 119.0 problems/s vs the official harness 52.6 (2.26x; issue 24 asks >= 3x), warm pool 2.40x,
+pool / cold 5.35x; MBPP-shaped pool / cold 6.09x; stdin/stdout pool / cold 9.14x, pool / bare subprocess 2.96x.
+Where a warm HumanEval run's time goes (one worker, timestamps written by the server and the harness, medians
+over the 164 canonical solutions, ~9 ms a problem): host request to the server's fork 0.44 ms; the fork 0.67; the
+run's set-up in the child 1.3 (fresh stdio and oom_score_adj 0.7, the signal mask 0.24); the harness's rlimits
+0.2 and its fork of the solution's process 0.75; loading the solution there 1.3; the tests 1.75 (mean 4.0: a
+few problems compute for 0.1-0.25 s); killing and reaping the solution's process 0.6; verdict to host 1.7
+(server: kill_all 0.04, System V IPC scan 0.22, scratch wipes 0.13, reply 0.1; the host's read 0.44). The host's
+own Python is ~1.2 ms a problem (cProfile). No part dominates: the three processes per run (server child,
+harness, solution) and their copy-on-write faults are most of it, so 3x needs fewer or cheaper processes per
+run, not a faster piece.
 """
 from __future__ import annotations
 

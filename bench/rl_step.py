@@ -29,6 +29,11 @@ Judge k=1 per step: learner idle ~0.15 s (sync: 1.8-4 s waiting for sampling and
 the update's own span grows from 1.3-2.4 s (sync) to 2.9-3.8 s beside the decoding and verification that share
 the two oversubscribed cores, which caps the ratio here. The code workload is CPU-bound (sandboxed Python
 start-ups on the same cores): overlapping it with the update buys nothing on this box.
+Measured 2026-12-03 on the idle 2-core box (load < 1), main at 7cb3aac, defaults (--async, both workloads, one
+run): code k=0 1.544 steps/s, k=1 1.20x, k=2 1.50x (learner idle 3.68 / 1.38 / 0.60 s, sampler idle 1.45 / 0.15 /
+0.24 s); judge k=0 0.858 steps/s, k=1 2.25x, k=2 3.90x (learner idle 11.00 / 2.66 / 1.15 s, sampler idle 7.65 /
+0.23 / 0.00 s); no group dropped. A judge-only run just before: k=1 2.26x, k=2 3.98x. k=1 exceeds the 2x of a
+plain two-stage overlap because at k >= 1 the judge's verdicts stream beside decoding too.
 
 --long-tail times the learner's step alone (no sampling, no reward) on scripted rollouts whose completion
 lengths are long-tailed (log-normal, median 1/16 of the window, a few at the window; long_tail_workload):
@@ -100,6 +105,11 @@ step vt 0.280 s vs Tunix 0.245 s (Tunix / vt 0.87x; issue 29 asks >= 1.5x), samp
 training 0.217 vs 0.147 s (0.68x). cProfile of Learner.train_on on the toy (3 steps, warm): ~17 ms of host work
 per update (advantages in jnp ops ~7 ms, build_rows ~3 ms, device_put ~3 ms), the rest the wait for the one
 update program (rows [128, 16]).
+Then the advantages became one jitted program (vt.rl.learner._advantages); main at 7cb3aac + that change, idle
+box, --rounds 2: step vt 0.222 s vs Tunix 0.233 s (Tunix / vt 1.05x), sampling 1.70x, training 0.165 vs 0.138 s
+(0.83x). Host work per update is now ~11 ms (learner_batches ~8: build_rows 4, global_batch 3; cProfile); the
+rest is the update program itself: over three fixed scored batches replayed, train_on took 0.106-0.110 s on two
+of them and 0.17 s on the third, every time (why that batch is slower was not looked into).
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
