@@ -106,8 +106,8 @@ def test_kill_in_rl_stage_then_resume_equals_straight_run(straight, tmp_path):
     """kill -9 the pipeline once rl_math has saved a checkpoint mid-stage; the re-run resumes rl_math from it and
     ends with the straight run's numbers and bitwise-equal weights. To keep the test short, the stages before RL
     are copied from the straight run (manifests name their files relative to the work directory) and both runs
-    stop after rl_math (--until): every later stage is a deterministic function of rl_math's checkpoint, which
-    the straight run's re-run (skipping finished stages) and the fingerprints cover."""
+    stop after rl_math (--until): the later stages start from rl_math's checkpoint with the same configs, so
+    bitwise-equal weights there are what the resume has to get right."""
     ref, _ = straight
     workdir = tmp_path / "killed"
     for s in PRE_RL:
