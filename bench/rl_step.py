@@ -109,7 +109,10 @@ Then the advantages became one jitted program (vt.rl.learner._advantages); main 
 box, --rounds 2: step vt 0.222 s vs Tunix 0.233 s (Tunix / vt 1.05x), sampling 1.70x, training 0.165 vs 0.138 s
 (0.83x). Host work per update is now ~11 ms (learner_batches ~8: build_rows 4, global_batch 3; cProfile); the
 rest is the update program itself: over three fixed scored batches replayed, train_on took 0.106-0.110 s on two
-of them and 0.17 s on the third, every time (why that batch is slower was not looked into).
+of them and 0.17 s on the third, every time. The third's row length is 24, not 16 (one sample of 17+ tokens; the
+128 samples average 15 tokens, 1,920 real): rows of 16 hold one sample each (2,048 computed tokens), and so do
+rows of 24 (3,072 computed, 37% padding). Rows of 32 would hold two (64 rows, 2,048 computed): the row length could
+be chosen per step from the shapes (bucketed rows x T x FLOPs per token at T), not tried yet.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
