@@ -469,8 +469,8 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     from vt.config import to_dataclass
     from vt.model.config import preset
     from vt.model.qwen2 import create_model
-    from vt.rl.learner import RLConfig, learner_batches, step_advantages
-    from vt.rl.rollouts import Scored, batch_length
+    from vt.rl.learner import RLConfig, learner_batches, row_length, step_advantages
+    from vt.rl.rollouts import Scored
     from vt.rl.step import make_rl_step
     from vt.sampling.engine import Sample
     from vt.sharding import make_mesh
@@ -501,7 +501,7 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         adv, _ = step_advantages(scored, cfg.mgpo)
-        T = batch_length(scored, model_cfg.max_position_embeddings)
+        T = row_length(scored, model_cfg, cfg.train.pack_rows)
         batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh)
         for micro in batches:
             state, metrics = update(state, micro)

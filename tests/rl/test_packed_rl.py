@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from packed_check import G, Q, check, config, make_scored, row_length
-from vt.data.packing import pack_lengths
+from vt.data.packing import pack_lengths, packed_rows
 from vt.rl.rollouts import build_rows, per_token, sample_lengths
 
 
@@ -59,6 +59,34 @@ def test_packed_rows_hold_the_padded_rows_tokens():
     values = np.arange(Q * G, dtype=np.float32) + 1
     np.testing.assert_array_equal(per_token(values, packed["sample"]), np.where(packed["sample"] >= 0,
                                                                                 packed["sample"] + 1, 0))
+
+
+def test_row_length_packs_samples_just_over_a_bucket_two_by_two():
+    """The toy step's case (bench/rl_step.py): samples of 15 slots and one of 17. The bucketed longest, 24, holds
+    one sample a row; rows of 32 hold two (half the rows, a third fewer slots), so the learner packs at 32. All samples of 15: rows of 16 and of 32 compute as many slots; attention is cheaper at 16. Not
+    packed: the bucketed longest. packed_rows counts pack_lengths' rows."""
+    from vt.model.config import preset
+    from vt.rl.learner import row_length as learner_row_length
+    from vt.rl.rollouts import Scored
+    from vt.sampling.engine import Sample
+
+    def scored(lengths):  # a 1-token prompt: each sample takes len(completion) slots
+        samples = [[Sample([7] * int(n), [-1.0] * int(n), "stop") for n in lengths[q * G:(q + 1) * G]] for q in range(Q)]
+        return Scored([[5]] * Q, samples, correct=np.zeros((Q, G), bool), rewards=np.zeros((Q, G), np.float32),
+                      valid=np.ones((Q, G), bool), lengths=np.asarray(lengths).reshape(Q, G),
+                      truncated=np.zeros((Q, G), bool), domains=["math"] * Q)
+
+    cfg = preset("tiny")
+    lengths = np.full(Q * G, 15)
+    lengths[5] = 17
+    assert (packed_rows(lengths, 24), packed_rows(lengths, 32)) == (Q * G, Q * G // 2)
+    assert learner_row_length(scored(lengths), cfg, pack=True) == 32
+    assert learner_row_length(scored(lengths), cfg, pack=False) == 24
+    assert learner_row_length(scored(np.full(Q * G, 15)), cfg, pack=True) == 16
+    rng = np.random.default_rng(0)
+    for T in (8, 13, 64):
+        n = rng.integers(1, T + 1, 50)
+        assert packed_rows(n, T) == len(pack_lengths(n, T)["sample"])
 
 
 def test_mini_batches_keep_whole_groups_and_must_divide_them():

@@ -68,6 +68,28 @@ def pack_lengths(lengths, seq_len: int) -> dict[str, np.ndarray]:
     flushed (tests/rl/test_packed_rl.py checks it), placed here with one vectorised first-fit search per sequence: grain's
     iterator took 48 ms of host time for the 128 samples of the toy RL step (~0.4 ms a sample), a third of
     the step's update on the device."""
+    lengths, order, row_of, offset, segment, fill = _first_fit(lengths, seq_len)
+    R = int(np.count_nonzero(fill))
+    out = {"sample": np.full((R, seq_len), -1, np.int32), "segment_ids": np.zeros((R, seq_len), np.int32),
+           "positions": np.zeros((R, seq_len), np.int32)}
+    n = lengths[order]
+    k = np.repeat(np.arange(order.size), n)  # placement index of every slot's sequence
+    within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+    rows, cols = row_of[k], offset[k] + within
+    out["sample"][rows, cols] = order[k]
+    out["segment_ids"][rows, cols] = segment[k]
+    out["positions"][rows, cols] = within
+    return out
+
+
+def packed_rows(lengths, seq_len: int) -> int:
+    """How many rows of seq_len :func:`pack_lengths` would fill with sequences of `lengths` (no rows built)."""
+    return int(np.count_nonzero(_first_fit(lengths, seq_len)[-1]))
+
+
+def _first_fit(lengths, seq_len: int):
+    """First-fit decreasing: (lengths, placement order, each placed sequence's row, offset in it and segment
+    id there, sequences per row opened)."""
     lengths = np.asarray(lengths, np.int64).reshape(-1)
     if lengths.size and (lengths.min() < 1 or lengths.max() > seq_len):
         raise ValueError(f"pack_lengths: lengths must be in [1, {seq_len}], got {lengths.min()}..{lengths.max()}")
@@ -81,17 +103,7 @@ def pack_lengths(lengths, seq_len: int) -> dict[str, np.ndarray]:
         fill[r] += 1
         segment[k] = fill[r]
         room[r] -= lengths[i]
-    R = int(np.count_nonzero(fill))
-    out = {"sample": np.full((R, seq_len), -1, np.int32), "segment_ids": np.zeros((R, seq_len), np.int32),
-           "positions": np.zeros((R, seq_len), np.int32)}
-    n = lengths[order]
-    k = np.repeat(np.arange(order.size), n)  # placement index of every slot's sequence
-    within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-    rows, cols = row_of[k], offset[k] + within
-    out["sample"][rows, cols] = order[k]
-    out["segment_ids"][rows, cols] = segment[k]
-    out["positions"][rows, cols] = within
-    return out
+    return lengths, order, row_of, offset, segment, fill
 
 
 def padding_fraction(batch: dict[str, np.ndarray]) -> float:

@@ -62,6 +62,7 @@ from flax import nnx
 from vt import VtError
 from vt.checkpoint.manager import CheckpointConfig, crash_test_point
 from vt.data.curriculum import load_pass_rates
+from vt.data.packing import packed_rows
 from vt.data.sources import Malformed, open_source
 from vt.data.tokenizer import load_tokenizer
 from vt.distributed import allgather, global_batch, process_mesh
@@ -72,7 +73,8 @@ from vt.rewards.streaming import busy_seconds
 from vt.rl import objectives as obj
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
 from vt.rl.hosts import LocalReplicas, process_slice
-from vt.rl.rollouts import TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score
+from vt.rl.rollouts import (TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score,
+                             sample_lengths)
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig, state_shardings
@@ -352,7 +354,7 @@ class Learner:
         every update's `finite`, both on device, host metrics)."""
         m = self.cfg.mgpo
         adv, w = step_advantages(s, m)
-        T = int(allgather(batch_length(s, self.model_cfg.max_position_embeddings)).max())
+        T = row_length(s, self.model_cfg, self.cfg.train.pack_rows)
         batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh)
         model_keys = ("input_ids", "targets", "positions", "segment_ids")
         for micro in batches:
@@ -609,6 +611,28 @@ def _advantages(rewards, correct, lengths, valid, long2short_lambda, gamma, eps,
     if long2short_lambda > 0:
         rewards = long2short(jnp.where(correct, 1.0, rewards), lengths, long2short_lambda)
     return obj.mgpo_advantages(rewards, correct, gamma, eps, ddof, valid)
+
+
+def row_length(s: Scored, model_cfg, pack: bool, candidates: int = 3) -> int:
+    """The step's row length T, the same on every process: at least every process's longest sample, bucketed
+    (batch_length). Packed, the cheapest of the next `candidates` buckets (cut at the context length) by the
+    FLOPs of the rows first-fit would fill, all processes together (rows x T x FLOPs per token at T; the
+    shortest on a tie): samples just over a bucket (17 tokens in rows of 24, where two 15-token samples never
+    share a row) fill rows of 32 two by two, a third fewer computed tokens than one per row of 24."""
+    max_len = model_cfg.max_position_embeddings
+    T = int(allgather(batch_length(s, max_len)).max())
+    if not pack:
+        return T
+    options = [T]
+    while len(options) < candidates and options[-1] < max_len:
+        options.append(min(bucket_length(options[-1] + 1), max_len))
+    if len(options) == 1:
+        return T
+    lengths = sample_lengths(s, max_len)
+    lengths = lengths[lengths > 0]
+    rows = allgather(np.array([packed_rows(lengths, t) for t in options], np.int64)).sum(0)
+    cost = [r * t * model_flops_per_token(model_cfg, t) for r, t in zip(rows, options)]
+    return options[int(np.argmin(cost))]
 
 
 def micro_batch_sizes(T: int, rows: int, tokens_per_micro_batch: int, mesh) -> list[int]:
