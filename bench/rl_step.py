@@ -113,9 +113,10 @@ of them and 0.17 s on the third, every time. The third's row length is 24, not 1
 128 samples average 15 tokens, 1,920 real): rows of 16 hold one sample each (2,048 computed tokens), and so do
 rows of 24 (3,072 computed, 37% padding).
 Then the row length became a per-step choice (vt.rl.learner.row_length: the cheapest of the next three buckets by
-first-fit rows x T x FLOPs per token at T); main at a35c3b8, box otherwise idle, --rounds 2, two runs: Tunix / vt
-step 1.48x and 1.44x, sampling 1.95x and 1.95x, training 1.33x and 1.29x (vt training 0.099 / 0.118 s). Sampling
-did not change yet its ratio moved with the box, so read these as about 1.4-1.5x. On the third replayed batch above
+first-fit rows x T x FLOPs per token at T); main at a35c3b8 / d53739d, box otherwise idle, --rounds 2, three runs:
+Tunix / vt step 1.48x, 1.44x and 1.27x, sampling 1.95x, 1.95x and 1.68x, training 1.33x, 1.29x and 1.11x (vt
+training 0.099 / 0.118 / 0.106 s). Sampling did not change yet its ratio moved with the box: read the step ratio
+as 1.3-1.5x, not as 1.5x. On the third replayed batch above
 this choice takes 32 (the micro-batch's row count rounds up to 96: 3,072 computed slots, as at 24); a cost that
 counts the rounded micro-batch rows picks 48 there (48 rows, 2,304 slots; train_on 0.131 vs 0.176 s), but it moved
 the LoRA MGPO learning test (lr 1e-2) from pass to fail (held-out 0.367 -> 0.543 -> 0.531 -> 0.441 < +0.1), and
