@@ -43,10 +43,26 @@ def set_limits(limits):
         resource.setrlimit(what, (value, value))
 
 
+def load_solution():
+    """solution.py compiled as ``python3 solution.py`` compiles it: from its bytes (so a coding cookie or a
+    BOM means what it means to the interpreter), read without building a file object (in a freshly forked
+    process every new object is a page copied)."""
+    fd = os.open(SOLUTION, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return compile(b"".join(chunks), SOLUTION, "exec")
+
+
 def run_stdin():
     sys.argv = [SOLUTION]
-    with open(SOLUTION) as f:
-        code = compile(f.read(), SOLUTION, "exec")
+    code = load_solution()
     # Exceptions propagate: Python prints the traceback and exits 1, as for a plain `python3 solution.py`.
     exec(code, {"__name__": "__main__", "__file__": SOLUTION, "__builtins__": __builtins__})
 
@@ -56,8 +72,7 @@ def run_call():
     out_fd = os.dup(1)  # the solution may close or redirect stdout; the result goes to our own copy
     marker = "\n" + request["nonce"]
     try:
-        with open(SOLUTION) as f:
-            code = compile(f.read(), SOLUTION, "exec")
+        code = load_solution()
         scope = {"__name__": "__solution__", "__file__": SOLUTION, "__builtins__": __builtins__}
         exec(code, scope)
         fn = find_function(scope, request["fn_name"])
@@ -199,12 +214,18 @@ class SolutionBaseException(Exception):
     """The solution raised SystemExit / KeyboardInterrupt / GeneratorExit from a call."""
 
 
+_prctl = None  # libc's prctl, looked up once: the warm pool's server loads this module, so its runs share it
+
+
 def _not_dumpable():
     # Without this the child (same uid) could read the parent's memory or fds through /proc/<ppid>/.
+    global _prctl
     try:
-        import ctypes
+        if _prctl is None:
+            import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        _prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except Exception:  # noqa: BLE001 - best effort: the fd and namespace barriers still hold
         pass
 
@@ -249,9 +270,9 @@ def serve_solution(call_r, reply_w):
         os.closerange(3, lo)
         os.closerange(lo + 1, hi)
         os.closerange(hi + 1, 1024)
-        sys.stdin = open(os.devnull)
-        with open(SOLUTION) as f:
-            code = compile(f.read(), SOLUTION, "exec")
+        # sys.stdin now reads /dev/null: it is the fresh stdin the process started with, never read before
+        # the fork (the parent reads the request only after it), so no byte of the request is buffered in it.
+        code = load_solution()
         scope = {"__name__": "__solution__", "__file__": SOLUTION, "__builtins__": builtins}
         setup = recv(call_r)  # the parent sends the setup code first (a plain string, no nonce)
         if setup:
