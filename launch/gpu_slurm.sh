@@ -13,6 +13,7 @@
 #   --venv DIR            virtualenv with vt[cuda] on shared storage (default: ./.venv)
 #   --cache DIR           persistent compilation cache on shared storage (default: ./.cache/jax)
 #   --install             create the virtualenv and install vt[cuda] into it first (on this node)
+#   --python PY           the interpreter that makes that virtualenv, Python >= 3.12 (default: python3.12)
 #   --dry-run             print the sbatch command and what each task would run; submit nothing
 set -euo pipefail
 
@@ -20,7 +21,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "launch/gpu_slurm.sh: error: $*" >&2; exit 2; }
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-nodes=1 gpus=8 per=gpu time_limit="" venv="$PWD/.venv" cache="$PWD/.cache/jax" install=0 dry_run=0
+nodes=1 gpus=8 per=gpu time_limit="" venv="$PWD/.venv" cache="$PWD/.cache/jax" install=0 dry_run=0 python=python3.12
 extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -32,6 +33,7 @@ while [[ $# -gt 0 ]]; do
     --venv) venv="${2:?}"; shift 2 ;;
     --cache) cache="${2:?}"; shift 2 ;;
     --install) install=1; shift ;;
+    --python) python="${2:?}"; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
@@ -49,9 +51,12 @@ esac
 
 if [[ "$install" == 1 ]]; then
   if [[ "$dry_run" == 1 ]]; then
-    echo "python3 -m venv $venv && $venv/bin/pip install -e '${repo}[cuda]'"
+    echo "$python -m venv $venv && $venv/bin/pip install -e '${repo}[cuda]'"
   else
-    python3 -m venv "$venv"
+    # jax >= 0.11 ships wheels for Python >= 3.12 only.
+    "$python" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null \
+      || die "--install needs Python >= 3.12 (jax >= 0.11); '$python' is missing or older (pass --python PATH)"
+    "$python" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip
     "$venv/bin/pip" install -q -e "${repo}[cuda]"
   fi

@@ -7,7 +7,8 @@
 # Steps (each one can be run alone with --only STEP):
 #   create  create the slice with gcloud unless it already exists (then it is reused)
 #   sync    copy this checkout (git-tracked and untracked, non-ignored files) to ~/vt on every worker,
-#           create ~/vt/.venv and install vt[tpu] there
+#           create ~/vt/.venv and install vt[tpu] there (jax needs Python >= 3.12: the worker's python3.12, or one
+#           that uv fetches where the image has an older one, as tpu-ubuntu2204-base does)
 #   run     run the command on all workers at once (gcloud ... ssh --worker=all), streaming every worker's
 #           output here; vt.distributed.initialize() on each worker finds the others through the TPU metadata
 #           server, so the command is the same everywhere
@@ -84,7 +85,7 @@ if want sync; then
     git -C "$repo" ls-files -z --cached --others --exclude-standard | tar -C "$repo" -czf "$tarball" --null -T -
   fi
   run "${tpu[@]}" scp "$tarball" "$name:vt-src.tar.gz" "${where[@]}" --worker=all
-  install='rm -rf ~/vt && mkdir -p ~/vt && tar -C ~/vt -xzf ~/vt-src.tar.gz && cd ~/vt && python3 -m venv .venv && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[tpu]"'
+  install='rm -rf ~/vt && mkdir -p ~/vt && tar -C ~/vt -xzf ~/vt-src.tar.gz && cd ~/vt && { command -v python3.12 >/dev/null && python3.12 -m venv .venv || { python3 -m pip install -q --user uv && ~/.local/bin/uv venv -q --seed --python 3.12 .venv; }; } && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e ".[tpu]"'
   run "${tpu[@]}" ssh "$name" "${where[@]}" --worker=all --command "$install"
 fi
 
