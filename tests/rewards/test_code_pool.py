@@ -110,14 +110,23 @@ STATE_ATTACKS = {
             os._exit(0)
         time.sleep(0.2)
     """,
-    "sysv-ipc": """
+    # One kind per attack: the server checks each kind's count before it scans /proc/sysvipc.
+    "sysv-shm": """
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         IPC_CREAT, IPC_PRIVATE = 0o1000, 0
         assert libc.shmget(IPC_PRIVATE, 1 << 20, IPC_CREAT | 0o600) >= 0
         assert libc.shmget(4242, 1 << 16, IPC_CREAT | 0o600) >= 0
-        assert libc.semget(4243, 1, IPC_CREAT | 0o600) >= 0
-        assert libc.msgget(4244, IPC_CREAT | 0o600) >= 0
+    """,
+    "sysv-sem": """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.semget(4243, 1, 0o1000 | 0o600) >= 0
+    """,
+    "sysv-msg": """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.msgget(4244, 0o1000 | 0o600) >= 0
     """,
 }
 

@@ -214,17 +214,24 @@ class SolutionBaseException(Exception):
     """The solution raised SystemExit / KeyboardInterrupt / GeneratorExit from a call."""
 
 
-_prctl = None  # libc's prctl, looked up once: the warm pool's server loads this module, so its runs share it
+_prctl = None  # libc's prctl: looked up on first use, or once by warm_up in the warm pool's server
+
+
+def warm_up():
+    """Called once by the warm pool's server, which loads this module and forks every run from it: the
+    lookups a run would otherwise make in its own process (a ctypes call's first use in a fresh fork
+    writes ~80 pages) are made there, once."""
+    global _prctl
+    import ctypes
+
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
 def _not_dumpable():
     # Without this the child (same uid) could read the parent's memory or fds through /proc/<ppid>/.
-    global _prctl
     try:
         if _prctl is None:
-            import ctypes
-
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+            warm_up()
         _prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
     except Exception:  # noqa: BLE001 - best effort: the fd and namespace barriers still hold
         pass

@@ -85,22 +85,30 @@ class PoolWorker:
         self.code_dir = prepare_code_dir(self.root, "")
         shutil.copyfile(SERVER_SOURCE, self.code_dir / "_pool_server.py")
         os.chmod(self.code_dir / "_pool_server.py", 0o644)
+        self._solution, self._solution_tmp = str(self.code_dir / "solution.py"), str(self.code_dir / ".solution.tmp")
         self.proc: subprocess.Popen | None = None
         self.key: tuple | None = None  # the sandbox-level limits this server was started with
         self.ns_init: int | None = None
         self.cgroup: Path | None = None
         self.stderr = None
+        self._oom_seen = 0  # the cgroup's OOM-kill count after the last run (the host's only reader of it)
         self.lost = 0  # servers killed because of a run (or that broke): each is replaced on the next run
 
     # ---- per sample ------------------------------------------------------------------------------
 
     def load(self, source: str) -> None:
-        """The sample's solution at /code/solution.py (read-only inside), replacing the last one."""
-        path = self.code_dir / "solution.py"
-        tmp = self.code_dir / ".solution.tmp"
-        tmp.write_text(source, encoding="utf-8", errors="surrogatepass")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        """The sample's solution at /code/solution.py (read-only inside), replacing the last one.
+
+        os-level calls on paths made once: this runs twice per sample on the host's scoring threads."""
+        fd = os.open(self._solution_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the host's umask
+            data = source.encode("utf-8", "surrogatepass")
+            while data:
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
+        os.replace(self._solution_tmp, self._solution)
 
     def unload(self) -> None:
         self.load("")
@@ -123,7 +131,6 @@ class PoolWorker:
             "output_bytes": limits.output_bytes,
             "stdin": len(stdin),
         }
-        ooms = self._oom_kills()
         start = time.monotonic()
         try:
             # The server is idle and reading: a failed send means it died between runs (not this run's
@@ -144,14 +151,14 @@ class PoolWorker:
         except WorkerLost as e:
             # This run killed, stopped or starved its server (or the server broke): the run fails.
             wall = time.monotonic() - start
-            oom = self._oom_kills() > ooms
+            oom = self._new_oom_kills()
             self._lose(e)
             if e.timed_out and not oom:
                 return RunResult("timeout", None, b"", b"", wall)
             return RunResult("exited", 128 + signal.SIGKILL, b"", f"sandbox server lost: {e}".encode(), wall, oom)
         if not reply["clean"]:
             self._lose("it could not clear its namespace after a run")
-        oom = self.cgroup is not None and self._oom_kills() > ooms
+        oom = self._new_oom_kills()
         return RunResult(reply["status"], reply["returncode"], out, err, reply["wall_s"], oom)
 
     # ---- the server's life -----------------------------------------------------------------------
@@ -160,6 +167,7 @@ class PoolWorker:
         """Start a server; None when it is ready, else why not (and nothing of it is left)."""
         sb = self.sandbox
         self.cgroup = sb.cgroups.create(limits.memory_bytes + SERVER_MEMORY) if sb.cgroups is not None else None
+        self._oom_seen = 0
         self.stderr = tempfile.TemporaryFile()  # bwrap's and the server's own errors; runs have their own
         info_r, info_w = os.pipe()
         argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
@@ -227,8 +235,14 @@ class PoolWorker:
         self.stop()
         force_rmtree(self.root)
 
-    def _oom_kills(self) -> int:
-        return self.sandbox.cgroups.oom_kills(self.cgroup) if self.cgroup is not None else 0
+    def _new_oom_kills(self) -> bool:
+        """Whether the OOM killer killed in this worker's cgroup since the last run ended. The cgroup is
+        the server's, made empty by _start, and nothing but runs allocates in it between two runs, so
+        the count after one run is the count before the next: one read of memory.events per run."""
+        if self.cgroup is None:
+            return False
+        seen, self._oom_seen = self._oom_seen, self.sandbox.cgroups.oom_kills(self.cgroup)
+        return self._oom_seen > seen
 
     def _stderr_tail(self) -> str:
         try:
