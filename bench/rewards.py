@@ -41,6 +41,15 @@ and the solution to ~323. Alternated with the commit before it (2026-12-03, two 
 vt / harness 2.21x, 2.59x before; 2.47x, 2.73x after; warm 3.06x, 3.02x before; 2.87x, 2.81x after: the
 whole-command ratio rose, the warm one did not (within this box's noise). Worker start-up (bwrap, the launcher,
 the server's imports: ~0.1-0.15 s a worker) is ~15% of the whole command at 164 problems.
+Host side (03c3b8f: one memory.events read per run, the solution file and the OOM count through os-level calls):
+the host's own CPU per HumanEval problem 1.6-1.9 -> 1.0-1.4 ms (process_time over warm passes). Alternated with
+7e3230d (2026-12-03, --humaneval only): vt / harness 2.50x, 2.63x before; 3.26x, 2.72x, 2.77x, 2.78x, 3.00x,
+2.88x, 2.45x, 2.51x after (the last three with a malloc_trim of the server, which made no measurable difference
+and was not kept). Where the rest goes (perf over the whole box, processes renamed per role for the count): the
+harness's process ~36% of the box's CPU, the solution's ~34% (its tests' own computation included), the server
+~14%, the host ~11%. A fork + exit + wait costs ~0.3-0.5 ms even from C on this VM and ~0.8 ms from Python (the
+server's 7 MB of heap adds only ~0.1 ms of it), and a program test needs two: most of what separates the whole
+command from 3x here is process creation on this VM.
 """
 from __future__ import annotations
 
