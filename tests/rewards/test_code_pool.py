@@ -315,6 +315,38 @@ def test_the_server_cannot_be_traced_or_read(reward):
     assert_next_run_clean(reward)
 
 
+@pytest.mark.parametrize("pool", [True, False], ids=["warm", "cold"])
+def test_a_program_tests_process_cannot_be_traced_or_read_by_the_solution(pool):
+    """Program mode: the solution's process is the test process's child (same uid); the test process, which
+    holds the nonce and writes the verdict, is not dumpable, warm (inherited from the server) or cold (set)."""
+    src = """
+        import ctypes, os
+        def probe():
+            libc = ctypes.CDLL(None, use_errno=True)
+            ppid, got = os.getppid(), []
+            for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE
+                if libc.ptrace(request, ppid, None, None) == 0:
+                    got.append("ptrace %d" % request)
+            for what in ["mem", "environ", "maps"] + ["fd/%d" % fd for fd in range(12)]:
+                try:
+                    with open("/proc/%d/%s" % (ppid, what), "rb") as f:
+                        f.read(1)
+                    got.append(what)
+                except OSError:
+                    pass
+            class IoVec(ctypes.Structure):
+                _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+            buf = ctypes.create_string_buffer(64)
+            local, remote = IoVec(ctypes.addressof(buf), 64), IoVec(0x400000, 64)
+            if libc.process_vm_readv(ppid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:
+                got.append("process_vm_readv")
+            return ",".join(got) or "blocked"
+    """
+    with CodeReward(workers=1, pool=pool, test_time_limit_s=TEST_LIMIT_S) as r:
+        got = r([{"tests": [{"program": "assert probe() == 'blocked', probe()\n"}]}], [block(src)])[0]
+    assert got.score == 1.0, got
+
+
 def test_a_run_that_fills_its_memory_fails_and_the_next_run_has_all_of_it():
     budget = 256 << 20
     with CodeReward(workers=1, test_time_limit_s=10, memory_bytes=budget) as r:
