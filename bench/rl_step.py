@@ -35,6 +35,14 @@ run): code k=0 1.544 steps/s, k=1 1.20x, k=2 1.50x (learner idle 3.68 / 1.38 / 0
 0.23 / 0.00 s); no group dropped. A judge-only run just before: k=1 2.26x, k=2 3.98x. k=1 exceeds the 2x of a
 plain two-stage overlap because at k >= 1 the judge's verdicts stream beside decoding too.
 
+RL update at qwen2.5-0.5b's widths with 2 layers (issue 29's second shape; `--long-tail --skip-tunix --lt-preset
+qwen2.5-0.5b --lt-layers 2 --lt-window 256 --prompts 4 --group 4 --steps 2 --warmup 1 --rounds 1`, 2026-12-03,
+jax 0.12.0.1): 16 samples, 1,009 real tokens packed into 2 rows of 512 (1,024 computed): 11.98 s a step, of which
+the host's part (advantages, rows, device_put, dispatch) 7 ms; 1,016 G model FLOPs, 85 GFLOP/s, the rate of the
+SFT step at these widths (bench/train_step.py: 87 GFLOP/s, as torch's). Padded rows: 53.95 s (4.50x, 4.06x the
+tokens). So at real widths the update is the matmuls and the host is nothing; at the toy the update is one
+program whose time is XLA's small-op overheads (see the toy profile above).
+
 --long-tail times the learner's step alone (no sampling, no reward) on scripted rollouts whose completion
 lengths are long-tailed (log-normal, median 1/16 of the window, a few at the window; long_tail_workload):
 vt with packed rows (train.pack_rows, the default) vs vt with one padded row per sample vs Tunix's GRPO
@@ -475,7 +483,6 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     import numpy as np
     from vt.checkpoint.params import flat_params
     from vt.config import to_dataclass
-    from vt.model.config import preset
     from vt.model.qwen2 import create_model
     from vt.rl.learner import RLConfig, learner_batches, row_length, step_advantages
     from vt.rl.rollouts import Scored
@@ -487,11 +494,11 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
 
     Q, G = len(work["prompts"]), work["group"]
     cfg = to_dataclass(RLConfig, {
-        "model": {"preset": "tiny"}, "mgpo": {"gamma": 0.0, "kl_coef": 0.0, "mini_batches": 1,
+        "model": {"preset": args.lt_preset}, "mgpo": {"gamma": 0.0, "kl_coef": 0.0, "mini_batches": 1,
                                               "aggregation": "seq_mean", "eps_low": EPS_CLIP, "eps_high": EPS_CLIP},
         "optim": {"lr": LR, "final_lr": LR, "weight_decay": WD, "clip_norm": CLIP, "warmup_frac": 0.0},
         "train": {"pack_rows": pack, "tokens_per_micro_batch": args.lt_tokens_per_micro_batch}})
-    model_cfg = preset("tiny")
+    model_cfg = long_tail_model(args)
     mesh = make_mesh(cfg.mesh)
     md = ModelDef(model_cfg)
     optimizer, schedule = make_optimizer(cfg.optim, 1000)
@@ -505,7 +512,7 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     lengths = np.array([[len(s.completion_ids) for s in grp] for grp in samples])
     scored = Scored(work["prompts"], samples, correct=rewards == 1.0, rewards=rewards, valid=np.ones((Q, G), bool),
                     lengths=lengths, truncated=lengths >= work["window"] - 16, domains=["math"] * Q)
-    times, tokens = [], {}
+    times, host, tokens = [], [], {}
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         adv, _ = step_advantages(scored, cfg.mgpo)
@@ -513,11 +520,18 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
         batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh)
         for micro in batches:
             state, metrics = update(state, micro)
+        host.append(time.perf_counter() - t0)  # advantages, rows, device_put and dispatch: the host's part
         jax.block_until_ready(state.params)
         times.append(time.perf_counter() - t0)
         tokens["micro_batches"] = sum(len(m) for m in batches)
         tokens["row_length"] = T
-    return {"step": statistics.median(times[args.warmup:]), **tokens}
+    return {"step": statistics.median(times[args.warmup:]), "host": statistics.median(host[args.warmup:]), **tokens}
+
+
+def long_tail_model(args):
+    """--lt-preset at --lt-layers depth (e.g. qwen2.5-0.5b's widths with 2 layers); tiny by default."""
+    from vt.model.config import preset
+    return preset(args.lt_preset, **({"num_layers": args.lt_layers} if args.lt_layers else {}))
 
 
 def long_tail(args) -> None:
@@ -527,8 +541,7 @@ def long_tail(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         import dataclasses
         from vt.data.tokenizer import build_tiny_tokenizer
-        from vt.model.config import preset
-        tiny = dataclasses.asdict(preset("tiny"))
+        model = dataclasses.asdict(long_tail_model(args))
         tok = Path(tmp) / "tok"  # Tunix's RLCluster wants a tokenizer (its pad and eos ids shape the masks)
         build_tiny_tokenizer(tok, vocab_size=300)
         for r in range(args.rounds):
@@ -538,14 +551,15 @@ def long_tail(args) -> None:
                 print(f"round {r + 1}/{args.rounds}: {name} ...", file=sys.stderr)
                 if name == "tunix":
                     runs[name].append(run_tunix(dict(work, warmup=args.warmup, n_steps=args.steps, mode="long_tail",
-                                                     model=tiny, tokenizer=str(tok)), Path(tmp)))
+                                                     model=model, tokenizer=str(tok)), Path(tmp)))
                 else:
                     runs[name].append(run_vt_long_tail(work, name == "vt packed", args))
     lengths = [len(c) for grp in _groups(work) for c in grp]
     print(f"RL learner step on long-tailed completions: Q={args.prompts} x G={args.group} = {len(lengths)} samples, "
           f"window {work['window']} slots, completion tokens median {statistics.median(lengths):.0f} / mean "
           f"{statistics.mean(lengths):.0f} / max {max(lengths)} (log-normal, sigma {args.lt_sigma}, "
-          f"{args.lt_at_window} at the window); real tokens (prompt + completion - 1) {real}; tiny Qwen2, fp32, "
+          f"{args.lt_at_window} at the window); real tokens (prompt + completion - 1) {real}; Qwen2 {args.lt_preset}"
+          f"{f' at {args.lt_layers} layers' if args.lt_layers else ''}, fp32, "
           f"GRPO (no KL), one update, CPU x{os.cpu_count()}; vt tokens_per_micro_batch "
           f"{args.lt_tokens_per_micro_batch}")
     print(f"median of {args.steps} steps after {args.warmup} warm-up; best of {args.rounds} interleaved round(s)")
@@ -560,6 +574,7 @@ def long_tail(args) -> None:
         print(f"  {name:10s} step {b['step']:8.3f} s   tokens computed {computed:9.0f}   computed / real "
               f"{computed / real:5.2f}" + (f"   ({b['micro_batches']} micro-batches of rows of {b['row_length']})"
                                           if "micro_batches" in b else "")
+              + (f"   host part {b['host'] * 1e3:.0f} ms" if "host" in b else "")
               + "   round medians " + " ".join(f"{x['step']:.3f}" for x in ok))
     base = best.get("vt packed")
     if base:
@@ -756,6 +771,8 @@ def main():
     ap.add_argument("--lt-window", type=int, default=1024, help="--long-tail: prompt + completion slots")
     ap.add_argument("--lt-sigma", type=float, default=1.0, help="--long-tail: log-normal sigma of the lengths")
     ap.add_argument("--lt-at-window", type=int, default=2, help="--long-tail: completions at the window")
+    ap.add_argument("--lt-preset", default="tiny", help="--long-tail: the model's preset")
+    ap.add_argument("--lt-layers", type=int, help="--long-tail: the preset's widths at this depth")
     ap.add_argument("--lt-tokens-per-micro-batch", type=int, default=4096,
                     help="--long-tail: vt's train.tokens_per_micro_batch")
     ap.add_argument("--async", dest="async_", action="store_true",
