@@ -219,8 +219,7 @@ _prctl = None  # libc's prctl: looked up on first use, or once by warm_up in the
 
 def warm_up():
     """Called once by the warm pool's server, which loads this module and forks every run from it: the
-    lookups a run would otherwise make in its own process (a ctypes call's first use in a fresh fork
-    writes ~80 pages) are made there, once."""
+    ctypes import and libc lookup a program test would otherwise make in its own process are made there."""
     global _prctl
     import ctypes
 

@@ -97,17 +97,11 @@ class PoolWorker:
     # ---- per sample ------------------------------------------------------------------------------
 
     def load(self, source: str) -> None:
-        """The sample's solution at /code/solution.py (read-only inside), replacing the last one.
-
-        os-level calls on paths made once: this runs twice per sample on the host's scoring threads."""
-        fd = os.open(self._solution_tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the host's umask
-            data = source.encode("utf-8", "surrogatepass")
-            while data:
-                data = data[os.write(fd, data) :]
-        finally:
-            os.close(fd)
+        """The sample's solution at /code/solution.py (read-only inside), replacing the last one. Paths made
+        once, no pathlib: this runs twice per sample on the host's scoring threads."""
+        with open(self._solution_tmp, "wb") as f:
+            f.write(source.encode("utf-8", "surrogatepass"))
+        os.chmod(self._solution_tmp, 0o644)
         os.replace(self._solution_tmp, self._solution)
 
     def unload(self) -> None:

@@ -152,12 +152,9 @@ class MemoryCgroups:
     def oom_kills(self, path: Path) -> int:
         """How many processes the OOM killer has killed in this cgroup so far (0 if the kernel does not say)."""
         name = "memory.events" if self.version == 2 else "memory.oom_control"
-        try:  # os-level: the warm pool reads this once per run on the host's scoring threads
-            fd = os.open(f"{path}/{name}", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                text = os.read(fd, 1 << 16)
-            finally:
-                os.close(fd)
+        try:  # no pathlib: the warm pool reads this once per run on the host's scoring threads
+            with open(f"{path}/{name}", "rb") as f:
+                text = f.read()
             for line in text.splitlines():
                 key, _, value = line.partition(b" ")
                 if key == b"oom_kill":
