@@ -15,11 +15,13 @@ def start(B: int, K: int, G: int, T: int, H: int) -> Carry:
             jnp.zeros((B, K, G, T, H), jnp.float32))
 
 
-def fold_block(carry: Carry, q_BTKGH, k_blk, v_blk, visible_BTS, scale, kv_axes: str) -> Carry:
+def fold_block(carry: Carry, q_blk, k_blk, v_blk, visible_BTS, scale, kv_axes: str, q_axes: str = "btkgh") -> Carry:
     """Fold one block of keys/values into the carry. `kv_axes` names the block's layout in einsum letters with s
-    for its positions: "bskh" ([B, S, K, H], a blocked row) or "kbsh" ([K, B, S, H], gathered pages)."""
+    for its positions: "bskh" ([B, S, K, H], a blocked row), "bksh" ([B, K, S, H], heads first) or "kbsh"
+    ([K, B, S, H], gathered pages); `q_axes` the queries' ("btkgh", or "bkgth" heads first: the layout of the
+    scores, so the block's matmuls need no transposes)."""
     m_BKGT, l_BKGT, acc_BKGTH = carry
-    s = jnp.einsum(f"btkgh,{kv_axes}->bkgts", q_BTKGH, k_blk, preferred_element_type=jnp.float32) * scale
+    s = jnp.einsum(f"{q_axes},{kv_axes}->bkgts", q_blk, k_blk, preferred_element_type=jnp.float32) * scale
     s = jnp.where(visible_BTS[:, None, None], s, jnp.finfo(jnp.float32).min)
     m_new = jnp.maximum(m_BKGT, s.max(-1))
     p = jnp.exp(s - m_new[..., None])
@@ -29,10 +31,15 @@ def fold_block(carry: Carry, q_BTKGH, k_blk, v_blk, visible_BTS, scale, kv_axes:
     return m_new, l_new, acc_BKGTH * correction[..., None] + pv
 
 
-def finish(carry: Carry, dtype):
-    """The attention output [B, T, N, H]. Callers start at block 0, which always holds a visible position
-    (positions >= 0), so the sum is > 0."""
+def normalized(carry: Carry):
+    """The attention output in the carry's own layout, float32 [B, K, G, T, H]. Callers start at block 0, which
+    always holds a visible position (positions >= 0), so the sum is > 0."""
     _, l_BKGT, acc_BKGTH = carry
-    B, K, G, T, H = acc_BKGTH.shape
-    out_BKGTH = acc_BKGTH / l_BKGT[..., None]
+    return acc_BKGTH / l_BKGT[..., None]
+
+
+def finish(carry: Carry, dtype):
+    """The attention output [B, T, N, H] in `dtype`."""
+    out_BKGTH = normalized(carry)
+    B, K, G, T, H = out_BKGTH.shape
     return out_BKGTH.transpose(0, 3, 1, 2, 4).reshape(B, T, K * G, H).astype(dtype)
