@@ -130,6 +130,16 @@ counts the rounded micro-batch rows picks 48 there (48 rows, 2,304 slots; train_
 the LoRA MGPO learning test (lr 1e-2) from pass to fail (held-out 0.367 -> 0.543 -> 0.531 -> 0.441 < +0.1), and
 two bench runs with it read 1.20x / 1.21x: not landed.
 
+Measured 2026-12-04, idle box, main at d36a8e6 (vt on jax 0.12.0.1, Tunix 0.1.7 on jax 0.10.2), defaults: Tunix / vt
+step 0.81x, sampling 1.91x, training 0.62x (vt 0.144 s, Tunix 0.090). The same with XLA's YNNPACK fusions off
+(XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=, both frameworks): 0.94x, training 0.80x (0.103 vs 0.082); two
+vt-only pairs alternated: training 0.128 / 0.146 s with them, 0.110 / 0.120 s without, but the sampled lengths
+moved too (5.6 vs 5.1 tokens a completion: matmul rounding changes what is sampled), so not like for like, and the
+SFT step is 10% slower without them (bench/train_step.py): not changed. The toy update's rows (T <= 48) use dense
+attention; a traced update (train_on 70-107 ms, the two alternating row lengths) is, as at SFT, XLA's small-op
+code, no host gap. The step ratio was 1.27-1.48x at a35c3b8 with vt on jax 0.10.2, with Tunix's training then
+0.13-0.15 s on that day's box against 0.08-0.09 today: both sides move with the box.
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result. Two runs on an idle 2-core box (2026-11-30, Tunix

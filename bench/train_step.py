@@ -34,6 +34,23 @@ So the tiny gap is inside the one step program (XLA's CPU code for 96-wide matmu
 many small fusions), not on the host; the knobs tried above do not close it. (XLA's cost analysis is no
 measure of it: it counts a scanned layer's body once, not once per layer.)
 
+Where the tiny gap lies (2026-12-04, idle 2-core box, jax 0.12.0.1, torch 2.13.0): a plain-JAX step of the same
+model (no layer scan, no blocking, one dense attention, the same optax AdamW; a scratch script, not kept) took
+135-155 ms against vt's 82-90 and torch's 58-73, so vt's structure is not what costs. The matmuls alone at the
+step's shapes ([2048, 96] x [96, 96 | 160 | 512] and their transposes), jit vs torch: within 0.75-2x either way,
+100-160 GFLOP/s both. By the per-op trace (jax.profiler with --xla_cpu_enable_xprof_traceme, thunk time summed over
+both threads): ~40% XLA's YNNPACK matmul fusions, ~25% the blocked attention's loops with their exps and
+transposes, ~15% the layer scan's stacked residuals (a zero broadcast, a copy and a dynamic-update-slice per
+layer for every saved activation). Changed: attention blocks laid out heads first (vt.model.blocked_attention),
+one layer's attention forward and backward 11.7-13.7 -> 8.9-9.3 ms (torch's SDPA at those shapes: 8.7 ms), the
+step 81.3 / 84.8 -> 73.1 / 79.5 ms (this bench, before and after alternated; vt / torch 0.70-0.90x -> 0.74-0.81x;
+with Tunix, --rounds 2: vt / Tunix 1.63x, vt / torch 0.72x). Tried, not kept: the block pairs of rows of <= 4
+blocks as straight-line code (attention alone 10.9 -> 9.4 ms in the old layout, the whole step unchanged over 60
+alternated steps); the layers as a Python loop instead of the scan (step 5-8% faster, but compile time would grow
+with depth); YNNPACK fusions off (--xla_cpu_experimental_ynn_fusion_type=): the step 10% slower; the loss's
+vocabulary mask skipped for an unpadded head: no change (XLA already drops it). vt / torch >= 1.0x at tiny is
+not reached: what is left is XLA:CPU's code for many small ops, which the plain-JAX step shows as well.
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
 created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
 mean little; the ratios printed at the end are the result.
