@@ -24,12 +24,23 @@ def _loss_and_grads(cfg, seed=0):
 
 @pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
 def test_remat_policies_give_identical_gradients(policy):
-    base = preset("tiny")
+    base = preset("tiny", remat_policy="none")
     loss0, g0 = _loss_and_grads(base)
     loss1, g1 = _loss_and_grads(base.replace(remat_policy=policy))
     assert loss0 == pytest.approx(loss1, abs=1e-6)
     for a, b in zip(g0, g1):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+
+
+def test_auto_remat_is_decided_from_the_width():
+    from vt.model.config import FULL_REMAT_BELOW_WIDTH, resolve_remat
+    assert preset("tiny").remat_policy == "auto"
+    assert resolve_remat("auto", preset("tiny").hidden_size) == "full"
+    assert resolve_remat("auto", preset("qwen2.5-0.5b").hidden_size) == "none"
+    assert resolve_remat("auto", FULL_REMAT_BELOW_WIDTH - 1) == "full"
+    assert resolve_remat("auto", FULL_REMAT_BELOW_WIDTH) == "none"
+    for policy in ("none", "full", "dots", "dots_no_batch"):
+        assert resolve_remat(policy, 96) == resolve_remat(policy, 4096) == policy
 
 
 def test_param_and_compute_dtypes_are_separate():

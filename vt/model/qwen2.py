@@ -28,7 +28,7 @@ from flax import nnx
 
 from vt.model import lora
 from vt.model.attention import resolve, self_attention
-from vt.model.config import ModelConfig
+from vt.model.config import ModelConfig, resolve_remat
 from vt.model.kv_pages import PagedKVCache
 from vt.sharding import constrain, state_shardings
 
@@ -197,7 +197,8 @@ class Qwen2(nnx.Module):
         table_VD = constrain(self.embed[...], ("vocab", None))
         x_BTD = constrain(table_VD[tokens_BT].astype(dt), ("batch", "sequence", "act_embed"))
 
-        x_BTD, cache = scan_layers(self.layers, x_BTD, positions_BT, segment_ids_BT, cache, cfg.remat_policy)
+        x_BTD, cache = scan_layers(self.layers, x_BTD, positions_BT, segment_ids_BT, cache,
+                                   resolve_remat(cfg.remat_policy, cfg.hidden_size))
         if logits_at_B is not None:
             x_BTD = jnp.take_along_axis(x_BTD, logits_at_B[:, None, None], axis=1)  # [B, 1, D]
         x_BTD = self.final_norm(x_BTD)
