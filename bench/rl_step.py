@@ -139,6 +139,10 @@ SFT step is 10% slower without them (bench/train_step.py): not changed. The toy 
 attention; a traced update (train_on 70-107 ms, the two alternating row lengths) is, as at SFT, XLA's small-op
 code, no host gap. The step ratio was 1.27-1.48x at a35c3b8 with vt on jax 0.10.2, with Tunix's training then
 0.13-0.15 s on that day's box against 0.08-0.09 today: both sides move with the box.
+The same toy in vt's old venv on jax 0.10.2 (PYTHONPATH, Tunix's venv): training 0.106 s with 5.1 tokens a
+completion, as on jax 0.12 without YNNPACK: the jax versions differ in what is sampled more than in speed. Then
+remat_policy "auto" (full at the tiny width; bench/train_step.py), same day, defaults: vt training 0.094 s on the
+very same rollouts as above (reward 0.560, 5.6 tokens), Tunix / vt step 1.10x, sampling 1.96x, training 0.94x.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean

@@ -48,8 +48,13 @@ with Tunix, --rounds 2: vt / Tunix 1.63x, vt / torch 0.72x). Tried, not kept: th
 blocks as straight-line code (attention alone 10.9 -> 9.4 ms in the old layout, the whole step unchanged over 60
 alternated steps); the layers as a Python loop instead of the scan (step 5-8% faster, but compile time would grow
 with depth); YNNPACK fusions off (--xla_cpu_experimental_ynn_fusion_type=): the step 10% slower; the loss's
-vocabulary mask skipped for an unpadded head: no change (XLA already drops it). vt / torch >= 1.0x at tiny is
-not reached: what is left is XLA:CPU's code for many small ops, which the plain-JAX step shows as well.
+vocabulary mask skipped for an unpadded head: no change (XLA already drops it). Then the layer scan's stacked
+activations: recomputing each layer in the backward pass (remat full) is cheaper at this width than keeping its
+activations (alternated in one process: 69.2 vs 76.8 ms), a wash at width 256 and 9% dearer at 0.5b's 896, so
+remat_policy "auto", now the default, picks full below width 256 (vt.model.config.resolve_remat): the bench,
+before and after alternated, vt 72.3 / 77.2 -> 68.8 / 68.7 ms, vt / torch 0.84x / 0.78x -> 0.87x / 0.87x.
+vt / torch >= 1.0x at tiny is not reached: what is left is XLA:CPU's code for many small ops, which the
+plain-JAX step shows as well.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
 created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
