@@ -14,7 +14,10 @@ verifier error) and get the worker replaced.
 """
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import tempfile
 import textwrap
 import time
 
@@ -51,6 +54,7 @@ print(json.dumps({
     "sysv": [open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")],
     "lock": locked,
     "limits": [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_AS)],
+    "affinity": sorted(os.sched_getaffinity(0)),
 }, sort_keys=True))
 """
 
@@ -109,6 +113,14 @@ STATE_ATTACKS = {
                     time.sleep(0.01)
             os._exit(0)
         time.sleep(0.2)
+    """,
+    "cpu-affinity": """
+        import os
+        server = os.getppid()  # the server (same uid) forked this run: move it, and every run after, elsewhere
+        here = os.sched_getaffinity(server)
+        elsewhere = (set(range(os.cpu_count())) - here) or ({min(here)} if len(here) > 1 else here)
+        os.sched_setaffinity(server, elsewhere)
+        assert os.sched_getaffinity(server) == elsewhere
     """,
     # One kind per attack: the server checks each kind's count before it scans /proc/sysvipc.
     "sysv-shm": """
@@ -480,3 +492,78 @@ def test_concurrent_slots_never_share_a_uid_and_close_leaves_nothing():
         uids = r.sandbox_uids
         assert processes_matching(uids)  # the warm workers
     assert processes_matching(uids) == []
+
+
+# ---- placement -----------------------------------------------------------------------------------
+
+AFFINITY = "import os\nprint(sorted(os.sched_getaffinity(0)))\n"
+
+
+def affinity_of_runs(worker, limits) -> list[int]:
+    """The CPUs a run of this worker may use (a run inherits its server's affinity)."""
+    worker.load(AFFINITY)
+    try:
+        run = worker.run("stdin", b"", limits)
+    finally:
+        worker.unload()
+    assert run.status == "exited" and run.returncode == 0, run
+    return json.loads(run.stdout)
+
+
+def test_each_worker_runs_on_a_cpu_of_its_own_and_gives_it_back(tmp_path, monkeypatch):
+    """Every process of a worker's sandbox runs on the worker's CPU; no two workers share one while a
+    free one is left (the claim is a lock per CPU, held per open file, so workers of this process and of
+    any other conflict alike); a worker that finds every CPU taken runs unpinned and still scores; a
+    closed reward's CPUs can be claimed again. The locks live in a directory of this test's own, so that
+    the module's warm worker and other test processes' workers hold none of them."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    locks, claim_cpu = str(tmp_path / "locks"), pool_mod.claim_cpu
+    monkeypatch.setattr(pool_mod, "claim_cpu", lambda directory=None: claim_cpu(directory or locks))
+    claims = []
+    try:
+        with CodeReward(workers=2, test_time_limit_s=5) as r:
+            limits = r.config.limits(5)
+            seen = [affinity_of_runs(w, limits) for w in r.pool.workers]
+            cpus = [w.cpu for w in r.pool.workers]
+            assert seen == [[c] for c in cpus] and len(set(cpus)) == 2 and set(cpus) <= set(allowed), (seen, cpus)
+            while (claim := pool_mod.claim_cpu()) is not None:  # every CPU left, as other processes could
+                claims.append(claim)
+            assert not {c for c, _ in claims} & set(cpus)
+            with CodeReward(workers=1, test_time_limit_s=5) as late:
+                assert affinity_of_runs(late.pool.workers[0], limits) == allowed
+                assert late.pool.workers[0].cpu is None
+                assert late([HONEST[0]], [HONEST[1]])[0].score == 1.0
+        claim = pool_mod.claim_cpu()
+        assert claim is not None and claim[0] in cpus
+        claims.append(claim)
+    finally:
+        for _, fd in claims:
+            os.close(fd)
+
+
+def test_cpu_claims_and_solutions_never_follow_someone_elses_paths(tmp_path, monkeypatch):
+    """The lock directory sits in a shared sticky directory: a link or a foreign, writable directory
+    under its name means no pinning, never a file made where the link points. Without a usable tmpfs the
+    pool keeps its files in the default temporary directory and works the same."""
+    monkeypatch.setattr(pool_mod, "HOST_TMPFS", str(tmp_path))
+    assert pool_mod.scratch_base() == str(tmp_path)
+    lock_dir = tmp_path / f"vt-cpus-{os.getuid()}"
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    lock_dir.symlink_to(target)
+    assert pool_mod.claim_cpu() is None and list(target.iterdir()) == []
+    lock_dir.unlink()
+    lock_dir.mkdir(mode=0o777)
+    os.chmod(lock_dir, 0o777)
+    assert pool_mod.claim_cpu() is None
+    os.chmod(lock_dir, 0o700)
+    claim = pool_mod.claim_cpu()
+    assert claim is not None
+    os.close(claim[1])
+    monkeypatch.setattr(pool_mod, "HOST_TMPFS", str(tmp_path / "missing"))
+    assert pool_mod.scratch_base() is None
+    with CodeReward(workers=1, test_time_limit_s=5) as r:
+        assert str(r.pool.workers[0].root.parent) == tempfile.gettempdir()
+        assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0

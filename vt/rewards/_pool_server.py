@@ -9,9 +9,10 @@ would be in a fresh sandbox (its own session, stdio, rlimits, signal disposition
 that child ever sees the solution. When the run ends (exit, wall clock, output cap), the server kills
 every process in the PID namespace but the namespace's init and itself, until none is left (setsid
 daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
-and restores their mode, times and extended attributes, and only then replies. So nothing a run leaves
-(files, processes, locks, IPC objects, modules, globals, environment, signal handlers: those live in
-the child's own copy of the interpreter) reaches the next run.
+and restores their mode, times and extended attributes, moves itself back to its CPU, and only then
+replies. So nothing a run leaves (files, processes, locks, IPC objects, the server's CPU affinity;
+modules, globals, environment, signal handlers: those live in the child's own copy of the interpreter)
+reaches the next run.
 
 The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
 its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
@@ -170,6 +171,8 @@ class Server:
         self.harness.warm_up()  # what the harness would otherwise look up in every run
         for name in WARM_MODULES:
             __import__(name)
+        # The CPU(s) the host started us on (pool.claim_cpu): a run (same uid) may move us, and we move back.
+        self.affinity = os.sched_getaffinity(0)
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
             st = os.stat(d)
@@ -339,6 +342,10 @@ class Server:
         """After a run: no process, IPC object or scratch file of it is left. False if that failed."""
         ok = self.kill_all()
         ok = remove_sysv_ipc() and ok
+        try:
+            os.sched_setaffinity(0, self.affinity)
+        except OSError:
+            ok = False
         for d, (mode, atime, mtime) in self.scratch.items():
             ok = wipe(d, mode, atime, mtime) and ok
         return ok
