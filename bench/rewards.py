@@ -56,6 +56,19 @@ pool is worker start-up: a server is ready 41-69 ms after its start (bwrap's nam
 interpreter, compiling the server and the harness (~4 ms: /code is read-only, so no .pyc is kept) and the warm
 imports); the first call scoring 2 problems took 60-93 ms against 10-17 ms warm. Start-up is ~8% of the whole
 command (164 problems: 630 ms first call vs 573-592 ms warm, same process).
+Measured 2026-12-04 (later), c095c8a against 5304710: each worker's sandbox pinned to a CPU of its own and the
+solutions written to the host's tmpfs. Why: a pipe round trip between two Python processes on this VM took
+58-73 us across the two CPUs and 7-10 us on one (the harness's call protocol: 94-98 vs 31 us), and a program
+test wakes its processes at every step and every call (HumanEval/53's 105 calls: 15-19 ms a problem unpinned,
+13-14 pinned; in-process 0.4 ms); writing a solution (write + rename) took 218-240 us on this ext4 and 25 on
+tmpfs, twice per sample. Warm pool, one process, the four variants alternated 10 times: median (best) 229.7
+(248.8) problems/s before, tmpfs alone 256.5 (300.1), pinning alone 252.1 (283.3), both 275.0 (315.7). The
+bench, before and after alternated twice (--repeat 3, --humaneval only): vt pool 232.6, 201.0 -> 279.2, 267.0
+problems/s; vt / harness 2.63x, 2.37x -> 2.86x, 3.08x (the harness 84.8-97.8 over the four runs); warm 3.03x,
+3.00x -> 3.06x, 3.37x. MBPP-shaped pool / cold 6.73x, stdin/stdout pool / cold 11.23x, pool / bare 2.70x.
+Where the box's CPU goes now (perf -a over warm passes): the sandboxes' processes 84%, two thirds of it in the
+kernel (fork's page-table copies, copy-on-write faults, exit's unmapping), the host 10%. A worker is ready
+42-57 ms after its start; that start-up is the rest of the gap between the whole command and the warm pool.
 """
 from __future__ import annotations
 
