@@ -31,7 +31,7 @@ from .conftest import processes_matching
 TEST_LIMIT_S = 2.0
 
 PROBE = """
-import builtins, fcntl, json, os, resource, signal, sys
+import builtins, ctypes, fcntl, json, os, resource, signal, sys
 def scratch(d):
     st = os.stat(d)
     return [oct(st.st_mode), st.st_atime_ns, st.st_mtime_ns, sorted(os.listxattr(d)), sorted(os.listdir(d))]
@@ -53,8 +53,11 @@ print(json.dumps({
     "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())],
     "sysv": [open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")],
     "lock": locked,
-    "limits": [resource.getrlimit(r) for r in (resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC, resource.RLIMIT_AS)],
+    "limits": [resource.getrlimit(getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")],
     "affinity": sorted(os.sched_getaffinity(0)),
+    "priority": os.getpriority(os.PRIO_PROCESS, 0), "scheduler": os.sched_getscheduler(0),
+    "timer_slack": ctypes.CDLL(None).prctl(30, 0, 0, 0, 0),  # PR_GET_TIMERSLACK: inherited from the server
+    "server_oom_score": open("/proc/%d/oom_score_adj" % os.getppid()).read(),
 }, sort_keys=True))
 """
 
@@ -122,6 +125,17 @@ STATE_ATTACKS = {
         os.sched_setaffinity(server, elsewhere)
         assert os.sched_getaffinity(server) == elsewhere
     """,
+    # Blocked by the kernel (the server is not dumpable, the sandbox holds no capability), and must stay so:
+    # the server's OOM score (memory pressure would kill it before the runs) and its timer slack (inherited).
+    "oom-score-and-timer-slack": """
+        import os
+        for name, value in (("oom_score_adj", "1000"), ("timerslack_ns", "100000000")):
+            try:
+                with open("/proc/%d/%s" % (os.getppid(), name), "w") as f:
+                    f.write(value)
+            except OSError:
+                pass
+    """,
     # One kind per attack: the server checks each kind's count before it scans /proc/sysvipc.
     "sysv-shm": """
         import ctypes
@@ -139,6 +153,35 @@ STATE_ATTACKS = {
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.msgget(4244, 0o1000 | 0o600) >= 0
+    """,
+}
+
+
+# A run has its server's uid: the kernel lets it change the server's nice value, scheduling policy and
+# rlimits from outside (setpriority, sched_setscheduler, prlimit: not being dumpable does not stop them), and
+# every later run would inherit them. None can be undone by an unprivileged server: it gets replaced.
+SCHEDULING_ATTACKS = {
+    "priority": """
+        import os
+        os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)  # the server and every run after it: nice 19
+        assert os.getpriority(os.PRIO_PROCESS, os.getppid()) == 19
+    """,
+    "priority-of-the-uid": """
+        import os
+        os.setpriority(os.PRIO_USER, os.getuid(), 19)  # every process of the uid in the namespace
+    """,
+    "scheduler": """
+        import os
+        os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))  # runs only when nothing else does
+        assert os.sched_getscheduler(os.getppid()) == os.SCHED_IDLE
+    """,
+    "rlimits": """
+        import os, resource
+        server = os.getppid()
+        for name, value in (("RLIMIT_STACK", 1 << 16), ("RLIMIT_NOFILE", 32), ("RLIMIT_CORE", 0),
+                            ("RLIMIT_SIGPENDING", 4), ("RLIMIT_MEMLOCK", 0), ("RLIMIT_CPU", 600)):
+            resource.prlimit(server, getattr(resource, name), (value, value))  # hard limits: no way back up
+        assert resource.prlimit(server, resource.RLIMIT_STACK) == (1 << 16, 1 << 16)
     """,
 }
 
@@ -189,6 +232,22 @@ def test_nothing_a_run_leaves_reaches_the_next_run(reward, attack):
     r = reward([stdio("done")], [block(src)])[0]
     assert r.score == 1.0, r  # the attack ran to its end (and is a correct program)
     assert fingerprint(reward) == before
+    assert_next_run_clean(reward)
+
+
+@pytest.mark.parametrize("attack", sorted(SCHEDULING_ATTACKS))
+def test_a_run_that_lowers_its_servers_priority_or_limits_gets_it_replaced(reward, attack):
+    """The run itself keeps its verdict (it is a correct program); the server reports itself unclean and the
+    next run gets a fresh one with the priority, policy and limits the first one had."""
+    before, replaced = json.loads(fingerprint(reward)), reward.pool.replaced
+    src = textwrap.dedent(SCHEDULING_ATTACKS[attack]) + "\nprint('done')\n"
+    r = reward([stdio("done")], [block(src)])[0]
+    assert r.score == 1.0, r
+    assert reward.pool.replaced == replaced + 1
+    after = json.loads(fingerprint(reward))
+    for print_ in (before, after):  # a fresh server's /tmp and /dev/shm are new mounts: other times only
+        print_["scratch"] = [[mode, *rest] for mode, _atime, _mtime, *rest in print_["scratch"]]
+    assert after == before
     assert_next_run_clean(reward)
 
 

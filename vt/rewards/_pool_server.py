@@ -9,10 +9,11 @@ would be in a fresh sandbox (its own session, stdio, rlimits, signal disposition
 that child ever sees the solution. When the run ends (exit, wall clock, output cap), the server kills
 every process in the PID namespace but the namespace's init and itself, until none is left (setsid
 daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
-and restores their mode, times and extended attributes, moves itself back to its CPU, and only then
-replies. So nothing a run leaves (files, processes, locks, IPC objects, the server's CPU affinity;
-modules, globals, environment, signal handlers: those live in the child's own copy of the interpreter)
-reaches the next run.
+and restores their mode, times and extended attributes, moves itself back to its CPU, checks that its
+nice value, scheduling policy and rlimits are as they were (else it reports itself unclean and the host
+replaces it), and only then replies. So nothing a run leaves (files, processes, locks, IPC objects, the
+server's CPU affinity, priority and limits; modules, globals, environment, signal handlers: those live in
+the child's own copy of the interpreter) reaches the next run.
 
 The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
 its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
@@ -27,7 +28,8 @@ message is an 8-byte big-endian length, a JSON header, then the raw payloads the
   server -> host:        {"status": "exited"|"timeout"|"output_limit", "returncode": int|null,
                           "wall_s": float, "clean": bool, "stdout": n, "stderr": m}
                          + n bytes of stdout (at most output_bytes + 1) + m bytes of stderr (its tail)
-"clean" is false when the server could not clear the namespace; the host then replaces it.
+"clean" is false when the server could not clear the namespace or undo what the run changed in it; the host
+then replaces it.
 """
 import atexit
 import ctypes
@@ -173,6 +175,9 @@ class Server:
             __import__(name)
         # The CPU(s) the host started us on (pool.claim_cpu): a run (same uid) may move us, and we move back.
         self.affinity = os.sched_getaffinity(0)
+        # What else a run (same uid) can change in this process from outside, no ptrace needed, that every
+        # later run would inherit: see scheduling_kept.
+        self.scheduling = scheduling()
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
             st = os.stat(d)
@@ -346,9 +351,22 @@ class Server:
             os.sched_setaffinity(0, self.affinity)
         except OSError:
             ok = False
+        ok = scheduling() == self.scheduling and ok
         for d, (mode, atime, mtime) in self.scratch.items():
             ok = wipe(d, mode, atime, mtime) and ok
         return ok
+
+
+RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
+
+
+def scheduling():
+    """This process's nice value, scheduling policy and rlimits. A run has our uid, so the kernel lets it
+    change each of them here (setpriority, sched_setscheduler, prlimit: not dumpable does not stop them),
+    and every later run would inherit the change (nice 19, SCHED_IDLE, a small stack or file limit: slower
+    or failing runs for other samples). An unprivileged process cannot lower its nice value or raise a
+    hard limit again, so a change is not undone here: the server reports itself unclean and is replaced."""
+    return (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), tuple(resource.getrlimit(r) for r in RLIMITS))
 
 
 def open_pidfd(pid):

@@ -15,6 +15,8 @@ What the pool adds to the cold path's guarantees, and how:
     that sample's runs only (``load``); the server itself never reads it;
   - memory: one cgroup per worker, sized to the run's budget plus the server's own share
     (``SERVER_MEMORY``); the run's processes are the OOM killer's first choice (oom_score_adj 1000);
+  - a run that changes what its server's later runs inherit from outside (same uid: nice value, scheduling
+    policy, rlimits) gets the server replaced after it; its CPU affinity the server restores itself;
   - a run that kills, stops or starves its server, a server that replies late or garbage: the host kills
     the worker's whole namespace and the run fails (timeout, runtime_error, memory), never passes and is
     never a verifier error; the next run gets a fresh worker. Only a worker that cannot *start* (before
@@ -222,7 +224,7 @@ class PoolWorker:
                 return RunResult("timeout", None, b"", b"", wall)
             return RunResult("exited", 128 + signal.SIGKILL, b"", f"sandbox server lost: {e}".encode(), wall, oom)
         if not reply["clean"]:
-            self._lose("it could not clear its namespace after a run")
+            self._lose("it could not clear its namespace, or undo what the run changed in it, after a run")
         oom = self._new_oom_kills()
         return RunResult(reply["status"], reply["returncode"], out, err, reply["wall_s"], oom)
 
