@@ -31,7 +31,12 @@ from .conftest import processes_matching
 TEST_LIMIT_S = 2.0
 
 PROBE = """
-import builtins, ctypes, fcntl, json, os, resource, signal, sys
+import builtins, ctypes, fcntl, json, os, platform, resource, signal, sys
+def keyring(ring):
+    buf = ctypes.create_string_buffer(4096)
+    libc = ctypes.CDLL(None, use_errno=True)
+    n = libc.syscall({"x86_64": 250, "aarch64": 219}[platform.machine()], 11, ring, buf, 4096)  # KEYCTL_READ
+    return buf.raw[:n].hex() if n >= 0 else -ctypes.get_errno()
 def scratch(d):
     st = os.stat(d)
     return [oct(st.st_mode), st.st_atime_ns, st.st_mtime_ns, sorted(os.listxattr(d)), sorted(os.listdir(d))]
@@ -55,6 +60,7 @@ print(json.dumps({
     "lock": locked,
     "limits": [resource.getrlimit(getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")],
     "affinity": sorted(os.sched_getaffinity(0)),
+    "keyrings": [keyring(ring) for ring in (-4, -5)],  # the uid's user and user-session keyrings
     "priority": os.getpriority(os.PRIO_PROCESS, 0), "scheduler": os.sched_getscheduler(0),
     "timer_slack": ctypes.CDLL(None).prctl(30, 0, 0, 0, 0),  # PR_GET_TIMERSLACK: inherited from the server
     "server_oom_score": open("/proc/%d/oom_score_adj" % os.getppid()).read(),
@@ -135,6 +141,14 @@ STATE_ATTACKS = {
                     f.write(value)
             except OSError:
                 pass
+    """,
+    # A uid's keyrings outlive its processes (they belong to the sandbox's user namespace): refused outright.
+    "keyrings": """
+        import ctypes, platform
+        libc = ctypes.CDLL(None, use_errno=True)
+        add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+        for ring in (-4, -5):
+            libc.syscall(add_key, b"user", b"left", b"for the next run", 16, ring)
     """,
     # One kind per attack: the server checks each kind's count before it scans /proc/sysvipc.
     "sysv-shm": """

@@ -188,6 +188,39 @@ def test_no_network_even_to_host_loopback(reward, kind):
         server.close()
 
 
+KEYRINGS = """
+    import ctypes, mmap, platform
+    libc = ctypes.CDLL(None, use_errno=True)
+    ADD_KEY, KEYCTL = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+    def call(nr, *args):  # -errno, as the i386 call below returns it
+        r = libc.syscall(nr, *args)
+        return -ctypes.get_errno() if r == -1 else r
+    got = [call(ADD_KEY, b"user", b"left", b"for the next run", 16, ring) for ring in (-4, -5)]
+    got.append(call(KEYCTL, 0, -4, 1))  # KEYCTL_GET_KEYRING_ID of the uid's keyring
+    if platform.machine() == "x86_64":
+        got.append(call(0x40000000 | KEYCTL, 0, -4, 1))  # the x32 ABI's number (ENOSYS where x32 is off)
+        # the same keyctl through the i386 ABI: int 0x80, eax = 288
+        code = bytes([0x53, 0xB8, 0x20, 0x01, 0, 0, 0x31, 0xDB, 0xB9, 0xFC, 0xFF, 0xFF, 0xFF,
+                      0xBA, 1, 0, 0, 0, 0xCD, 0x80, 0x5B, 0xC3])  # push rbx .. int 0x80; pop rbx; ret
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(code)
+        got.append(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))())
+    print("blocked" if all(r == -1 for r in got) else "reached %s" % got)  # -1: -EPERM, the filter's answer
+"""
+
+
+@pytest.mark.parametrize("pool", [True, False], ids=["pool", "cold"])
+def test_kernel_keyrings_are_refused_on_every_abi(reward, pool, kind):
+    """A uid's keyrings live as long as its user namespace, not its processes: in a warm sandbox they
+    would carry data from one sample's run to the next. The seccomp filter refuses the calls, through the
+    i386 ABI too (a filter on the native numbers alone would let int 0x80 by)."""
+    if pool:
+        assert_blocked(reward, KEYRINGS, "reached", kind=kind)
+        return
+    with CodeReward(workers=1, pool=False, test_time_limit_s=TEST_LIMIT_S) as cold:
+        assert_blocked(cold, KEYRINGS, "reached", kind=kind)
+
+
 def test_environment_secrets_are_not_visible(reward, monkeypatch, kind):
     secret = "vt-fake-secret-" + secrets.token_hex(8)
     monkeypatch.setenv("VT_FAKE_SECRET", secret)

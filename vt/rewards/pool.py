@@ -65,7 +65,9 @@ from vt.rewards.sandbox import (
     bwrap_argv,
     force_rmtree,
     kill_tree,
+    launch_fds,
     prepare_code_dir,
+    seccomp_fd,
 )
 
 log = logging.getLogger(__name__)
@@ -237,7 +239,8 @@ class PoolWorker:
         self._oom_seen = 0
         self.stderr = tempfile.TemporaryFile()  # bwrap's and the server's own errors; runs have their own
         info_r, info_w = os.pipe()
-        argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
+        seccomp = seccomp_fd()
+        argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp)
         argv += [sb.python, "-I", "/code/_pool_server.py"]
         prefix, ids = _launcher(self.cgroup, self.uid)
         if not self._cpu_claimed:
@@ -254,7 +257,7 @@ class PoolWorker:
                     env=_clean_env(),
                     cwd="/",
                     start_new_session=True,
-                    pass_fds=(info_w,),
+                    pass_fds=launch_fds(info_w, seccomp),
                     close_fds=True,
                     **ids,
                 )
@@ -264,6 +267,9 @@ class PoolWorker:
             os.close(info_w)
             self.stop()
             return f"could not start bwrap: {e}"
+        finally:
+            if seccomp is not None:
+                os.close(seccomp)
         os.close(info_w)
         self.key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -22,6 +22,9 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
     against the budget), so all of them together still stay within memory_bytes (+ /tmp + /dev/shm);
   - rlimits set by the harness before any solution code runs (CPU, address space, file size, open
     files, processes);
+  - a seccomp filter (``--seccomp``) that refuses the kernel keyring calls (add_key, request_key,
+    keyctl: EPERM), as Docker's default profile does: a uid's keyrings belong to its user namespace, not
+    to a process, so in a warm sandbox one run could leave data there for the next sample's run;
   - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
     print costs the grader at most the cap.
 
@@ -40,9 +43,11 @@ import functools
 import json
 import logging
 import os
+import platform
 import selectors
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -332,9 +337,11 @@ class Sandbox:
         cgroup = self.cgroups.create(limits.memory_bytes) if self.cgroups is not None else None
         limits_json = limits.harness_json(with_nproc=self.isolated, memory_cgroup=cgroup is not None)
         info_r, info_w = os.pipe()
+        seccomp = seccomp_fd() if self.isolated else None
         try:
             if self.isolated:
-                argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w, limits.shm_bytes)
+                argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w, limits.shm_bytes,
+                                  seccomp)
                 argv += [self.python, "-I", "/code/_harness.py", limits_json, mode]
                 cwd = "/"
             else:  # allow_unsandboxed: a plain process in a scratch directory
@@ -352,7 +359,7 @@ class Sandbox:
                 env=_clean_env(),
                 cwd=cwd,
                 start_new_session=True,
-                pass_fds=(info_w,) if self.isolated else (),
+                pass_fds=launch_fds(info_w, seccomp) if self.isolated else (),
                 close_fds=True,
                 **ids,
             )
@@ -366,6 +373,8 @@ class Sandbox:
         finally:
             if info_w >= 0:
                 os.close(info_w)
+            if seccomp is not None:
+                os.close(seccomp)
             os.close(info_r)
             if cgroup is not None:
                 self.cgroups.remove(cgroup)
@@ -374,8 +383,57 @@ class Sandbox:
         return RunResult(status, proc.returncode, out, err, wall, oom)
 
 
+# The seccomp filter (classic BPF over struct seccomp_data: nr at offset 0, arch at 4), per architecture:
+# AUDIT_ARCH value and the numbers of add_key, request_key, keyctl. Another architecture's calls (i386's
+# int 0x80 on x86_64) and x32's numbers (bit 30) are refused whole. Unknown machines run without it.
+_KEYRING_CALLS = {
+    "x86_64": (0xC000003E, (248, 249, 250)),
+    "aarch64": (0xC00000B7, (217, 218, 219)),
+}
+_BPF_LD_ABS_W, _BPF_JEQ, _BPF_JGE, _BPF_RET = 0x20, 0x15, 0x35, 0x06
+_SECCOMP_ALLOW, _SECCOMP_EPERM = 0x7FFF0000, 0x00050000 | 1
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_program() -> bytes | None:
+    """The filter bwrap's ``--seccomp`` loads, as struct sock_filter[] (u16 code, u8 jt, u8 jf, u32 k)."""
+    arch = _KEYRING_CALLS.get(platform.machine())
+    if arch is None:
+        return None
+    audit_arch, (add_key, request_key, keyctl) = arch
+    deny = 8  # the index of the last instruction; a jump's offset counts from the next one
+    program = [
+        (_BPF_LD_ABS_W, 0, 0, 4),  # 0: the architecture
+        (_BPF_JEQ, 0, deny - 2, audit_arch),  # 1: another one's call: refused
+        (_BPF_LD_ABS_W, 0, 0, 0),  # 2: the call's number
+        (_BPF_JGE, deny - 4, 0, 0x40000000),  # 3: x32
+        (_BPF_JEQ, deny - 5, 0, add_key),  # 4
+        (_BPF_JEQ, deny - 6, 0, request_key),  # 5
+        (_BPF_JEQ, deny - 7, 0, keyctl),  # 6
+        (_BPF_RET, 0, 0, _SECCOMP_ALLOW),  # 7
+        (_BPF_RET, 0, 0, _SECCOMP_EPERM),  # 8: deny
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
+def seccomp_fd() -> int | None:
+    """A fresh fd holding the filter, for one bwrap to read (one per launch: a shared fd shares its offset)."""
+    program = seccomp_program()
+    if program is None:
+        return None
+    fd = os.memfd_create("vt-seccomp", os.MFD_CLOEXEC)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def launch_fds(info_fd: int, seccomp: int | None) -> tuple[int, ...]:
+    """The fds a bwrap launch inherits: its info fd and, where there is one, the seccomp filter's."""
+    return (info_fd,) if seccomp is None else (info_fd, seccomp)
+
+
 def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int,
-               shm_bytes: int = Limits.shm_bytes) -> list[str]:
+               shm_bytes: int = Limits.shm_bytes, seccomp: int | None = None) -> list[str]:
     return [
         bwrap,
         "--unshare-all",
@@ -399,6 +457,7 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--setenv", "HOME", "/tmp",
         "--setenv", "LANG", "C.UTF-8",
         "--info-fd", str(info_fd),
+        *(["--seccomp", str(seccomp)] if seccomp is not None else []),
         "--",
     ]  # fmt: skip
 
