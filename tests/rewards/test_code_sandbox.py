@@ -455,6 +455,45 @@ def test_forked_children_share_one_memory_budget(bound):
     assert control.score == 1.0, control
 
 
+SPINNERS = """
+    import os, time
+    n = int(input())
+    for _ in range(50):  # spinning processes on every CPU, each in a session of its own
+        if os.fork() == 0:
+            os.setsid()
+            os.sched_setaffinity(0, range(os.cpu_count()))
+            time.sleep(0.3)  # once all are forked
+            while True:
+                pass
+    time.sleep(5.0)  # as long as its own time limit allows
+    print(2 * n)
+"""
+WORKER = """
+    import time
+    time.sleep(0.6)  # the spinners spin
+    n = int(input())
+    s = 0
+    for i in range(24_000_000):  # ~1.5 s of CPU alone on this project's CI box
+        s += i % 7
+    print(2 * n)
+"""
+
+
+@pytest.mark.parametrize("pool", [True, False], ids=["pool", "cold"])
+def test_a_run_cannot_starve_a_concurrent_run_of_another_sample(pool):
+    """Fifty spinning processes, each in a session of its own: the scheduler is fair per session, so they took
+    all but ~1/26 of both CPUs from the other sample's run, which timed out (0.25 s of work took 2.9 s beside
+    thirty of them). Each sandbox is one CPU group (its cgroup): the other run keeps at least its fair share
+    (2/3 of its CPU here), and the attack can only ever slow it for as long as its own time limit."""
+    rec = {"tests": [{"input": "21", "output": "42"}]}
+    with CodeReward(workers=2, pool=pool, test_time_limit_s=6.0, problem_time_limit_s=20) as r:
+        if r.sandbox.cgroups is None or not r.sandbox.cgroups.cpu_grouped:
+            pytest.skip("no writable cgroup with the cpu controller on this host (cgroup v2 delegation or v1 as root)")
+        attack, other = r([rec, rec], [block(SPINNERS), block(WORKER)])
+    assert attack.score == 1.0, attack  # the attack ran to its end
+    assert other.score == 1.0, other
+
+
 CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}
 PROGRAM = {"tests": [{"program": "assert solve(3) == 9\nassert solve(4) == 16\n"}]}
 SOLVER = block("def solve(x):\n    return x * x")

@@ -242,7 +242,7 @@ class PoolWorker:
         seccomp = seccomp_fd()
         argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp)
         argv += [sb.python, "-I", "/code/_pool_server.py"]
-        prefix, ids = _launcher(self.cgroup, self.uid)
+        prefix, ids = _launcher(sb.cgroups.procs(self.cgroup) if self.cgroup is not None else [], self.uid)
         if not self._cpu_claimed:
             self._cpu_claimed = True
             self.cpu, self._cpu_lock = claim_cpu() or (None, None)

@@ -20,6 +20,9 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
     address-space limit is split: at most ``FALLBACK_PROCS`` processes, each with RLIMIT_AS of
     memory_bytes / (FALLBACK_PROCS - 2) (the two bwrap processes count against RLIMIT_NPROC but not
     against the budget), so all of them together still stay within memory_bytes (+ /tmp + /dev/shm);
+  - that cgroup is also one group for the CPU scheduler, where the host has the cpu controller: a run's
+    processes share one fair share of a CPU however many sessions they make, so a run cannot starve the
+    concurrent runs of other samples into timeouts (the scheduler is otherwise fair per session);
   - rlimits set by the harness before any solution code runs (CPU, address space, file size, open
     files, processes);
   - a seccomp filter (``--seccomp``) that refuses the kernel keyring calls (add_key, request_key,
@@ -128,10 +131,21 @@ class MemoryCgroups:
     enabled for children. Else cgroup v1: this process's cgroup in the hierarchy that carries the
     ``memory`` controller (hosts that still mount v1 for memory, e.g. this project's CI). ``base`` is
     None when neither can be written (not root, no delegation): the caller falls back to rlimits.
+
+    Each such cgroup is also a group of its own for the CPU scheduler where the host has the ``cpu``
+    controller (v2: enabled beside ``memory``; v1: a cgroup of the same name in the ``cpu`` hierarchy,
+    ``cpu_base``): all processes of a sandbox share one fair share of a CPU, however many sessions they
+    make. Without it, the scheduler is fair per session (autogroup): a run that starts thirty spinning
+    processes, each in a session of its own, takes all but a thirtieth of every CPU from the concurrent
+    runs of other samples, and turns their correct solutions into timeouts.
     """
 
     def __init__(self):
         self.base, self.version = _memory_cgroup_base()
+        self.cpu_base = _cpu_cgroup_base(self.base, self.version)
+        # Whether each cgroup made here is also a CPU group (v1: its twin under cpu_base).
+        self.cpu_grouped = self.cpu_base is not None or (
+            self.version == 2 and "cpu" in _read_words(self.base / "cgroup.subtree_control"))
         self._count = 0
         self._lock = threading.Lock()
 
@@ -149,10 +163,19 @@ class MemoryCgroups:
             else:
                 _write(path / "memory.limit_in_bytes", limit_bytes)
                 _write(path / "memory.memsw.limit_in_bytes", limit_bytes, optional=True)
+            if self.cpu_base is not None:
+                (self.cpu_base / path.name).mkdir()
         except OSError:
             path.rmdir()
             raise
         return path
+
+    def procs(self, path: Path) -> list[str]:
+        """The cgroup.procs files a process writes its pid to to join the cgroup ``path`` (and its cpu twin)."""
+        files = [str(path / "cgroup.procs")]
+        if self.cpu_base is not None:
+            files.append(str(self.cpu_base / path.name / "cgroup.procs"))
+        return files
 
     def oom_kills(self, path: Path) -> int:
         """How many processes the OOM killer has killed in this cgroup so far (0 if the kernel does not say)."""
@@ -168,21 +191,26 @@ class MemoryCgroups:
             pass
         return 0
 
-    @staticmethod
-    def remove(path: Path) -> None:
+    def remove(self, path: Path) -> None:
         """rmdir once the run's processes are gone (the kernel may still be tearing the last one down)."""
-        end = time.monotonic() + 5.0
-        while True:
-            try:
-                path.rmdir()
+        _remove_cgroup(path)
+        if self.cpu_base is not None:
+            _remove_cgroup(self.cpu_base / path.name)
+
+
+def _remove_cgroup(path: Path) -> None:
+    end = time.monotonic() + 5.0
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > end:
+                log.warning("could not remove sandbox cgroup %s", path)
                 return
-            except FileNotFoundError:
-                return
-            except OSError:
-                if time.monotonic() > end:
-                    log.warning("could not remove sandbox cgroup %s", path)
-                    return
-                time.sleep(0.005)
+            time.sleep(0.005)
 
 
 def _write(path: Path, value, optional: bool = False) -> None:
@@ -194,8 +222,10 @@ def _write(path: Path, value, optional: bool = False) -> None:
             raise
 
 
-def _memory_cgroup_base() -> tuple[Path | None, int]:
-    """(this process's cgroup directory under which per-run memory cgroups can be made, 2 or 1)."""
+def _own_cgroups(controller: str) -> list[tuple[int, Path]]:
+    """(version, directory) of this process's own cgroup in each mounted hierarchy that can carry
+    ``controller``: the unified one (v2; whether the controller is enabled there is the caller's
+    question) and the v1 hierarchy that has it."""
     try:
         own = {}  # controller ("" for v2) -> path, from /proc/self/cgroup
         for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -208,19 +238,54 @@ def _memory_cgroup_base() -> tuple[Path | None, int]:
             fields, rfields = left.split(), right.split()
             mounts.append((rfields[0], rfields[2].split(","), fields[3], fields[4]))
     except (OSError, ValueError, IndexError):
-        return None, 0
-    candidates = []
+        return []
+    found = []
     for fstype, opts, root, point in mounts:
         if fstype == "cgroup2" and "" in own:
-            candidates.append((2, root, point, own[""]))
-        elif fstype == "cgroup" and "memory" in opts and "memory" in own:
-            candidates.append((1, root, point, own["memory"]))
-    for version, root, point, own_path in sorted(candidates, reverse=True):  # v2 first
+            version, own_path = 2, own[""]
+        elif fstype == "cgroup" and controller in opts and controller in own:
+            version, own_path = 1, own[controller]
+        else:
+            continue
         rel = own_path[len(root):] if own_path.startswith(root) else own_path
-        base = Path(point) / rel.lstrip("/")
+        found.append((version, Path(point) / rel.lstrip("/")))
+    return sorted(found, key=lambda vb: -vb[0])  # v2 first
+
+
+def _memory_cgroup_base() -> tuple[Path | None, int]:
+    """(this process's cgroup directory under which per-run memory cgroups can be made, 2 or 1)."""
+    for version, base in _own_cgroups("memory"):
         if _usable(base, version):
             return base, version
     return None, 0
+
+
+def _cpu_cgroup_base(memory_base: Path | None, version: int) -> Path | None:
+    """Where the per-run cgroups' cpu twins go (v1), None otherwise. In v2 the cpu controller is enabled
+    for the memory cgroups' parent when the host has it (best effort: a cgroup then is a CPU group too)."""
+    if memory_base is None:
+        return None
+    if version == 2:
+        if "cpu" in _read_words(memory_base / "cgroup.controllers"):
+            _write(memory_base / "cgroup.subtree_control", "+cpu", optional=True)
+        return None
+    for v, base in _own_cgroups("cpu"):
+        if v == 1:
+            probe = base / f"vt-sandbox-probe-{os.getpid()}"
+            try:
+                probe.mkdir()
+                probe.rmdir()
+                return base
+            except OSError:
+                return None
+    return None
+
+
+def _read_words(path: Path) -> list[str]:
+    try:
+        return path.read_text().split()
+    except OSError:
+        return []
 
 
 def _usable(base: Path, version: int) -> bool:
@@ -248,16 +313,18 @@ def memory_cgroups() -> MemoryCgroups:
     return MemoryCgroups()
 
 
-def _launcher(cgroup: Path | None, uid: int | None) -> tuple[list[str], dict]:
-    """(argv prefix, Popen arguments) that start a command in ``cgroup`` as ``uid``, with no Python code
-    between fork and exec: a ``preexec_fn`` would run the host's fork handlers in a child of a process
-    that has JAX's threads (JAX warns that this may deadlock). The cgroup is joined by a shell as root
-    (every later process of the run is born inside it), then setpriv drops to ``uid`` and execs the
-    command, all in one process (one pid: the command's)."""
-    if cgroup is None:
+def _launcher(procs: list[str], uid: int | None) -> tuple[list[str], dict]:
+    """(argv prefix, Popen arguments) that start a command in the cgroups whose ``cgroup.procs`` files are
+    ``procs`` (one or two: memory, cpu) as ``uid``, with no Python code between fork and exec: a
+    ``preexec_fn`` would run the host's fork handlers in a child of a process that has JAX's threads (JAX
+    warns that this may deadlock). The cgroups are joined by a shell as root (every later process of the
+    run is born inside them), then setpriv drops to ``uid`` and execs the command, all in one process (one
+    pid: the command's)."""
+    if not procs:
         return [], ({"user": uid, "group": uid, "extra_groups": []} if uid is not None else {})
     drop = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
-    return ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *drop], {}
+    join = 'echo 0 > "$0" && { [ "$1" = - ] || echo 0 > "$1"; } && shift && exec "$@"'
+    return ["/bin/sh", "-c", join, procs[0], procs[1] if len(procs) > 1 else "-", *drop], {}
 
 
 def allocate_uids(n: int) -> list[int]:
@@ -349,7 +416,7 @@ class Sandbox:
                 cwd = str(work)
                 if uid is not None:
                     os.chown(work, uid, uid)
-            prefix, ids = _launcher(cgroup, uid)
+            prefix, ids = _launcher(self.cgroups.procs(cgroup) if cgroup is not None else [], uid)
             start = time.monotonic()
             proc = subprocess.Popen(
                 prefix + argv,
