@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import subprocess
 import textwrap
 import time
 import warnings
@@ -173,6 +174,7 @@ def test_no_network_even_to_host_loopback(reward, kind):
     port = server.getsockname()[1]
     src = f"""
         import socket
+import subprocess
         try:
             s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
             s.sendall(b"hello")
@@ -497,6 +499,50 @@ def test_a_run_cannot_starve_a_concurrent_run_of_another_sample(pool):
         attack, other = r([rec, rec], [block(SPINNERS), block(WORKER)])
     assert attack.score == 1.0, attack  # the attack ran to its end
     assert other.score == 1.0, other
+
+
+def test_cgroups_left_by_dead_processes_are_removed_and_no_other(tmp_path):
+    """A trainer killed with SIGKILL leaves its sandboxes' cgroups (each holds kernel memory): the next
+    reward built on the host removes them, if their maker is dead and they are older than STALE_AFTER_S,
+    never one that holds a process (rmdir refuses it) or a live process's."""
+    cgroups = sandbox_mod.memory_cgroups()
+    if cgroups.base is None:
+        pytest.skip("no writable cgroup on this host (cgroup v2 delegation or v1 as root)")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    old = time.time() - 2 * sandbox_mod.STALE_AFTER_S
+    sleeper = subprocess.Popen(["sleep", "30"])
+    made = {}
+    try:
+        for base in [b for b in (cgroups.base, cgroups.cpu_base) if b is not None]:
+            for name, age, stays in ((f"vt-sandbox-{gone.pid}-1", old, False), (f"vt-sandbox-probe-{gone.pid}", old, False),
+                                     (f"vt-sandbox-{gone.pid}-2", None, True),  # too young: maybe being joined
+                                     (f"vt-sandbox-{os.getpid()}-3", old, True),  # its maker lives
+                                     (f"vt-sandbox-{gone.pid}-4", old, True)):  # holds a process
+                path = base / name
+                path.mkdir()
+                if name.endswith("-4"):
+                    (path / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+                if age is not None:
+                    os.utime(path, (age, age))
+                made[path] = stays
+        sandbox_mod.MemoryCgroups()
+        assert {p.name: p.exists() for p in made} == {p.name: stays for p, stays in made.items()}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in made:
+            if path.exists():
+                _rmdir_when_empty(path)
+
+
+def _rmdir_when_empty(path):
+    end = time.monotonic() + 5
+    while path.exists() and time.monotonic() < end:
+        try:
+            path.rmdir()
+        except OSError:
+            time.sleep(0.01)
 
 
 CALL = {"tests": [{"fn_name": "solve", "args": [3], "expected": 9}, {"fn_name": "solve", "args": [4], "expected": 16}]}

@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import platform
+import re
 import selectors
 import shutil
 import signal
@@ -143,6 +144,8 @@ class MemoryCgroups:
     def __init__(self):
         self.base, self.version = _memory_cgroup_base()
         self.cpu_base = _cpu_cgroup_base(self.base, self.version)
+        for base in (self.base, self.cpu_base):
+            remove_stale_cgroups(base)
         # Whether each cgroup made here is also a CPU group (v1: its twin under cpu_base).
         self.cpu_grouped = self.cpu_base is not None or (
             self.version == 2 and "cpu" in _read_words(self.base / "cgroup.subtree_control"))
@@ -196,6 +199,44 @@ class MemoryCgroups:
         _remove_cgroup(path)
         if self.cpu_base is not None:
             _remove_cgroup(self.cpu_base / path.name)
+
+
+_OURS = re.compile(r"vt-sandbox-(?:probe-)?(\d+)(?:-\d+)?")
+STALE_AFTER_S = 600.0
+
+
+def remove_stale_cgroups(base: Path | None) -> None:
+    """Remove the cgroups that processes of this host left when they died without closing their rewards
+    (SIGKILL, preemption, OOM): an empty memory cgroup still holds kernel memory, and a cluster's nodes
+    gather them run after run. Only cgroups whose maker is dead here and that were made at least
+    STALE_AFTER_S ago (another PID namespace's maker may be invisible to us, and may be between making one
+    and joining it); rmdir itself refuses any cgroup that has a process or a child."""
+    if base is None:
+        return
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        m = _OURS.fullmatch(name)
+        if m is None or _alive(int(m.group(1))):
+            continue
+        try:
+            if now - os.stat(base / name).st_mtime >= STALE_AFTER_S:
+                os.rmdir(base / name)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        pass
+    return True
 
 
 def _remove_cgroup(path: Path) -> None:
