@@ -174,7 +174,6 @@ def test_no_network_even_to_host_loopback(reward, kind):
     port = server.getsockname()[1]
     src = f"""
         import socket
-import subprocess
         try:
             s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
             s.sendall(b"hello")
