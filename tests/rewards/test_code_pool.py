@@ -20,11 +20,13 @@ import secrets
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 from vt.rewards import pool as pool_mod
 from vt.rewards.code import CodeReward
+from vt.rewards.sandbox import force_rmtree, prepare_code_dir
 
 from .conftest import processes_matching
 
@@ -263,6 +265,46 @@ def test_a_run_that_lowers_its_servers_priority_or_limits_gets_it_replaced(rewar
         print_["scratch"] = [[mode, *rest] for mode, _atime, _mtime, *rest in print_["scratch"]]
     assert after == before
     assert_next_run_clean(reward)
+
+
+STDIO = """
+import json, sys
+def props(f):
+    b = f.buffer
+    d = {"type": type(f).__name__, "name": f.name, "mode": f.mode, "encoding": f.encoding, "errors": f.errors,
+         "line_buffering": f.line_buffering, "write_through": f.write_through, "seekable": f.seekable(),
+         "isatty": f.isatty(), "buffer": type(b).__name__, "raw": type(b.raw).__name__, "raw_name": b.raw.name,
+         "raw_mode": b.raw.mode, "closefd": b.raw.closefd, "blksize": b.raw._blksize, "fileno": f.fileno()}
+    for what, tell in (("tell", f.tell), ("buffer_tell", b.tell)):
+        try:
+            d[what] = tell()
+        except OSError as e:  # io.UnsupportedOperation too
+            d[what] = type(e).__name__
+    return d
+first = props(sys.stdin)
+line = sys.stdin.readline()
+std = [first, props(sys.stdin), props(sys.stdout), props(sys.stderr)]
+dunder = [sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__]
+print(json.dumps([std, dunder, line, sys.stdin.read()], sort_keys=True))
+"""
+
+
+def test_a_warm_run_gets_the_stdio_of_a_fresh_interpreter(reward):
+    """A run's child is a fork of the server, whose own stdio was made for the protocol pipes: the child makes
+    its stdin, stdout and stderr afresh, and every property a program can read of them is what a cold
+    sandbox's fresh interpreter gives it, before and after reading, on the same input."""
+    stdin = b"first line\nthe rest\n"
+    limits = reward.config.limits(TEST_LIMIT_S * 2)
+    with reward.pool.worker(STDIO) as worker:
+        warm = worker.run("stdin", stdin, limits)
+    root = Path(tempfile.mkdtemp(prefix="vt-test-"))
+    try:
+        cold = reward.sandbox.run(prepare_code_dir(root, STDIO), "stdin", stdin, limits, reward.sandbox_uids[0]
+                                  if reward.sandbox_uids else None)
+    finally:
+        force_rmtree(root)
+    assert warm.status == cold.status == "exited" and warm.returncode == cold.returncode == 0, (warm, cold)
+    assert json.loads(warm.stdout) == json.loads(cold.stdout)
 
 
 def test_tests_of_one_sample_do_not_see_each_other(reward):
