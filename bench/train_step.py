@@ -55,6 +55,11 @@ remat_policy "auto", now the default, picks full below width 256 (vt.model.confi
 before and after alternated, vt 72.3 / 77.2 -> 68.8 / 68.7 ms, vt / torch 0.84x / 0.78x -> 0.87x / 0.87x.
 vt / torch >= 1.0x at tiny is not reached: what is left is XLA:CPU's code for many small ops, which the
 plain-JAX step shows as well.
+Re-tried on main at e156597 (2026-12-04, tiny, one process, the variants' steps alternated, min / median of 25-30
+steps): the layer scan fully unrolled 83.9 / 97.1 ms and unrolled with the remat's CSE barriers 75.6 / 84.8, against
+the scan's 71.1 / 84.6; attention blocks of 128 70.3 / 76.8 and one dense block 115.6 / 123.1, against 64's 70.5 /
+74.2; the batch split over two host devices (--xla_force_host_platform_device_count=2, data axis 2; a scratch copy of
+this bench, one run each) vt / torch 0.95x against 0.88x on one device, within this box's noise. None kept.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
 created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
