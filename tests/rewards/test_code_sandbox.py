@@ -514,7 +514,8 @@ def test_cgroups_left_by_dead_processes_are_removed_and_no_other(tmp_path):
     made = {}
     try:
         for base in [b for b in (cgroups.base, cgroups.cpu_base) if b is not None]:
-            for name, age, stays in ((f"vt-sandbox-{gone.pid}-1", old, False), (f"vt-sandbox-probe-{gone.pid}", old, False),
+            for name, age, stays in ((f"vt-sandbox-{gone.pid}-1", old, False),
+                                     (f"vt-sandbox-probe-{gone.pid}", old, False),
                                      (f"vt-sandbox-{gone.pid}-2", None, True),  # too young: maybe being joined
                                      (f"vt-sandbox-{os.getpid()}-3", old, True),  # its maker lives
                                      (f"vt-sandbox-{gone.pid}-4", old, True)):  # holds a process

@@ -176,7 +176,7 @@ class Server:
         # The CPU(s) the host started us on (pool.claim_cpu): a run (same uid) may move us, and we move back.
         self.affinity = os.sched_getaffinity(0)
         # What else a run (same uid) can change in this process from outside, no ptrace needed, that every
-        # later run would inherit: see scheduling_kept.
+        # later run would inherit: see scheduling().
         self.scheduling = scheduling()
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
@@ -366,7 +366,8 @@ def scheduling():
     and every later run would inherit the change (nice 19, SCHED_IDLE, a small stack or file limit: slower
     or failing runs for other samples). An unprivileged process cannot lower its nice value or raise a
     hard limit again, so a change is not undone here: the server reports itself unclean and is replaced."""
-    return (os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), tuple(resource.getrlimit(r) for r in RLIMITS))
+    limits = tuple(resource.getrlimit(r) for r in RLIMITS)
+    return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), limits
 
 
 def open_pidfd(pid):
