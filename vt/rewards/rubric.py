@@ -66,8 +66,22 @@ SYSTEM_PROMPT = (
 
 # One line "Score: N" (also "**Score:** N", "Final score = N", "Score: N/10"), nothing else on it.
 _SCORE_RE = re.compile(
-    r"(?im)^[\s*#>_`]*(?:final\s+)?score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\s*\**\s*`?\s*$"
+    r"(?im)^[\s*#_`]*(?:final\s+)?score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)\s*(?:/\s*10)?\s*\**\s*`?\s*$"
 )
+
+
+def judges_own_lines(reply: str) -> str:
+    """The reply without what it quotes: blockquote lines and fenced code blocks. A judge may quote the
+    response, and a response's own "Score: 10" line is not the judge's: counted, it made two different
+    scores, a verifier error, and the item left out of the update instead of scored low."""
+    kept, fenced = [], False
+    for line in reply.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and not stripped.startswith(">"):
+            kept.append(line)
+    return "\n".join(kept)
 
 
 class MalformedJudgement(ValueError):
@@ -75,10 +89,11 @@ class MalformedJudgement(ValueError):
 
 
 def parse_score(reply: str) -> int:
-    """The integer 1-10 on the reply's ``Score: N`` line(s); MalformedJudgement otherwise."""
+    """The integer 1-10 on the reply's own ``Score: N`` line(s) (not in what it quotes); MalformedJudgement
+    otherwise."""
     if not isinstance(reply, str):
         raise MalformedJudgement(f"judge reply is {type(reply).__name__}, not text")
-    values = {float(v) for v in _SCORE_RE.findall(reply)}
+    values = {float(v) for v in _SCORE_RE.findall(judges_own_lines(reply))}
     if not values:
         raise MalformedJudgement("no 'Score: N' line in the judge reply")
     if len(values) > 1:
