@@ -82,6 +82,12 @@ bench with Python 3.12 (pyenv's build, relocated) as the sandbox's interpreter, 
 those reference counts: 166 / 542 / 276 faults a run, but the warm pool alternated 8 times in one process
 229.4 problems/s median against 3.11's 224.8: no faster (its shared-library build gives back what the faults
 save), so the default stays the system python3.
+Measured 2026-12-04 (later still), after the sandbox hardening (a seccomp filter on the keyring calls, a CPU group
+per sandbox, the server's priority and limits checked after each run): one full run on main at c567b81, HumanEval vt
+pool 254.4 problems/s vs the official harness 80.0 (3.18x), warm 3.67x, pool / cold 6.53x; MBPP-shaped pool / cold
+9.37x; stdin/stdout pool / cold 10.66x, pool / bare subprocess 2.61x. d3167bd (before) and main alternated twice,
+--humaneval only, --repeat 3: vt / harness 2.80x, 2.95x before, 3.12x, 2.82x after (vt 268.5, 251.0 vs 263.3, 259.9
+problems/s; the harness 84.5-95.8); warm 3.27x, 3.29x vs 3.28x, 3.47x: the hardening costs nothing measurable here.
 """
 from __future__ import annotations
 
