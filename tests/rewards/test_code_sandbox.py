@@ -504,7 +504,7 @@ def test_cgroups_left_by_dead_processes_are_removed_and_no_other(tmp_path):
     """A trainer killed with SIGKILL leaves its sandboxes' cgroups (each holds kernel memory): the next
     reward built on the host removes them, if their maker is dead and they are older than STALE_AFTER_S,
     never one that holds a process (rmdir refuses it) or a live process's."""
-    cgroups = sandbox_mod.memory_cgroups()
+    cgroups = sandbox_mod.sandbox_cgroups()
     if cgroups.base is None:
         pytest.skip("no writable cgroup on this host (cgroup v2 delegation or v1 as root)")
     gone = subprocess.Popen(["true"])
@@ -526,7 +526,7 @@ def test_cgroups_left_by_dead_processes_are_removed_and_no_other(tmp_path):
                 if age is not None:
                     os.utime(path, (age, age))
                 made[path] = stays
-        sandbox_mod.MemoryCgroups()
+        sandbox_mod.SandboxCgroups()
         assert {p.name: p.exists() for p in made} == {p.name: stays for p, stays in made.items()}
     finally:
         sleeper.kill()

@@ -125,8 +125,9 @@ class SandboxUnavailable(RuntimeError):
     pass
 
 
-class MemoryCgroups:
-    """Creates one memory cgroup per run under this process's own cgroup, where the host allows it.
+class SandboxCgroups:
+    """Creates one cgroup per sandbox (a memory budget, and a CPU group) under this process's own cgroup,
+    where the host allows it.
 
     cgroup v2: this process's cgroup in the unified hierarchy, when its ``memory`` controller can be
     enabled for children. Else cgroup v1: this process's cgroup in the hierarchy that carries the
@@ -349,9 +350,9 @@ def _usable(base: Path, version: int) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def memory_cgroups() -> MemoryCgroups:
+def sandbox_cgroups() -> SandboxCgroups:
     """One per process: which hierarchy to use is a property of the host, probed once."""
-    return MemoryCgroups()
+    return SandboxCgroups()
 
 
 def _launcher(procs: list[str], uid: int | None) -> tuple[list[str], dict]:
@@ -406,7 +407,7 @@ class Sandbox:
                  memory_cgroup: bool = True):
         """memory_cgroup=False: use the rlimit fallback even where cgroups work (tests of the fallback)."""
         self.python = python or default_python()
-        self.cgroups = memory_cgroups() if memory_cgroup else None
+        self.cgroups = sandbox_cgroups() if memory_cgroup else None
         if self.cgroups is not None and self.cgroups.base is None:
             self.cgroups = None
         self.bwrap = shutil.which("bwrap")
