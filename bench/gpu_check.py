@@ -288,8 +288,11 @@ def run_torch_peers(args, wanted) -> dict:
     if not checks:
         return {}
     settings = json.dumps({**vars(args), "only": ",".join(checks), "json": "", "worker": "torch"})
-    proc = subprocess.run([sys.executable, __file__, "--worker", "torch", "--worker-args", settings],
-                          capture_output=True, text=True)
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--worker", "torch", "--worker-args", settings],
+                              capture_output=True, text=True, timeout=args.peer_timeout or None)
+    except subprocess.TimeoutExpired:
+        return {c: {"error": f"torch worker still running after --peer-timeout {args.peer_timeout:g} s"} for c in checks}
     for line in proc.stdout.splitlines():
         if line.startswith("TORCH_RESULT "):
             return json.loads(line[len("TORCH_RESULT "):])
@@ -359,7 +362,9 @@ def parse(argv=None):
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
     ap.add_argument("--only", default="sft,sampler,rl,torch-sft,torch-generate",
                     help="comma-separated subset of checks")
-    ap.add_argument("--json", default="", help="also write the numbers to this file")
+    ap.add_argument("--json", default="", help="also write the numbers to this file (rewritten after each check)")
+    ap.add_argument("--peer-timeout", type=float, default=300,
+                    help="seconds the torch peers may take in all (0: no limit); past it they are reported failed")
     ap.add_argument("--compilation-cache", default=str(Path.home() / ".cache" / "vt" / "jax-compilation-cache"),
                     help="JAX's persistent compilation cache directory ('' turns it off)")
     ap.add_argument("--worker", choices=["torch"], help=argparse.SUPPRESS)
@@ -381,6 +386,8 @@ def main(argv=None) -> int:
         return 0
     wanted = args.only.split(",")
     peers = run_torch_peers(args, wanted)  # before JAX takes the GPU's memory
+    if peers:
+        print(f"gpu_check: torch peers done at {time.perf_counter() - LAUNCH:.0f} s: {json.dumps(peers)}", flush=True)
     from vt.distributed import apply_nvidia_env, enable_compilation_cache
     if not args.tiny:
         apply_nvidia_env()  # before the first device use
@@ -394,6 +401,12 @@ def main(argv=None) -> int:
     mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
     rows, shared = [], {}
 
+    def write_json():
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": dev.device_kind, "total_s": time.perf_counter() - LAUNCH,
+                                                   "args": vars(args), "peers": peers,
+                                                   "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+
     def run(name, fn, *a):
         if name not in wanted:
             return
@@ -403,6 +416,10 @@ def main(argv=None) -> int:
         except Exception as e:  # a runbook reports every check; this one's failure must not hide the others
             traceback.print_exc()
             rows.append(Row(name, "", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+        # each result as soon as it exists: a run cut off by a time limit still reports what it measured
+        print(f"gpu_check: {name} done at {time.perf_counter() - LAUNCH:.0f} s: {json.dumps(dataclasses.asdict(rows[-1]))}",
+              flush=True)
+        write_json()
 
     run("sampler", check_sampler, args, mesh)  # first: its bf16 model is freed before the SFT state exists
     run("sft", check_sft, args, mesh, shared)
@@ -416,9 +433,7 @@ def main(argv=None) -> int:
     print()
     print(table(rows))
     print(f"total {total:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"device": dev.device_kind, "total_s": total, "args": vars(args),
-                                               "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+    write_json()
     return 1 if any(r.error for r in rows) else 0
 
 
