@@ -28,7 +28,40 @@ with its error, and the others still run. XLA flags for NVIDIA GPUs come from vt
 (NVIDIA_XLA_FLAGS), set before the backend starts. JAX's persistent compilation cache is on
 (--compilation-cache, default ~/.cache/vt/jax-compilation-cache): a second run of the same shapes skips XLA
 compilation; `first step s` is the seconds from the script's launch to the check's first finished step, and
-`compile_s` the seconds spent compiling (or loading from the cache).
+`compile_s` the seconds spent compiling (or loading from the cache). `--profile K` runs one more step of each
+check under jax.profiler and prints its K costliest device operations (kernel name, total ms, count): to map a
+kernel to its source, rerun with XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_as_text" and look the fusion up
+in DIR/*jit_traced*gpu_after_optimizations.txt (each instruction's op_name says which jax operation it is).
+
+Measured on one H200 (2026-12-04, jax 0.11.2 + CUDA 13, flax 0.12.12, torch 2.11, transformers 5.17; the
+defaults; whole run 113 s from launch, the peers 62 s of it; main at 5f42c40):
+
+  check           s/step  throughput    efficiency
+  sampler         0.0203  12,621 tok/s  HBM 10.0% of 4.8 TB/s   (goal > 60%)   vt / torch generate 3.21x
+  sft             2.0520  15,969 tok/s  MFU 35.7%               (goal >= 45%)  vt / torch 1.01x (torch MFU 35.3%,
+                                                                               peak 90 GB)
+  rl              0.5755  14,234 tok/s  MFU 39.0%
+
+What the decode step's 20 ms were (a --profile-style trace of one 512-token generate, 511 steps, and the optimized
+HLO; bytes per step: 6.2 GB of weights + 3.6 GB of live KV, 2.0 ms at 4.8 TB/s):
+- every layer of every step copied its layer's whole K and V page pool out of the scan's carry before gathering
+  pages from it (loop_dynamic_slice_fusion, bf16[1, 2, pages, 16, 128] x 2, 96 us a layer, 3.5 ms a step):
+  fixed after this run by gathering (layer, page) in one index (vt.model.kv_pages.gather_pages); a probe of the
+  same change measured the step at 256 new tokens 16.3 / 16.7 -> 14.1 ms (-14%). The CPU compile shows that copy
+  as temp memory growing with the pool: tests/sampling/test_pages.py guards it.
+- XLA's dot merger concatenated each layer's gate and up weights into one [2048, 22016] operand every step
+  (input_concatenate_fusion, 42 us a layer, 1.5 ms a step), and q/k/v likewise ([2048, 2560]): a candidate flag is
+  --xla_gpu_dot_merger_threshold_mb=0 (this jaxlib knows it), not yet measured.
+- the page-block loop's trip count is decided on device (the batch's longest position), so each of its
+  iterations reads the loop predicate back to the host: ~164 device-to-host copies a step. Reading every block
+  with a fixed trip count was faster at 3 blocks (16.3 -> 14.4 ms) but reads all max_len / 128 blocks, which
+  long-context sampling cannot afford; not changed.
+- the gathered page blocks are materialised (a fused gather + transpose, 18 us a block) before their matmuls, and
+  the matmuls themselves (nvjet) are far from the bandwidth bound at these shapes.
+The SFT step (one profiled step, 2.03 s of kernels): cuDNN flash attention backward 375 ms (72 calls: 36 layers x 2
+micro-batches) and forward 259 ms (144: the forward and its rematerialisation), 31% together; bf16 GEMMs most of
+the rest; 137 ms of float32 (TF32) GEMMs in 16 calls: the chunked loss's backward, whose float32 logit gradient
+meets the head in float32 (torch's autocast casts it to bf16 first): a candidate, not yet measured.
 """
 from __future__ import annotations
 
@@ -62,6 +95,40 @@ def _block(tree):
     import jax
     jax.tree.map(lambda x: x.block_until_ready() if hasattr(x, "block_until_ready") else x, tree)
     return tree
+
+
+def device_profile(fn, top: int) -> list:
+    """Run `fn` once under jax.profiler and return its `top` device operations by total time:
+    [(name, milliseconds, count)], from the trace's device planes (GPU kernels; on CPU, XLA's host threads)."""
+    import collections
+    import glob
+    import tempfile
+    import jax
+    from jax.profiler import ProfileData
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            fn()
+        data = ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+        total, count = collections.Counter(), collections.Counter()
+        planes = [p for p in data.planes if p.name.startswith("/device:")] or [
+            p for p in data.planes if p.name.startswith("/host:CPU")]
+        for plane in planes:
+            for line in plane.lines:
+                if line.name in ("XLA Modules", "Steps", "python", "XLA TraceMe"):  # spans of the ops below, not ops
+                    continue
+                for ev in line.events:
+                    if ev.name.startswith("ThunkExecutor"):  # CPU: the executor's span around the ops
+                        continue
+                    total[ev.name] += ev.duration_ns
+                    count[ev.name] += 1
+    return [(name, ns / 1e6, count[name]) for name, ns in total.most_common(top)]
+
+
+def print_profile(check: str, ops: list) -> None:
+    busy = sum(ms for _, ms, _ in ops)
+    print(f"gpu_check: {check}: top {len(ops)} device operations of one profiled step ({busy:.1f} ms among them)")
+    for name, ms, n in ops:
+        print(f"  {ms:10.3f} ms  x{n:<7d} {name[:110]}")
 
 
 def model_cfg(args, **changes):
@@ -113,13 +180,18 @@ def check_sft(args, mesh, out: dict) -> Row:
         state, m = _block(step(state, batch))
         times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]
+    if args.profile:
+        def profiled():  # the step donates its state: keep the new one (the rl check trains on from it)
+            nonlocal state
+            state, _ = _block(step(state, batch))
+        row.numbers["profile"] = device_profile(profiled, args.profile)
     flops = model_flops_per_token(cfg, T) * B * T
     mfu = flops / dt / (args.peak_flops * jax.device_count())
     row.seconds = dt
     row.throughput = f"{B * T / dt:,.0f} tok/s"
     row.efficiency = f"MFU {100 * mfu:.1f}% of {args.peak_flops / 1e12:.0f} TFLOP/s"
     row.numbers = dict(step_s=dt, tokens_per_s=B * T / dt, mfu=mfu, model_flops_per_step=flops,
-                       compile_s=compile_s, first_step_s=first_step_s, loss=float(m["loss"]))
+                       compile_s=compile_s, first_step_s=first_step_s, loss=float(m["loss"]), **row.numbers)
     out["sft"] = (md, optimizer, schedule, sh, state)
     return row
 
@@ -143,6 +215,8 @@ def check_sampler(args, mesh) -> Row:
     compile_s = time.perf_counter() - t0
     engine.generate(requests, seed=1)
     s = engine.last_stats
+    if args.profile:
+        row.numbers["profile"] = device_profile(lambda: engine.generate(requests, seed=2), args.profile)
     step_s = s.seconds / max(s.decode_steps, 1)
     weight_bytes = param_count(cfg, padded=True) * 2
     avg_len = P + N / 2
@@ -153,7 +227,8 @@ def check_sampler(args, mesh) -> Row:
     row.efficiency = f"HBM {100 * frac:.1f}% of {args.hbm_bw / 1e12:.1f} TB/s"
     row.numbers = dict(decode_step_s=step_s, tokens_per_s=s.tokens / s.seconds, hbm_fraction=frac,
                        bytes_per_step=weight_bytes + kv_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
-                       decode_steps=s.decode_steps, tokens=s.tokens, seconds=s.seconds, compile_s=compile_s)
+                       decode_steps=s.decode_steps, tokens=s.tokens, seconds=s.seconds, compile_s=compile_s,
+                       **row.numbers)
     return row
 
 
@@ -194,13 +269,16 @@ def check_rl(args, mesh, sft) -> Row:
         state, m = one(state)
         times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]
+    if args.profile:
+        row.numbers["profile"] = device_profile(lambda: one(state)[1], args.profile)  # the last use of `state`
     # forward (2N) for the old log-probs + forward/backward (6N) for the update
     flops = model_flops_per_token(md.cfg, T) * N * T * (8 / 6)
     mfu = flops / dt / (args.peak_flops * jax.device_count())
     row.seconds = dt
     row.throughput = f"{N * T / dt:,.0f} tok/s"
     row.efficiency = f"MFU {100 * mfu:.1f}%"
-    row.numbers = dict(step_s=dt, tokens_per_s=N * T / dt, mfu=mfu, compile_s=compile_s, loss=float(m["loss"]))
+    row.numbers = dict(step_s=dt, tokens_per_s=N * T / dt, mfu=mfu, compile_s=compile_s, loss=float(m["loss"]),
+                       **row.numbers)
     return row
 
 
@@ -362,6 +440,9 @@ def parse(argv=None):
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
     ap.add_argument("--only", default="sft,sampler,rl,torch-sft,torch-generate",
                     help="comma-separated subset of checks")
+    ap.add_argument("--profile", type=int, default=0, metavar="K",
+                    help="after timing, run one more step of each check under jax.profiler and print its K "
+                         "costliest device operations (GPU kernels) with their total time and count")
     ap.add_argument("--json", default="", help="also write the numbers to this file (rewritten after each check)")
     ap.add_argument("--peer-timeout", type=float, default=300,
                     help="seconds the torch peers may take in all (0: no limit); past it they are reported failed")
@@ -417,6 +498,8 @@ def main(argv=None) -> int:
             traceback.print_exc()
             rows.append(Row(name, "", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
         # each result as soon as it exists: a run cut off by a time limit still reports what it measured
+        if rows[-1].numbers.get("profile"):
+            print_profile(name, rows[-1].numbers["profile"])
         print(f"gpu_check: {name} done at {time.perf_counter() - LAUNCH:.0f} s: {json.dumps(dataclasses.asdict(rows[-1]))}",
               flush=True)
         write_json()
