@@ -46,8 +46,9 @@ What the decode step's 20 ms were (a --profile-style trace of one 512-token gene
 HLO; bytes per step: 6.2 GB of weights + 3.6 GB of live KV, 2.0 ms at 4.8 TB/s):
 - every layer of every step copied its layer's whole K and V page pool out of the scan's carry before gathering
   pages from it (loop_dynamic_slice_fusion, bf16[1, 2, pages, 16, 128] x 2, 96 us a layer, 3.5 ms a step):
-  fixed after this run by gathering (layer, page) in one index (vt.model.kv_pages.gather_pages); a probe of the
-  same change measured the step at 256 new tokens 16.3 / 16.7 -> 14.1 ms (-14%). The CPU compile shows that copy
+  fixed after this run by gathering (layer, page) in one index (vt.model.kv_pages.gather_pages); a probe that gathered
+  (layer, page) directly (into another layout, before this form) measured the step at 256 new tokens
+  16.3 / 16.7 -> 14.1 ms (-14%); the committed form itself is not yet measured on a GPU. The CPU compile shows that copy
   as temp memory growing with the pool: tests/sampling/test_pages.py guards it.
 - XLA's dot merger concatenated each layer's gate and up weights into one [2048, 22016] operand every step
   (input_concatenate_fusion, 42 us a layer, 1.5 ms a step), and q/k/v likewise ([2048, 2560]): a candidate flag is
