@@ -120,7 +120,7 @@ def _sampler_programs(cfg, mesh, batch_size):
     shardings = dict(nnx.to_flat_state(state_shardings(state, mesh)))
     abstract_state = nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
         var.get_value().shape, var.get_value().dtype, sharding=shardings[path])), state)
-    return _programs(graphdef, cfg, batch_size, mesh, SamplingParams(), (), STEPS_PER_CALL), abstract_state
+    return _programs(graphdef, cfg, batch_size, mesh, SamplingParams(), (), STEPS_PER_CALL, "auto"), abstract_state
 
 
 STEPS_PER_CALL = 8  # decode steps per call, as the sampler's default

@@ -14,6 +14,8 @@ PyTorch peers at the same shapes, one table with ratios, meant to finish within 
            fraction of the HBM-bandwidth bound: per decode step the weights are read once and each slot's keys
            and values up to its current length (average prompt + new/2), bytes / step time / --hbm-bw
            (H200: 4.8 TB/s). Goal > 60%.
+           `--decode-attention auto,pallas` times the sampler once per decode kernel (SamplerConfig.decode_attention),
+           side by side, with the step-time ratio.
   rl       one MGPO update (vt.rl.step): the old-policy log-prob pass plus the clipped-surrogate step on
            --rl-rows rows of --rl-seq tokens, with the SFT check's train state.
 
@@ -59,6 +61,10 @@ HLO; bytes per step: 6.2 GB of weights + 3.6 GB of live KV, 2.0 ms at 4.8 TB/s):
   long-context sampling cannot afford; not changed.
 - the gathered page blocks are materialised (a fused gather + transpose, 18 us a block) before their matmuls, and
   the matmuls themselves (nvjet) are far from the bandwidth bound at these shapes.
+  After this run: SamplerConfig.decode_attention="pallas" takes JAX's Pallas GPU paged-attention kernel instead of
+  the loop (one launch a layer, no host round trips; equal to the XLA path on CPU under Pallas's interpreter).
+  The next device run: `--decode-attention auto,pallas`, then the same with
+  XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0, and --profile 25.
 The SFT step (one profiled step, 2.03 s of kernels): cuDNN flash attention backward 375 ms (72 calls: 36 layers x 2
 micro-batches) and forward 259 ms (144: the forward and its rematerialisation), 31% together; bf16 GEMMs most of
 the rest; 137 ms of float32 (TF32) GEMMs in 16 calls: the chunked loss's backward, whose float32 logit gradient
@@ -197,7 +203,7 @@ def check_sft(args, mesh, out: dict) -> Row:
     return row
 
 
-def check_sampler(args, mesh) -> Row:
+def check_sampler(args, mesh, kernel: str = "auto") -> Row:
     import numpy as np
     from vt.model.config import param_count
     from vt.model.qwen2 import create_model
@@ -205,10 +211,10 @@ def check_sampler(args, mesh) -> Row:
 
     cfg = model_cfg(args, param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
     B, P, N = args.sampler_batch, args.prompt, args.new
-    row = Row("sampler", f"batch {B}, prompt {P} + {N} new tokens, bf16")
+    row = Row("sampler" if kernel == "auto" else f"sampler:{kernel}", f"batch {B}, prompt {P} + {N} new tokens, bf16")
     engine = Engine(create_model(cfg, mesh, seed=0),
                     SamplerConfig(batch_size=B, max_new_tokens=N, temperature=1.0, stop_token_ids=(),
-                                  steps_per_call=args.steps_per_call), mesh=mesh)
+                                  steps_per_call=args.steps_per_call, decode_attention=kernel), mesh=mesh)
     rng = np.random.default_rng(0)
     requests = [Request(prompt_ids=rng.integers(0, cfg.vocab_size, P).tolist()) for _ in range(B)]
     t0 = time.perf_counter()
@@ -371,7 +377,8 @@ def run_torch_peers(args, wanted) -> dict:
         proc = subprocess.run([sys.executable, __file__, "--worker", "torch", "--worker-args", settings],
                               capture_output=True, text=True, timeout=args.peer_timeout or None)
     except subprocess.TimeoutExpired:
-        return {c: {"error": f"torch worker still running after --peer-timeout {args.peer_timeout:g} s"} for c in checks}
+        why = f"torch worker still running after --peer-timeout {args.peer_timeout:g} s"
+        return {c: {"error": why} for c in checks}
     for line in proc.stdout.splitlines():
         if line.startswith("TORCH_RESULT "):
             return json.loads(line[len("TORCH_RESULT "):])
@@ -393,7 +400,7 @@ def torch_worker(args) -> None:
 
 def peer_rows(rows: list[Row], peers: dict) -> list[Row]:
     """The torch rows, each with its ratio to the vt check at the same shape (vt / torch tokens/s)."""
-    vt = {r.check: r for r in rows if not r.error}
+    vt = {r.check.split(":")[0]: r for r in reversed(rows) if not r.error}  # the first of each check
     out = []
     for name, vt_name in (("torch-sft", "sft"), ("torch-generate", "sampler")):
         if name not in peers:
@@ -435,6 +442,9 @@ def parse(argv=None):
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=512)
     ap.add_argument("--steps-per-call", type=int, default=64)
+    ap.add_argument("--decode-attention", default="auto",
+                    help="the sampler check's decode kernel(s), comma-separated, each timed in turn: auto | xla | "
+                         "pallas (vt.sampling.engine.SamplerConfig.decode_attention)")
     ap.add_argument("--rl-rows", type=int, default=4)
     ap.add_argument("--rl-seq", type=int, default=2048)
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
@@ -501,11 +511,15 @@ def main(argv=None) -> int:
         # each result as soon as it exists: a run cut off by a time limit still reports what it measured
         if rows[-1].numbers.get("profile"):
             print_profile(name, rows[-1].numbers["profile"])
-        print(f"gpu_check: {name} done at {time.perf_counter() - LAUNCH:.0f} s: {json.dumps(dataclasses.asdict(rows[-1]))}",
-              flush=True)
+        done = time.perf_counter() - LAUNCH
+        print(f"gpu_check: {name} done at {done:.0f} s: {json.dumps(dataclasses.asdict(rows[-1]))}", flush=True)
         write_json()
 
-    run("sampler", check_sampler, args, mesh)  # first: its bf16 model is freed before the SFT state exists
+    for kernel in args.decode_attention.split(","):  # first: its bf16 model is freed before the SFT state exists
+        run("sampler", check_sampler, args, mesh, kernel)
+    samplers = [r for r in rows if r.check.startswith("sampler") and not r.error]
+    for r in samplers[1:]:
+        r.efficiency += f"; step time {r.seconds / samplers[0].seconds:.2f}x {samplers[0].check}'s"
     run("sft", check_sft, args, mesh, shared)
     if "rl" in wanted:
         if "sft" in shared:

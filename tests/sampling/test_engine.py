@@ -284,6 +284,21 @@ def test_context_limit_and_bad_requests(tiny):
         Engine(tiny, SamplerConfig(stop_strings=("x",)))
 
 
+def test_the_pallas_decode_kernel_samples_what_the_xla_path_samples(tiny):
+    """decode_attention="pallas" (JAX's Pallas GPU kernel; Pallas's interpreter on CPU) against "xla": the same
+    tokens and log-probs within 1e-5 (fp32), through prefill, refill of finished slots and n samples a prompt."""
+    reqs = [Request(p, max_new_tokens=m, n=2) for p, m in zip(_prompts(5, tiny.cfg.vocab_size, seed=8),
+                                                               [5, 40, 12, 3, 25])]
+    runs = {k: Engine(tiny, SamplerConfig(batch_size=4, temperature=1.0, stop_token_ids=(), steps_per_call=8,
+                                          decode_attention=k)).generate(reqs, seed=2) for k in ("xla", "pallas")}
+    assert _ids(runs["pallas"]) == _ids(runs["xla"])
+    for a, b in zip(runs["pallas"], runs["xla"]):
+        for s, t in zip(a, b):
+            np.testing.assert_allclose(s.logprobs, t.logprobs, atol=1e-5, rtol=0)
+    with pytest.raises(VtError, match="decode_attention.*got 'triton'"):
+        SamplerConfig(decode_attention="triton")
+
+
 def test_long_cache_greedy_matches_full_forward(tiny):
     """max_new_tokens 1100 fills 70 pages of 16 tokens, which decode attends to block by block (vt.model.kv_pages.
     PAGES_PER_BLOCK pages per block, an online softmax across blocks): every greedy token must be the full forward pass's argmax at its position, up to 1e-4 in

@@ -7,7 +7,8 @@ import pytest
 
 from vt import VtError
 from vt.model.attention import dense_attention as _xla_attention
-from vt.model.kv_pages import CostAnalysisKVCache, copy_pages, paged_attention_xla, write_pages
+from vt.model.kv_pages import (CostAnalysisKVCache, copy_pages, paged_attention_gpu, paged_attention_xla,
+                                write_pages)
 from vt.sampling.page_table import PagePool, PageTables, pool_pages, prompt_need, prompt_pages
 
 
@@ -133,3 +134,28 @@ def test_decode_step_does_not_copy_a_layers_page_pool():
     small, large = B * M + 1, 16 * B * M + 1
     one_layer_growth = 2 * mc.num_kv_heads * (large - small) * Z * mc.head_dim * jnp.dtype(mc.dtype).itemsize
     assert temp_bytes(large) - temp_bytes(small) < one_layer_growth / 16
+
+
+@pytest.mark.parametrize("B,N,K,H,Z,M,L,splits", [(3, 8, 2, 16, 4, 12, 3, 16), (2, 6, 2, 8, 8, 5, 2, 16),
+                                                  (4, 4, 1, 32, 16, 7, 1, 16), (2, 14, 2, 64, 16, 40, 2, 4)])
+def test_the_gpu_kernel_path_equals_the_xla_path(B, N, K, H, Z, M, L, splits):
+    """JAX's Pallas GPU paged-attention kernel (run by Pallas's interpreter here) over the stacked pool viewed as
+    one KV head's pages, (slot, head) rows offset to their layer and head: equal to the XLA path for every layer,
+    with unowned table entries, tables that are no whole number of partitions (padded), GQA up to 7 query heads
+    per KV head, and slots from position 0 to the table's last. fp32, 1e-6 absolute."""
+    rng = np.random.default_rng(B * M + L)
+    P = B * M + 3
+    q = jnp.asarray(rng.normal(size=(B, 1, N, H)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(L, K, P, Z, H)), jnp.float32) for _ in range(2))
+    pos = rng.integers(0, M * Z, size=B)
+    pos[0], pos[-1] = 0, M * Z - 1
+    table = np.full((B, M), P, np.int32)  # unowned past each slot's position
+    perm = rng.permutation(P)
+    for b in range(B):
+        table[b, :pos[b] // Z + 1] = perm[b * M:b * M + pos[b] // Z + 1]
+    table, pos = jnp.asarray(table), jnp.asarray(pos[:, None], jnp.int32)
+    for layer in range(L):
+        got = paged_attention_gpu(q, k, v, table, pos, H ** -0.5, jnp.int32(layer), max_splits=splits,
+                                  interpret=True)
+        want = paged_attention_xla(q, k, v, table, pos, H ** -0.5, layer=jnp.int32(layer))
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=0)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from vt import VtError
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.sampling.engine import Engine, Request, SamplerConfig
@@ -32,6 +33,8 @@ def test_sharded_sampling_equals_single_device_and_updates_without_retrace():
         report[f"logprob_diff_{temp}"] = max(float(np.max(np.abs(np.subtract(s.logprobs, t.logprobs))))
                                              for x, y in zip(a, b) for s, t in zip(x, y))
     report["tensor_sharded"] = "tensor" in str(eng.state["layers"]["attn"]["q_kernel"][...].sharding.spec)
+    with pytest.raises(VtError, match="decode_attention.*splits the KV heads"):  # the kernel needs whole heads
+        Engine(sharded, SamplerConfig(decode_attention="pallas"), mesh=mesh)
     # a learner state laid out differently (here: one device) moves device-to-device into the engine's sharding
     count = eng.compile_count
     _, new_state = nnx.split(create_model(cfg, seed=4))

@@ -13,6 +13,7 @@ in vt.model.qwen2, plus: M max pages per slot, R pages per attention block, Z pa
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import ClassVar
 
 import jax
@@ -27,8 +28,10 @@ from vt.sharding import param_sharding
 # since any slot may own any page.
 PAGE_POOL_AXES = (None, "kv_heads", None, None, None)
 
-# Pages per block of the decode attention's online softmax (the XLA path), and per compute block on TPU.
+# Pages per block of the decode attention's online softmax (the XLA path), and per compute block of the kernels.
 PAGES_PER_BLOCK = 8
+
+DECODE_KERNELS = ("auto", "xla", "pallas")  # PagedKVCache.decode_kernel
 
 
 @jax.tree_util.register_dataclass
@@ -42,14 +45,20 @@ class PagedKVCache:
     # tokens attend to one another as without a cache (vt.model.attention). True (chunked scoring): every call
     # continues what the pages already hold and attends to them.
     continues: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # The kernel of a single-token step (`DECODE_KERNELS`): "auto" is the Pallas kernel on TPU and the XLA path
+    # elsewhere; "pallas" also takes JAX's Pallas (Triton) kernel on GPU, and on CPU runs that kernel in Pallas's
+    # interpreter (tests); "xla" always takes the XLA path.
+    decode_kernel: str = dataclasses.field(default="auto", metadata=dict(static=True))
     # `unroll` of the model's scan over layers while this cache rides in it (a cost-analysis form unrolls them).
     scan_unroll: ClassVar[int] = 1
 
     @classmethod
-    def zeros(cls, cfg, num_pages: int, page_size: int, page_table, dtype=None, continues: bool = False):
+    def zeros(cls, cfg, num_pages: int, page_size: int, page_table, dtype=None, continues: bool = False,
+              decode_kernel: str = "auto"):
         shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
         dtype = dtype or jnp.dtype(cfg.dtype)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), page_table=page_table, continues=continues)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), page_table=page_table, continues=continues,
+                   decode_kernel=decode_kernel)
 
     @classmethod
     def for_rows(cls, cfg, batch: int, length: int, page_size: int, dtype=None) -> "PagedKVCache":
@@ -60,12 +69,12 @@ class PagedKVCache:
         return cls.zeros(cfg, batch * M, page_size, table, dtype, continues=True)
 
     @classmethod
-    def shardings(cls, cfg, mesh, page_table) -> "PagedKVCache":
+    def shardings(cls, cfg, mesh, page_table, decode_kernel: str = "auto") -> "PagedKVCache":
         """The NamedShardings of a cache on `mesh` (`PAGE_POOL_AXES`), with `page_table` the page table's (split
         over slots while decoding, replicated while prefilling)."""
         pool = param_sharding(PAGE_POOL_AXES, (cfg.num_layers, cfg.num_kv_heads, 1, 1, cfg.head_dim), mesh,
                               "KV page pool")
-        return cls(k=pool, v=pool, page_table=page_table)
+        return cls(k=pool, v=pool, page_table=page_table, decode_kernel=decode_kernel)
 
     @property
     def page_size(self) -> int:
@@ -83,13 +92,17 @@ class PagedKVCache:
     def attend(self, layer, q_BTNH, k_BTKH, v_BTKH, positions_BT, segment_ids_BT, impl: str):
         """Attention of layer `layer`'s queries at `positions_BT`, after `write`: a prompt prefilled into fresh pages
         attends to its own keys and values (k, v) like the no-cache path, with `impl`; a decode step (or a
-        continuing chunk) attends to the pages, through the Pallas kernel on TPU for single tokens."""
+        continuing chunk) attends to the pages, single tokens through `decode_kernel`."""
         T = q_BTNH.shape[1]
         if T > 1 and not self.continues:
             return self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl)
         scale = q_BTNH.shape[-1] ** -0.5
-        if jax.default_backend() == "tpu" and T == 1:
+        backend = jax.default_backend()
+        if T == 1 and backend == "tpu" and self.decode_kernel != "xla":
             return paged_attention_tpu(q_BTNH, self.k[layer], self.v[layer], self.page_table, positions_BT, scale)
+        if T == 1 and self.decode_kernel == "pallas":
+            return paged_attention_gpu(q_BTNH, self.k, self.v, self.page_table, positions_BT, scale, layer,
+                                       interpret=backend != "gpu")
         return paged_attention_xla(q_BTNH, self.k, self.v, self.page_table, positions_BT, scale, layer=layer)
 
 
@@ -212,3 +225,39 @@ def paged_attention_tpu(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, sca
                               (positions_BT[:, 0] + 1).astype(jnp.int32), jnp.clip(page_table_BM, 0, P - 1),
                               pages_per_compute_block=R)
     return out_BNH[:, None].astype(q_BTNH.dtype)
+
+
+def paged_attention_gpu(q_BTNH, k_LKPZH, v_LKPZH, page_table_BM, positions_BT, scale, layer,
+                        pages_per_block: int = PAGES_PER_BLOCK, max_splits: int = 16, interpret: bool = False):
+    """One decode query per slot (T = 1) of layer `layer` through JAX's Pallas GPU paged-attention kernel: one
+    launch a layer, each slot reading only its pages up to its position, split over up to `max_splits` parallel
+    partitions of its page table, with no page-block loop on the host's side (the XLA path's loop reads its
+    trip count back to the host every block).
+
+    The kernel reads pages of one stacked pool per KV head. Slicing layer `layer` out of the pool would copy that
+    layer's whole pool every step (see `gather_pages`), so the pool [L, K, P, Z, H] is viewed instead, with no
+    copy, as the pages of a single KV head [1, L*K*P, Z, H], and each (slot, KV head) pair is a row of the
+    kernel's batch whose page ids are offset to its layer and head.
+
+    JAX marks its Triton-backed Pallas ops deprecated (their successor, tokamax, has no paged kernel yet), so this
+    path is opt-in (`decode_kernel="pallas"`) and "auto" keeps the XLA path on GPU until it is measured there."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+    B, T, N, H = q_BTNH.shape
+    L, K, P, Z, _ = k_LKPZH.shape
+    G = N // K
+    M = page_table_BM.shape[1]
+    R = min(pages_per_block, M)
+    splits = min(max_splits, -(-M // R))
+    width = -(-M // (R * splits)) * R * splits  # the kernel wants whole compute blocks in every partition
+    # Unowned entries (= P) and the padding point at a page of the row's own head; the lengths mask them.
+    table_BM = jnp.pad(jnp.clip(page_table_BM, 0, P - 1), ((0, 0), (0, width - M)))
+    first_page_K = (layer * K + jnp.arange(K, dtype=table_BM.dtype)) * P
+    rows_table = (table_BM[:, None, :] + first_page_K[None, :, None]).reshape(B * K, width)
+    rows_q = (q_BTNH[:, 0] * scale).astype(k_LKPZH.dtype).reshape(B * K, G, H)
+    rows_len = jnp.repeat((positions_BT[:, 0] + 1).astype(jnp.int32), K)
+    one_head = lambda pool: pool.reshape(1, L * K * P, Z, H)  # noqa: E731  (a view: K and P are contiguous)
+    out = paged_attention(rows_q, one_head(k_LKPZH), one_head(v_LKPZH), rows_table, rows_len,
+                          pages_per_compute_block=R, k_splits=splits, interpret=interpret)
+    return out.reshape(B, 1, N, H).astype(q_BTNH.dtype)

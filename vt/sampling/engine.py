@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vt import VtError
 from vt.buckets import bucket
-from vt.model.kv_pages import PagedKVCache
+from vt.model.kv_pages import DECODE_KERNELS, PagedKVCache
 from vt.sampling import steps
 from vt.sampling.page_table import (PagePool, PageTables, check_memory, device_memory_bytes, free_device_bytes,
                                    host_memory_bytes, kv_pool_plan, pages_for, prompt_need, prompt_pages)
@@ -71,6 +71,10 @@ class SamplerConfig:
     page_size: Annotated[int, AT_LEAST_1] = 16  # tokens per KV page
     kv_pages: Annotated[int, NON_NEGATIVE] = 0  # KV pool size in pages; 0: kv_memory_fraction of the free device memory
     kv_memory_fraction: Annotated[float, Range(gt=0, le=1)] = 0.5  # capped at every slot at its longest
+    # The kernel of a decode step's attention (vt.model.kv_pages.PagedKVCache.decode_kernel): "auto" (Pallas on
+    # TPU, XLA elsewhere), "pallas" (also JAX's Pallas kernel on GPU; needs each KV head's pages whole on a
+    # device) or "xla".
+    decode_attention: str = "auto"
 
     def __post_init__(self):
         # FieldError: a config file's sampler section names the bad field by its dotted path (vt.config)
@@ -79,6 +83,9 @@ class SamplerConfig:
             raise FieldError(type(self).__name__, "stop_strings", "holds an empty string")
         if self.top_k == 0:
             raise FieldError(type(self).__name__, "top_k", "must be -1 (off) or >= 1, got 0")
+        if self.decode_attention not in DECODE_KERNELS:
+            raise FieldError(type(self).__name__, "decode_attention",
+                             f"must be one of {', '.join(DECODE_KERNELS)}, got {self.decode_attention!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +152,7 @@ class _Programs:
     """The jitted device functions of one (model structure, batch size, mesh, sampling rule, steps per call)."""
 
     def __init__(self, graphdef, mc, B: int, mesh: Mesh | None, params: SamplingParams, stop_ids: tuple[int, ...],
-                 steps_per_call: int):
+                 steps_per_call: int, decode_kernel: str):
         self.traces = 0
         out = lambda s: {}  # noqa: E731
         if mesh is not None:
@@ -154,7 +161,7 @@ class _Programs:
             row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
             rep = NamedSharding(mesh, PartitionSpec())
             slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec, key=row)
-            cache_sh = lambda table: PagedKVCache.shardings(mc, mesh, table)  # noqa: E731
+            cache_sh = lambda table: PagedKVCache.shardings(mc, mesh, table, decode_kernel)  # noqa: E731
             out = lambda s: dict(out_shardings=s)  # noqa: E731
         rule = dict(params=params, stop_ids=stop_ids)
         self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)), donate_argnums=1,
@@ -168,7 +175,8 @@ class _Programs:
         self.take = jax.jit(self._counted(lambda s, rows: jax.tree.map(lambda x: x[rows], s)),
                             **out(mesh and slots_sh))
         self.zeros = jax.jit(self._counted(lambda n_pages, page_size: (
-            PagedKVCache.zeros(mc, n_pages, page_size, jnp.zeros((1, 1), jnp.int32)), steps.Slots.zeros(B))),
+            PagedKVCache.zeros(mc, n_pages, page_size, jnp.zeros((1, 1), jnp.int32), decode_kernel=decode_kernel),
+            steps.Slots.zeros(B))),
             static_argnums=(0, 1), **out(mesh and (cache_sh(rep), slots_sh)))
 
     def _counted(self, fn):
@@ -196,7 +204,12 @@ class Engine:
         self._calls = 0
         self._param_sh = None if mesh is None else state_shardings(state, mesh)
         self.graphdef, self.state = graphdef, self._place(state)
-        self._p = _programs(graphdef, mc, cfg.batch_size, mesh, self.params, self.stop_ids, cfg.steps_per_call)
+        if cfg.decode_attention == "pallas" and mesh is not None and any(
+                PagedKVCache.shardings(mc, mesh, None).k.spec):
+            raise FieldError(type(cfg).__name__, "decode_attention", "'pallas' reads each KV head's pages whole on "
+                             "one device, but this mesh splits the KV heads (tensor > 1): use 'xla' or 'auto'")
+        self._p = _programs(graphdef, mc, cfg.batch_size, mesh, self.params, self.stop_ids, cfg.steps_per_call,
+                            cfg.decode_attention)
 
     @property
     def compile_count(self) -> int:
