@@ -29,6 +29,7 @@ DEFERRED_OK = {
     "punkt": "the Punkt tables nltk uses, same reason",
     "langdetect": "IFEval language constraint only",
     "jax.experimental.pallas.ops.tpu": "TPU-only kernel",
+    "jax.experimental.pallas.ops.gpu": "opt-in GPU kernel; importing it warns (deprecated upstream)",
     "vt.model.splash": "TPU-only kernel (imports Pallas TPU)",
 }
 # Scripts run in their own (sandboxed) process, where what is imported and when is part of the isolation.

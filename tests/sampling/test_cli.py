@@ -119,6 +119,7 @@ def test_bad_flags_and_missing_files(sampling_ckpt, tmp_path, capsys):
             str(tmp_path / "out.jsonl"), "--no-progress"]
     for extra, message in [(["--top-p", "0"], "--top-p"), (["--top-k", "0"], "--top-k"),
                            (["--batch-size", "0"], "--batch-size"),
+                           (["--decode-attention", "triton"], "--decode-attention"),
                            (["--stop", "x"], "--stop needs --tokenizer")]:
         assert main(base + extra) == 2
         assert message in capsys.readouterr().err

@@ -297,6 +297,9 @@ def test_the_pallas_decode_kernel_samples_what_the_xla_path_samples(tiny):
             np.testing.assert_allclose(s.logprobs, t.logprobs, atol=1e-5, rtol=0)
     with pytest.raises(VtError, match="decode_attention.*got 'triton'"):
         SamplerConfig(decode_attention="triton")
+    from vt.model.kv_pages import DECODE_KERNELS
+    from vt.sampling import commands
+    assert commands.DECODE_KERNELS == DECODE_KERNELS  # `vt sample --decode-attention` offers every kernel
 
 
 def test_long_cache_greedy_matches_full_forward(tiny):

@@ -26,6 +26,8 @@ from vt.validation import (check_output_path, non_empty, non_negative_float, non
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
+# vt.model.kv_pages.DECODE_KERNELS, which imports jax: the parser stays light
+DECODE_KERNELS = ("auto", "xla", "pallas")
 
 
 def register(subparsers) -> None:
@@ -47,6 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--page-size", type=positive_int, default=16, help="tokens per KV cache page")
     p.add_argument("--kv-pages", type=non_negative_int, default=0,
                    help="KV pool size in pages (0: half the free device memory, at most what every slot needs)")
+    p.add_argument("--decode-attention", choices=DECODE_KERNELS, default="auto",
+                   help="decode kernel: auto (Pallas on TPU, XLA elsewhere), xla, or pallas (also JAX's Pallas "
+                        "kernel on NVIDIA GPUs)")
     p.add_argument("--stats-json", type=Path, default=None, metavar="FILE",
                    help="write the run's statistics (decode steps, tokens, prefill tokens, pages, preemptions, "
                         "seconds split prefill/decode/host) to FILE")
@@ -135,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop),
-                        page_size=args.page_size, kv_pages=args.kv_pages)
+                        page_size=args.page_size, kv_pages=args.kv_pages, decode_attention=args.decode_attention)
     refuse_same_file(args.prompts, args.out, "--prompts", "--out")
     check_output_path(args.out, "--out")
     tokenizer = None
