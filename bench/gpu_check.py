@@ -24,6 +24,10 @@ PyTorch peers at the same shapes, one table with ratios, meant to finish within 
                   checkpointing, sdpa attention; printed as vt / torch tokens/s.
   torch-generate  transformers `generate` at the sampler check's shape (bf16, sampling, no stop tokens); vt / torch.
 
+`--variant-xla-flags=FLAGS` runs the `--variant-only` checks once more in a child process whose XLA_FLAGS add FLAGS
+(XLA reads its flags when the backend starts; the child runs before this process's JAX takes the GPU), as rows
+named check[+flags] with their step time against the same check without them.
+
 The torch peers run first, in a child process that exits before JAX starts (JAX reserves most of the GPU's memory
 at start-up; two frameworks cannot share it). Each check runs on its own; one that fails is reported in the table
 with its error, and the others still run. XLA flags for NVIDIA GPUs come from vt/distributed.py
@@ -63,8 +67,9 @@ HLO; bytes per step: 6.2 GB of weights + 3.6 GB of live KV, 2.0 ms at 4.8 TB/s):
   the matmuls themselves (nvjet) are far from the bandwidth bound at these shapes.
   After this run: SamplerConfig.decode_attention="pallas" takes JAX's Pallas GPU paged-attention kernel instead of
   the loop (one launch a layer, no host round trips; equal to the XLA path on CPU under Pallas's interpreter).
-  The next device run: `--decode-attention auto,pallas`, then the same with
-  XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0, and --profile 25.
+  The next device run, one command (rehearsed with --tiny: 56 s on the 2-core CPU box):
+    python3 bench/gpu_check.py --profile 25 --decode-attention auto,pallas --json $OUT/gpu_check.json \
+        --variant-xla-flags=--xla_gpu_dot_merger_threshold_mb=0 --variant-only sampler,sft,rl
 The SFT step (one profiled step, 2.03 s of kernels): cuDNN flash attention backward 375 ms (72 calls: 36 layers x 2
 micro-batches) and forward 259 ms (144: the forward and its rematerialisation), 31% together; bf16 GEMMs most of
 the rest; 137 ms of float32 (TF32) GEMMs in 16 calls: the chunked loss's backward, whose float32 logit gradient
@@ -386,6 +391,43 @@ def run_torch_peers(args, wanted) -> dict:
     return {c: {"error": f"torch worker failed: {why}"} for c in checks}
 
 
+def run_flags_variant(args) -> list[Row]:
+    """The --variant-only checks again in a child process whose XLA_FLAGS add --variant-xla-flags (XLA reads its
+    flags once, when the backend starts), run before this process's JAX takes the GPU. Its rows come back named
+    `check[+flags]`; `variant_rows` adds the ratios to this process's rows."""
+    import os
+    import subprocess
+    import tempfile
+    if not args.variant_xla_flags:
+        return []
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "variant.json"
+        settings = dict(vars(args), only=args.variant_only, json=str(out), variant_xla_flags="",
+                        decode_attention=args.decode_attention.split(",")[0])  # the parent's shapes and options
+        cmd = [sys.executable, __file__, "--worker-args", json.dumps(settings)]
+        env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {args.variant_xla_flags}".strip())
+        print(f"gpu_check: variant with XLA_FLAGS={env['XLA_FLAGS']!r}: {args.variant_only} ...", flush=True)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        print(proc.stdout[-4000:], flush=True)
+        if not out.exists():
+            why = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
+            return [Row(f"{c}[+flags]", "", error=f"variant failed: {why}") for c in args.variant_only.split(",")]
+        rows = [Row(**r) for r in json.loads(out.read_text())["rows"]]
+    for r in rows:
+        r.check += "[+flags]"
+    return rows
+
+
+def variant_rows(rows: list[Row], variants: list[Row]) -> list[Row]:
+    """The variant rows, each with its step time against the same check without the flags."""
+    base = {r.check: r for r in rows if not r.error}
+    for v in variants:
+        b = base.get(v.check.removesuffix("[+flags]"))
+        if b and not v.error and v.seconds:
+            v.efficiency += f"; step time {v.seconds / b.seconds:.2f}x {b.check}'s"
+    return variants
+
+
 def torch_worker(args) -> None:
     out = {}
     for name, fn in (("torch-sft", torch_sft), ("torch-generate", torch_generate)):
@@ -454,6 +496,11 @@ def parse(argv=None):
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="after timing, run one more step of each check under jax.profiler and print its K "
                          "costliest device operations (GPU kernels) with their total time and count")
+    ap.add_argument("--variant-xla-flags", default="", metavar="FLAGS",
+                    help="also run --variant-only with these XLA flags added (a child process, before this one "
+                         "starts JAX), printed as check[+flags] rows; give it with '=' since the value starts with "
+                         "'--': --variant-xla-flags=--xla_gpu_dot_merger_threshold_mb=0")
+    ap.add_argument("--variant-only", default="sampler", help="the checks the flags variant runs")
     ap.add_argument("--json", default="", help="also write the numbers to this file (rewritten after each check)")
     ap.add_argument("--peer-timeout", type=float, default=300,
                     help="seconds the torch peers may take in all (0: no limit); past it they are reported failed")
@@ -478,6 +525,7 @@ def main(argv=None) -> int:
         return 0
     wanted = args.only.split(",")
     peers = run_torch_peers(args, wanted)  # before JAX takes the GPU's memory
+    variants = run_flags_variant(args)  # likewise
     if peers:
         print(f"gpu_check: torch peers done at {time.perf_counter() - LAUNCH:.0f} s: {json.dumps(peers)}", flush=True)
     from vt.distributed import apply_nvidia_env, enable_compilation_cache
@@ -526,7 +574,7 @@ def main(argv=None) -> int:
             run("rl", check_rl, args, mesh, shared["sft"])
         else:
             rows.append(Row("rl", "", error="needs the sft check's train state"))
-    rows += peer_rows(rows, peers)
+    rows += peer_rows(rows, peers) + variant_rows(rows, variants)
     total = time.perf_counter() - LAUNCH
     print()
     print(table(rows))
