@@ -16,6 +16,8 @@ PyTorch peers at the same shapes, one table with ratios, meant to finish within 
            (H200: 4.8 TB/s). Goal > 60%.
            `--decode-attention auto,pallas` times the sampler once per decode kernel (SamplerConfig.decode_attention),
            side by side, with the step-time ratio.
+  attention  cuDNN flash attention alone at the sft check's micro-batch (forward + backward) in three forms: vt's
+           dense causal & segment mask (today), that mask plus is_causal, and is_causal alone; times and ratios.
   rl       one MGPO update (vt.rl.step): the old-policy log-prob pass plus the clipped-surrogate step on
            --rl-rows rows of --rl-seq tokens, with the SFT check's train state.
 
@@ -73,7 +75,11 @@ HLO; bytes per step: 6.2 GB of weights + 3.6 GB of live KV, 2.0 ms at 4.8 TB/s):
 The SFT step (one profiled step, 2.03 s of kernels): cuDNN flash attention backward 375 ms (72 calls: 36 layers x 2
 micro-batches) and forward 259 ms (144: the forward and its rematerialisation), 31% together; bf16 GEMMs most of
 the rest; 137 ms of float32 (TF32) GEMMs in 16 calls: the chunked loss's backward, whose float32 logit gradient
-meets the head in float32 (torch's autocast casts it to bf16 first): a candidate, not yet measured.
+meets the head in float32 (torch's autocast casts it to bf16 first): a candidate, not yet measured. The attention
+kernels ran at ~150 TFLOP/s of causal work (2.75e11 FLOPs a forward call in 1.8 ms): vt hands cuDNN the causal &
+same-segment rule as a dense mask, which jax turns into an additive bias (not differentiated: a boolean mask), so
+cuDNN computes every block above the diagonal too (is_causal is not set). The attention check times the
+alternatives.
 """
 from __future__ import annotations
 
@@ -241,6 +247,60 @@ def check_sampler(args, mesh, kernel: str = "auto") -> Row:
                        bytes_per_step=weight_bytes + kv_bytes, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
                        decode_steps=s.decode_steps, tokens=s.tokens, seconds=s.seconds, compile_s=compile_s,
                        **row.numbers)
+    return row
+
+
+def check_attention(args, mesh) -> Row:
+    """cuDNN flash attention at the SFT check's micro-batch shape (coder-3b heads, bf16), forward + backward, in the
+    forms `jax.nn.dot_product_attention` can take: vt's today (vt.model.attention: the causal & same-segment rule
+    as a dense boolean mask, which cuDNN applies as an additive bias over every block), the same mask plus
+    is_causal=True (whether cuDNN then skips the blocks above the diagonal), and is_causal alone (no mask: rows
+    of one segment). Rows here are one segment each, so all three compute the same attention: their outputs
+    must agree. Off NVIDIA GPUs the same calls run JAX's XLA form (`--tiny` rehearses the script only)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from vt.model.attention import resolve
+    cfg = model_cfg(args)
+    B, T, N, K, H = args.batch // args.accum, args.seq, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    row = Row("attention", f"{B}x{T}, {N} heads / {K} KV heads x {H}, bf16, forward + backward")
+    impl = "cudnn" if resolve("jax", jnp.bfloat16) == "cudnn" else None
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.standard_normal((B, T, n, H)), jnp.bfloat16) for n in (N, K, K))
+    seg = jnp.ones((B, T), jnp.int32)
+    mask = (jnp.tril(jnp.ones((T, T), bool))[None] & (seg[:, :, None] == seg[:, None, :]))[:, None]
+
+    def make(with_mask, causal):
+        def loss(q, k, v):
+            out = jax.nn.dot_product_attention(q, k, v, mask=mask if with_mask else None, is_causal=causal,
+                                               scale=H ** -0.5, implementation=impl)
+            return jnp.sum(out.astype(jnp.float32) ** 2), out
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+    forms = {"mask": (True, False), "mask+causal": (True, True), "causal": (False, True)}
+    times, outs = {}, {}
+    for name, (with_mask, causal) in forms.items():
+        try:
+            f = make(with_mask, causal)
+            (_, outs[name]), _ = _block(f(q, k, v))
+            ts = []
+            for _ in range(max(args.steps, 3)):
+                t0 = time.perf_counter()
+                _block(f(q, k, v))
+                ts.append(time.perf_counter() - t0)
+            times[name] = sorted(ts)[len(ts) // 2]
+        except Exception as e:  # a form cuDNN refuses is a finding, not a failed runbook
+            times[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    ok = {n: t for n, t in times.items() if isinstance(t, float)}
+    if "mask" not in ok:
+        raise RuntimeError(f"today's form failed: {times['mask']}")
+    diff = {n: float(jnp.max(jnp.abs(outs[n].astype(jnp.float32) - outs["mask"].astype(jnp.float32))))
+            for n in ok if n != "mask"}
+    row.seconds = ok["mask"]
+    row.throughput = ", ".join(f"{n} {1e3 * t:.2f} ms" if isinstance(t, float) else f"{n} FAILED"
+                               for n, t in times.items())
+    row.efficiency = ", ".join(f"{n} {ok['mask'] / t:.2f}x" for n, t in ok.items() if n != "mask") + " vs mask"
+    row.numbers = dict(seconds=times, max_abs_diff_vs_mask=diff, implementation=impl or "xla")
     return row
 
 
@@ -491,7 +551,7 @@ def parse(argv=None):
     ap.add_argument("--rl-seq", type=int, default=2048)
     ap.add_argument("--peak-flops", type=float, default=H200_PEAK_FLOPS)
     ap.add_argument("--hbm-bw", type=float, default=H200_HBM_BW)
-    ap.add_argument("--only", default="sft,sampler,rl,torch-sft,torch-generate",
+    ap.add_argument("--only", default="sft,sampler,attention,rl,torch-sft,torch-generate",
                     help="comma-separated subset of checks")
     ap.add_argument("--profile", type=int, default=0, metavar="K",
                     help="after timing, run one more step of each check under jax.profiler and print its K "
@@ -568,6 +628,7 @@ def main(argv=None) -> int:
     samplers = [r for r in rows if r.check.startswith("sampler") and not r.error]
     for r in samplers[1:]:
         r.efficiency += f"; step time {r.seconds / samplers[0].seconds:.2f}x {samplers[0].check}'s"
+    run("attention", check_attention, args, mesh)
     run("sft", check_sft, args, mesh, shared)
     if "rl" in wanted:
         if "sft" in shared:

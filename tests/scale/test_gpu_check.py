@@ -26,8 +26,8 @@ def test_tiny_run_on_cpu(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     table = proc.stdout[proc.stdout.rindex("check "):]  # the last table: the variant child's own comes first
-    assert [line.split()[0] for line in table.splitlines()[2:9]] == [
-        "sampler", "sampler:pallas", "sft", "rl", "torch-sft", "torch-generate", "sampler[+flags]"]
+    assert [line.split()[0] for line in table.splitlines()[2:10]] == [
+        "sampler", "sampler:pallas", "attention", "sft", "rl", "torch-sft", "torch-generate", "sampler[+flags]"]
     assert "FAILED" not in table and "MFU" in table and "HBM" in table and table.count("vt / torch") == 2
     assert table.count("x sampler's") == 2  # the other kernel and the flags variant, against the first sampler
     assert proc.stdout.count("device operations of one profiled step") >= 4  # sampler x 2, sft, rl (+ the variant)
@@ -41,3 +41,5 @@ def test_tiny_run_on_cpu(tmp_path):
     assert 0 < rows["sampler"]["numbers"]["hbm_fraction"] and rows["rl"]["numbers"]["step_s"] > 0
     assert all(rows[c]["numbers"]["profile"] for c in ("sampler", "sampler:pallas", "sft", "rl"))
     assert rows["sampler[+flags]"]["numbers"]["tokens"] == rows["sampler"]["numbers"]["tokens"]
+    # the three attention forms (JAX's XLA form on CPU) compute the same attention on one-segment rows
+    assert rows["attention"]["numbers"]["max_abs_diff_vs_mask"] == {"mask+causal": 0.0, "causal": 0.0}
