@@ -149,7 +149,8 @@ def check_prompt(ids, vocab_size: int, max_context: int, where: str) -> np.ndarr
 
 
 class _Programs:
-    """The jitted device functions of one (model structure, batch size, mesh, sampling rule, steps per call)."""
+    """The jitted device functions of one (model structure, batch size, mesh, sampling rule, steps per call,
+    decode kernel)."""
 
     def __init__(self, graphdef, mc, B: int, mesh: Mesh | None, params: SamplingParams, stop_ids: tuple[int, ...],
                  steps_per_call: int, decode_kernel: str):
