@@ -57,7 +57,8 @@ print(json.dumps({
     "signals": [repr(signal.getsignal(s)) for s in range(1, signal.NSIG) if s not in (9, 19, 32, 33)],
     "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     "umask": os.umask(0o22), "cwd": os.getcwd(),
-    "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())],
+    "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())
+               and open("/proc/%s/comm" % p).read() != "vt-tester\\n"],  # the server's, a pool process too
     "sysv": [open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")],
     "lock": locked,
     "limits": [resource.getrlimit(getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")],
@@ -323,8 +324,9 @@ def test_tests_of_one_sample_do_not_see_each_other(reward):
     assert r.score == 1.0 and r.details["tests_passed"] == 4, r
 
 
-@pytest.mark.parametrize("record", [HONEST[0], {"tests": [{"fn_name": "add", "args": [3, 4], "expected": 7}]}],
-                         ids=["stdin", "call"])
+@pytest.mark.parametrize("record", [HONEST[0], {"tests": [{"fn_name": "add", "args": [3, 4], "expected": 7}]},
+                                    {"tests": [{"program": "assert add(3, 4) == 7\n"}]}],
+                         ids=["stdin", "call", "program"])
 def test_a_run_that_rebinds_exit_still_ends_in_its_own_process(reward, record):
     """The run's child is a fork of the server: whatever it rebinds (os._exit, sys.exit, atexit), it ends
     without ever returning into the server's loop."""
@@ -416,25 +418,30 @@ def test_signals_to_the_server_are_ignored(reward):
 # Every way a process has into its parent's memory and fds (same uid): what it got, or "blocked".
 PROBE_PARENT = """
 import ctypes, os
-def probe():
+def probe(everyone=False):
+    # The parent, or (everyone) every process of the namespace but its init and this one.
     libc = ctypes.CDLL(None, use_errno=True)
-    ppid, got = os.getppid(), []
-    for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE
-        if libc.ptrace(request, ppid, None, None) == 0:
-            got.append("ptrace %d" % request)
-    for what in ["mem", "environ", "maps"] + ["fd/%d" % fd for fd in range(12)]:
-        try:
-            with open("/proc/%d/%s" % (ppid, what), "rb") as f:
-                f.read(1)
-            got.append(what)
-        except OSError:
-            pass
-    class IoVec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-    buf = ctypes.create_string_buffer(64)
-    local, remote = IoVec(ctypes.addressof(buf), 64), IoVec(0x400000, 64)
-    if libc.process_vm_readv(ppid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:
-        got.append("process_vm_readv")
+    got = []
+    targets = [os.getppid()]
+    if everyone:
+        targets = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+    for pid in targets:
+        for request in (16, 0x4206):  # PTRACE_ATTACH, PTRACE_SEIZE
+            if libc.ptrace(request, pid, None, None) == 0:
+                got.append("ptrace %d of %d" % (request, pid))
+        for what in ["mem", "environ", "maps"] + ["fd/%d" % fd for fd in range(12)]:
+            try:
+                with open("/proc/%d/%s" % (pid, what), "rb") as f:
+                    f.read(1)
+                got.append("%s of %d" % (what, pid))
+            except OSError:
+                pass
+        class IoVec(ctypes.Structure):
+            _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+        buf = ctypes.create_string_buffer(64)
+        local, remote = IoVec(ctypes.addressof(buf), 64), IoVec(0x400000, 64)
+        if libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:
+            got.append("process_vm_readv of %d" % pid)
     return ",".join(got) or "blocked"
 """
 
@@ -448,12 +455,94 @@ def test_the_server_cannot_be_traced_or_read(reward):
 
 @pytest.mark.parametrize("pool", [True, False], ids=["warm", "cold"])
 def test_a_program_tests_process_cannot_be_traced_or_read_by_the_solution(pool):
-    """Program mode: the solution's process is the test process's child (same uid); the test process, which
-    holds the nonce and writes the verdict, is not dumpable, warm or cold. (A ptrace that worked would stop
-    it: the test then reads as a timeout.)"""
+    """Program mode: the test process, which holds the nonce and writes the verdict (cold: the solution's
+    parent; warm: the server's tester, beside the server), is not dumpable, nor is any other process the
+    solution's can see in its namespace. (A ptrace that worked would stop it: the test then reads as a
+    timeout.)"""
     with CodeReward(workers=1, pool=pool, test_time_limit_s=TEST_LIMIT_S) as r:
-        got = r([{"tests": [{"program": "assert probe() == 'blocked', probe()\n"}]}], [block(PROBE_PARENT)])[0]
+        test = "assert probe(everyone=True) == 'blocked', probe(everyone=True)\n"
+        got = r([{"tests": [{"program": test}]}], [block(PROBE_PARENT + SEES_TESTER)])[0]
+        assert got.score == 1.0, got
+        # The probe did reach the tester (warm) or the test process (cold): it is there to be probed.
+        got = r([{"tests": [{"program": f"assert sees_tester() == {pool}\n"}]}], [block(SEES_TESTER)])[0]
     assert got.score == 1.0, got
+
+
+# ---- attacks on the tester (warm program tests) --------------------------------------------------
+
+# The tester runs the test program of every program run of its worker; the solution's process has its uid.
+SEES_TESTER = """
+import os
+def tester():
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open("/proc/%s/comm" % p) as f:
+                    if f.read() == "vt-tester\\n":
+                        return int(p)
+            except OSError:
+                pass
+    return None
+def sees_tester():
+    return tester() is not None
+"""
+TESTER_STATE = SEES_TESTER + """
+import resource
+def pristine():
+    # As the server (its parent, which it was forked from): priority, policy, CPU affinity, rlimits, running.
+    pid, server = tester(), os.getppid()
+    def state(p):
+        limits = [resource.prlimit(p, getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")]
+        return [os.getpriority(os.PRIO_PROCESS, p), os.sched_getscheduler(p), sorted(os.sched_getaffinity(p)), limits]
+    with open("/proc/%d/stat" % pid) as f:
+        running = f.read().rsplit(")", 1)[1].split()[0] in "RS"
+    return running and state(pid) == state(server)
+def add(a, b):
+    return a + b
+"""
+TESTER_ATTACKS = {
+    "kill": "os.kill(tester(), 9)",
+    "stop": "os.kill(tester(), 19)",
+    "priority": "os.setpriority(os.PRIO_PROCESS, tester(), 19)",
+    "scheduler": "os.sched_setscheduler(tester(), os.SCHED_IDLE, os.sched_param(0))",
+    "rlimits": "[resource.prlimit(tester(), getattr(resource, n), (v, v)) for n, v in "
+               "(('RLIMIT_NOFILE', 8), ('RLIMIT_STACK', 1 << 16), ('RLIMIT_AS', 1 << 24))]",
+    "affinity": "os.sched_setaffinity(tester(), (set(range(os.cpu_count())) - os.sched_getaffinity(tester())) "
+                "or os.sched_getaffinity(0)) if os.cpu_count() > 1 else os.setpriority(os.PRIO_PROCESS, tester(), 19)",
+    # A daemon that outlives the run and goes for the tester of the next one: it dies with its run.
+    "daemon": "os.fork() == 0 and (os.setsid(), __import__('time').sleep(0.3), os.kill(tester() or 1, 19))",
+}
+PROGRAM = {"tests": [{"program": "assert pristine()\nassert add(3, 4) == 7\n"}]}
+
+
+@pytest.mark.parametrize("attack", sorted(TESTER_ATTACKS))
+def test_a_run_that_attacks_the_tester_never_passes_by_it_and_the_next_run_gets_a_pristine_one(reward, attack):
+    """The solution's process can find the tester (same uid, same namespace) and kill, stop, renice, starve or
+    limit it. A run that does so never gets a pass it did not earn (here its test also asserts the tester was
+    pristine, so a pass means the attack did nothing: the tester is not dumpable, so there is nothing else
+    to gain); the next program run's tester is pristine again, the server is not replaced and nothing of the
+    run is left."""
+    assert reward([PROGRAM], [block(TESTER_STATE)])[0].score == 1.0  # a tester exists, pristine
+    replaced = reward.pool.replaced
+    src = TESTER_STATE + "\nimport os, resource\n" + TESTER_ATTACKS[attack] + "\n"
+    r = reward([PROGRAM], [block(src)])[0]
+    if attack == "daemon":  # it acts once the run is over (if it lives that long): the run itself is honest
+        assert r.failure != "verifier_error", r
+    else:
+        assert r.score == 0.0 and r.failure in ("runtime_error", "timeout", "wrong"), r
+    again = reward([PROGRAM], [block(TESTER_STATE)])[0]
+    assert again.score == 1.0, again
+    assert reward.pool.replaced == replaced
+    assert_next_run_clean(reward)
+
+
+def test_the_tester_serves_run_after_run(reward):
+    """Honest program runs keep one tester (and one server): no run pays for a fresh one."""
+    assert reward([PROGRAM], [block(TESTER_STATE)])[0].score == 1.0
+    pids = reward.pool.pids()
+    res = reward([PROGRAM] * 6, [block(TESTER_STATE)] * 6)
+    assert [x.score for x in res] == [1.0] * 6
+    assert reward.pool.pids() == pids
 
 
 def test_a_run_that_fills_its_memory_fails_and_the_next_run_has_all_of_it():

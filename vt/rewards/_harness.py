@@ -249,21 +249,30 @@ def run_program():
     os.close(call_r)
     os.close(reply_w)
     request = json.loads(sys.stdin.read())  # only now: the child never held the nonce
-    marker = "\n" + request["nonce"]
     out_fd = os.dup(1)
-    try:
-        verdict = run_tests(request, call_w, reply_r)
-    except BaseException as e:  # noqa: BLE001 - a harness bug must read as an error, not a pass
-        verdict = {"error": "runtime_error", "message": "harness: %s: %s" % (type(e).__name__, str(e)[:200])}
+    verdict = judge(request, call_w, reply_r)
     try:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     except OSError:
         pass
-    data = (marker + json.dumps(verdict) + "\n").encode()
-    while data:
-        data = data[os.write(out_fd, data):]
+    write_verdict(out_fd, request["nonce"], verdict)
     os._exit(0)
+
+
+def judge(request, call_w, reply_r):
+    """run_tests' verdict on the solution served at the other end of call_w / reply_r."""
+    try:
+        return run_tests(request, call_w, reply_r)
+    except BaseException as e:  # noqa: BLE001 - a harness bug must read as an error, not a pass
+        return {"error": "runtime_error", "message": "harness: %s: %s" % (type(e).__name__, str(e)[:200])}
+
+
+def write_verdict(fd, nonce, verdict):
+    """The verdict line the host looks for: a newline, the run's nonce, the verdict as JSON."""
+    data = ("\n" + nonce + json.dumps(verdict) + "\n").encode()
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def serve_solution(call_r, reply_w):

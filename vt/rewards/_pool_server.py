@@ -36,11 +36,13 @@ import ctypes
 import gc
 import importlib.util
 import io
+import json
 import mmap
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 
@@ -50,7 +52,9 @@ MAX_REQUEST = 1 << 30
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 4, 36, 0
+PR_SET_NAME, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 15, 4, 36, 0
+TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's)
+TESTER_GROWTH = 64 << 20  # resident bytes a tester may gain over its start before it is replaced
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
 # what solutions import all the time (HumanEval's prompts import typing): every page of the server is
 # copied into each run's page tables at fork, which costs more than a rare import in the child. Never a
@@ -178,6 +182,7 @@ class Server:
         # What else a run (same uid) can change in this process from outside, no ptrace needed, that every
         # later run would inherit: see scheduling().
         self.scheduling = scheduling()
+        self.tester = None  # program tests' Tester, started by the first program run (and after a loss)
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
             st = os.stat(d)
@@ -196,7 +201,8 @@ class Server:
             stdin_fd = copy_stdin(self.requests, request["stdin"])
             out, err = Output(int(request["output_bytes"])), Output(STDERR_KEEP, keep_tail=True)
             try:
-                reply = self.run(request, stdin_fd, out, err)
+                run = self.run_program if request["mode"] == "program" else self.run
+                reply = run(request, stdin_fd, out, err)
                 reply["clean"] = self.clear()
                 reply["stdout"], reply["stderr"] = len(out.data()), len(err.data())
                 send(self.harness, self.replies, reply, out.data(), err.data())
@@ -205,24 +211,70 @@ class Server:
                 err.close()
 
     def run(self, request, stdin_fd, out, err):
+        """A stdin or call run: one forked child, the harness on the run's stdio; the run is done when that
+        child has exited and its stdout and stderr are closed."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            self.child(stdin_fd, out_w, err_w, request)  # never returns
+            self.child(stdin_fd, out_w, err_w, request, self.harness.main)  # never returns
         for fd in (stdin_fd, out_w, err_w):
             os.close(fd)
+        return self.supervise(pid, start, request, out, err, out_r, err_r)
+
+    def run_program(self, request, stdin_fd, out, err):
+        """A program test: the solution in one forked child (the harness's serve_solution, on pipes to the
+        tester), the test program in the tester (Tester), which reads the request and writes the verdict on
+        the run's stdout. Only the child sees candidate code; the child never holds the request (its nonce
+        and test code: the memfd goes to the tester), the run's stdout or the tester's memory (the tester is
+        not dumpable). One fork a run, where the harness alone (cold path) forks twice."""
+        tester = self.tester_ready()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        call_r, call_w = os.pipe()  # tester -> solution: calls
+        reply_r, reply_w = os.pipe()  # solution -> tester: ready, replies
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
+                       lambda: self.serve_solution(request, call_r, reply_w), keep=(call_r, reply_w))
+        for fd in (err_w, call_r, reply_w):
+            os.close(fd)
+        try:
+            socket.send_fds(tester.sock, [b"run"], [stdin_fd, out_w, call_w, reply_r])
+        except OSError:  # it died between runs (no doing of this run's, which has not started): a fresh one
+            self.retire_tester()
+            tester = self.tester_ready()
+            socket.send_fds(tester.sock, [b"run"], [stdin_fd, out_w, call_w, reply_r])
+        for fd in (stdin_fd, out_w, call_w, reply_r):
+            os.close(fd)
+        return self.supervise(pid, start, request, out, err, out_r, err_r, tester)
+
+    def serve_solution(self, request, call_r, reply_w):
+        """The solution's process of a program test (in the forked child): the run's limits, then the
+        harness's serve_solution; never returns."""
+        self.harness.set_limits(json.loads(request["limits"]))
+        self.harness.serve_solution(call_r, reply_w)
+
+    def supervise(self, pid, start, request, out, err, out_r, err_r, tester=None):
+        """Read the run's stdout and stderr until both are closed and its main part is done (the child has
+        exited; with ``tester``, the tester has written the verdict), or until its wall clock or stdout cap."""
         deadline = start + float(request["wall_s"])
-        status, wait_status = "exited", None
+        status, wait_status, verdict = "exited", None, None
         pidfd = open_pidfd(pid)
+        tester_fd = tester.sock.fileno() if tester is not None else None
         poller = select.poll()
-        for fd in (out_r, err_r, pidfd):
+        for fd in (out_r, err_r, pidfd, tester_fd):
             if fd is not None:
                 poller.register(fd, select.POLLIN)
         open_fds = {out_r, err_r}
+
+        def main_done():
+            return verdict is not None if tester is not None else wait_status is not None
+
         try:
-            while open_fds or wait_status is None:
+            while open_fds or not main_done():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     status = "timeout"
@@ -238,10 +290,19 @@ class Server:
                         # The run's main process is done: the rest of it dies now, as a fresh sandbox's
                         # namespace does when its init's only child exits. Their output so far stays
                         # in the pipes and is read to the end below.
-                        if open_fds:
+                        if open_fds and tester is None:
                             self.kill_all()
+                if tester is not None and verdict is None and any(fd == tester_fd for fd, _ in ready):
+                    poller.unregister(tester_fd)
+                    verdict = tester.finished()
+                    # The verdict is written: the solution's process (which the tester's closed pipe ends
+                    # anyway) and whatever it started die now.
+                    if wait_status is None:
+                        os.kill(pid, signal.SIGKILL)
+                        wait_status = os.waitpid(pid, 0)[1]
+                    self.kill_all()
                 for fd, _ in ready:
-                    if fd == pidfd:
+                    if fd in (pidfd, tester_fd):
                         continue
                     elif (out if fd == out_r else err).read_from(fd) == 0:
                         poller.unregister(fd)
@@ -262,20 +323,26 @@ class Server:
                 wait_status = os.waitpid(pid, 0)[1]
             except (ProcessLookupError, ChildProcessError):
                 pass
-        returncode = None
-        if wait_status is not None:
-            code = os.waitstatus_to_exitcode(wait_status)
-            returncode = 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
+        if tester is not None:
+            if not verdict:  # no verdict (cut off, or the tester died): it may be mid-run, so it goes
+                self.retire_tester()
+            returncode = 0 if verdict else 1
+        else:
+            returncode = None
+            if wait_status is not None:
+                code = os.waitstatus_to_exitcode(wait_status)
+                returncode = 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
         return {"status": status, "returncode": returncode, "wall_s": wall}
 
-    def child(self, stdin_fd, out_w, err_w, request):
-        """Become a fresh ``python3 -I /code/_harness.py LIMITS MODE`` on this run's stdio; never returns."""
+    def child(self, stdin_fd, out_w, err_w, request, body, keep=()):
+        """Become a fresh ``python3 -I /code/_harness.py LIMITS MODE`` on this run's stdio (and the fds in
+        ``keep``) and run ``body``; never returns."""
         try:
             os.setsid()  # its own session and process group: kill(0, ...) from the run cannot reach us
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])  # our protocol pipes included
+            close_all_but((0, 1, 2) + tuple(keep))  # our protocol pipes included
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as any fresh process: /proc/self readable by itself
             try:  # memory pressure kills the run's processes first, never the server
@@ -297,7 +364,7 @@ class Server:
             _exit(125)
         code = 0
         try:
-            self.harness.main()  # call and program modes end in os._exit themselves
+            body()  # the harness's modes end in os._exit themselves
         except SystemExit as e:
             code = exit_code(e.code)
         except BaseException:  # noqa: BLE001 - as the interpreter does: traceback on stderr, status 1
@@ -307,6 +374,19 @@ class Server:
                 code = 1
         _exit(finalize(code))
 
+    # ---- the tester ------------------------------------------------------------------------------
+
+    def tester_ready(self):
+        """The tester, started first if there is none (the first program run, or after one was lost)."""
+        if self.tester is None:
+            self.tester = Tester.start(self)
+        return self.tester
+
+    def retire_tester(self):
+        if self.tester is not None:
+            self.tester.kill()
+            self.tester = None
+
     # ---- between runs ----------------------------------------------------------------------------
 
     def kill_all(self, timeout_s=5.0):
@@ -314,7 +394,15 @@ class Server:
 
         kill(-1) signals every process we may signal in our PID namespace except init and ourselves, in
         one pass under the kernel's task-list lock, so a fork bomb cannot outrun it: a process forking
-        at that moment is killed before its child exists. Orphans are re-parented to us (subreaper)."""
+        at that moment is killed before its child exists. Orphans are re-parented to us (subreaper).
+        With a tester alive, a run that left no process at all (the common case) leaves it be; any other
+        process of the run left means kill(-1), and the tester goes with it (a fresh one starts with the
+        next program run)."""
+        if self.tester is not None:
+            self.reap()
+            if self.tester is not None and not self.others():
+                return True
+            self.retire_tester()
         end = time.monotonic() + timeout_s
         while True:
             try:
@@ -330,8 +418,7 @@ class Server:
                 return False
             time.sleep(0.001)
 
-    @staticmethod
-    def reap():
+    def reap(self):
         while True:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -339,13 +426,21 @@ class Server:
                 return
             if pid == 0:
                 return
+            if self.tester is not None and pid == self.tester.pid:  # it died (a run killed it)
+                self.tester.sock.close()
+                self.tester = None
 
     def others(self):
-        return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, self.me)]
+        """Every process of the namespace but its init, us and our tester (zombies included)."""
+        spared = (1, self.me, self.tester.pid if self.tester is not None else 1)
+        return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
 
     def clear(self):
-        """After a run: no process, IPC object or scratch file of it is left. False if that failed."""
+        """After a run: no process, IPC object or scratch file of it is left. False if that failed. A
+        tester the run disturbed (see Tester.intact) is replaced, not reported: it is not the server."""
         ok = self.kill_all()
+        if self.tester is not None and not self.tester.intact(self.affinity):
+            self.retire_tester()
         ok = remove_sysv_ipc() and ok
         try:
             os.sched_setaffinity(0, self.affinity)
@@ -357,17 +452,114 @@ class Server:
         return ok
 
 
+class Tester:
+    """The process that runs program tests (HumanEval's ``check``, MBPP's asserts) against a run's solution
+    in the warm pool: forked from the server, before any run, once, and serving run after run, so that a
+    program test costs one fork (the solution's), not two. It never runs candidate code: it gets each run's
+    request (a memfd: nonce, setup and test code), the run's stdout, and the call pipes to the solution's
+    process over a socket (SCM_RIGHTS), runs the harness's run_tests with stand-ins that call the solution
+    by value (as the cold path's test process does), writes the verdict line and says so.
+
+    The run's processes have its uid, so the kernel lets them signal it, change its priority, scheduling
+    policy, CPU affinity and rlimits, but not trace it or read its memory or fds (it is not dumpable, as
+    the server). So no run can make it report a pass for another: a kill or a stop costs the run its
+    verdict (it fails); the server replaces a tester that gave no verdict, that a run's leftover processes
+    forced kill(-1) on, or whose priority, policy, affinity or limits a run changed, or that grew (intact).
+    What tests do to their own process (imports, module state) stays in it from run to run, as it would in
+    any harness that runs several tests in one interpreter: test code is the dataset's, not the policy's."""
+
+    def __init__(self, pid, sock, state, rss):
+        self.pid, self.sock, self.state, self.rss = pid, sock, state, rss
+
+    @classmethod
+    def start(cls, server):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ours.close()
+                os.close(server.requests)
+                os.close(server.replies)
+                os.dup2(0, 2)  # /dev/null: what tests print is nobody's output
+                _libc.prctl(PR_SET_NAME, TESTER_NAME, 0, 0, 0)
+                tester_loop(theirs, server.harness)
+            finally:
+                _exit(1)
+        theirs.close()
+        return cls(pid, ours, scheduling(pid), resident_bytes(pid))
+
+    def finished(self):
+        """True once the tester has written this run's verdict; False if it died instead."""
+        try:
+            return self.sock.recv(16) == b"done"
+        except OSError:
+            return False
+
+    def intact(self, affinity):
+        """Between runs: running (a stopped tester is continued), as it started, and not grown."""
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+            return (scheduling(self.pid) == self.state and os.sched_getaffinity(self.pid) == affinity
+                    and resident_bytes(self.pid) <= self.rss + TESTER_GROWTH)
+        except OSError:
+            return False
+
+    def kill(self):
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def tester_loop(sock, harness):
+    """The tester's life: one program test per message, until the server closes the socket."""
+    while True:
+        msg, fds, _, _ = socket.recv_fds(sock, 16, 4)
+        if not msg:
+            _exit(0)
+        stdin_fd, out_w, call_w, reply_r = fds
+        try:
+            with open(stdin_fd, "rb", closefd=True) as f:
+                request = json.loads(f.read())
+            verdict = harness.judge(request, call_w, reply_r)
+        finally:
+            os.close(call_w)  # the solution's process reads the end of the calls: it exits
+            os.close(reply_r)
+        try:
+            harness.write_verdict(out_w, request["nonce"], verdict)
+        except OSError:
+            pass  # the server stopped reading (the run was cut off): it replaces us
+        os.close(out_w)
+        sock.send(b"done")
+
+
+def close_all_but(keep):
+    """Close every fd but those in ``keep`` (one close_range call for each gap, not one close per fd)."""
+    low = 0
+    for fd in sorted(set(keep)) + [resource.getrlimit(resource.RLIMIT_NOFILE)[0]]:
+        if low < fd:  # never an empty range: closerange(n, n) would close from n up (close_range(n, n - 1))
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def resident_bytes(pid):
+    with open("/proc/%d/statm" % pid, "rb") as f:
+        return int(f.read().split()[1]) * mmap.PAGESIZE
+
+
 RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if name.startswith("RLIMIT_"))
 
 
-def scheduling():
-    """This process's nice value, scheduling policy and rlimits. A run has our uid, so the kernel lets it
+def scheduling(pid=0):
+    """This process's (or ``pid``'s) nice value, scheduling policy and rlimits. A run has our uid, so the kernel lets it
     change each of them here (setpriority, sched_setscheduler, prlimit: not dumpable does not stop them),
     and every later run would inherit the change (nice 19, SCHED_IDLE, a small stack or file limit: slower
     or failing runs for other samples). An unprivileged process cannot lower its nice value or raise a
     hard limit again, so a change is not undone here: the server reports itself unclean and is replaced."""
-    limits = tuple(resource.getrlimit(r) for r in RLIMITS)
-    return os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), limits
+    limits = tuple(resource.prlimit(pid, r) for r in RLIMITS)
+    return os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid), limits
 
 
 def open_pidfd(pid):

@@ -451,17 +451,22 @@ class SandboxPool:
         return sum(w.lost for w in self.workers)
 
     def pids(self) -> set[int]:
-        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, server): everything of
-        the sandbox uids that may exist between runs."""
+        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, server, the server's
+        program-test tester): everything of the sandbox uids that may exist between runs."""
+        def children(pid):
+            with contextlib.suppress(OSError):
+                return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            return []
+
         found = set()
         for w in self.workers:
             if w.proc is not None and w.proc.poll() is None:
                 found.add(w.proc.pid)
                 if w.ns_init is not None:
                     found.add(w.ns_init)
-                    with contextlib.suppress(OSError):
-                        children = Path(f"/proc/{w.ns_init}/task/{w.ns_init}/children").read_text().split()
-                        found.update(int(c) for c in children)
+                    for server in children(w.ns_init):
+                        found.add(server)
+                        found.update(children(server))  # between runs: the tester, if there is one
         return found
 
     def close(self) -> None:
