@@ -88,6 +88,15 @@ pool 254.4 problems/s vs the official harness 80.0 (3.18x), warm 3.67x, pool / c
 9.37x; stdin/stdout pool / cold 10.66x, pool / bare subprocess 2.61x. d3167bd (before) and main alternated twice,
 --humaneval only, --repeat 3: vt / harness 2.80x, 2.95x before, 3.12x, 2.82x after (vt 268.5, 251.0 vs 263.3, 259.9
 problems/s; the harness 84.5-95.8); warm 3.27x, 3.29x vs 3.28x, 3.47x: the hardening costs nothing measurable here.
+Then one process fewer per program test (59b5fdc): the test program runs in the worker's tester, forked once beside
+the server (_pool_server.Tester), and each run forks only the solution's process. Why: a one-process run ("call"
+records, f(a, b) == a + b) went 1.7x faster than the same check as a program test (two processes: 257 vs 147 runs/s
+at one worker, 553 vs 329 at two). After: 297 vs 263 at one worker, 606 vs 510 at two. 82e1c25 (before) and 59b5fdc
+alternated twice (2026-12-04, --humaneval only, --repeat 3): vt pool 219.1, 240.6 -> 307.3, 289.3 problems/s; vt /
+harness 3.20x, 3.26x -> 3.79x, 4.00x (the harness 68.4-81.0, slower than on earlier days); warm 3.30x, 3.70x -> 4.46x,
+4.22x. A full run after (--repeat 3): math 1.73x math-verify in-process; HumanEval vt pool 263.6 vs the harness 69.4
+(3.80x), warm 4.48x, pool / cold 7.53x; MBPP-shaped pool / cold 12.69x (9.37x before: four program tests a problem);
+stdin/stdout pool / cold 12.13x, pool / bare subprocess 2.92x.
 """
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def find_function(scope, name):
 # ---- program mode --------------------------------------------------------------------------------
 # The solution and the test program never share a process. The harness forks: the child runs the
 # solution (and only it) and serves calls to its top-level names over a pipe; the parent runs the test
-# code with stand-ins that forward each call and decode the reply into plain values. So nothing the
+# code (judge; in the warm pool the server's tester does, _pool_server.Tester) with stand-ins that forward each call and decode the reply into plain values. So nothing the
 # solution does (exiting early, patching builtins or modules, returning an object whose __eq__ is always
 # true, printing "PASSED", writing to stdout) reaches the test code: the tests see only values of plain
 # types (decoded by the parent, which never runs solution code), and the verdict is written by the
@@ -395,8 +395,8 @@ def standard_module(name):
     asserts use e.g. ``math.isclose`` from the solution's ``import math``). Only the standard library:
     a name from the untrusted side must never make this process import the solution's own file."""
     stdlib = getattr(sys, "stdlib_module_names", ())
-    if type(name) is not str or name.split(".")[0] not in stdlib:
-        return None
+    if type(name) is not str or name.split(".")[0] not in stdlib or name.rsplit(".", 1)[-1] == "__main__":
+        return None  # a package's __main__ runs its command line when imported (venv.__main__ makes a venv)
     try:
         return importlib.import_module(name)
     except ImportError:
