@@ -101,16 +101,17 @@ def find_function(scope, name):
     raise NameError("no function %r at top level or in class Solution" % name)
 
 # ---- program mode --------------------------------------------------------------------------------
-# The solution and the test program never share a process. The harness forks: the child runs the
-# solution (and only it) and serves calls to its top-level names over a pipe; the parent runs the test
-# code (judge; in the warm pool the server's tester does, _pool_server.Tester) with stand-ins that forward each call and decode the reply into plain values. So nothing the
-# solution does (exiting early, patching builtins or modules, returning an object whose __eq__ is always
-# true, printing "PASSED", writing to stdout) reaches the test code: the tests see only values of plain
-# types (decoded by the parent, which never runs solution code), and the verdict is written by the
-# parent on a stdout the child no longer holds, after a per-run nonce the child never sees (the parent
-# reads its stdin only after the fork, and is not dumpable, so the child cannot read its memory or fds).
-# Limits: arguments and results cross the pipe by value (plain types only; an argument the solution
-# mutates is not seen mutated by the test, and a function cannot be passed as an argument).
+# The solution and the test program never share a process. The harness forks: the child runs the solution
+# (and only it) and serves calls to its top-level names over a pipe; the parent runs the test code (judge;
+# in the warm pool the server's tester does, _pool_server.Tester) with stand-ins that forward each call
+# and decode the reply into plain values. So nothing the solution does (exiting early, patching builtins
+# or modules, returning an object whose __eq__ is always true, printing "PASSED", writing to stdout)
+# reaches the test code: the tests see only values of plain types (decoded by the parent, which never runs
+# solution code), and the verdict is written by the parent on a stdout the child no longer holds, after a
+# per-run nonce the child never sees (the parent reads its stdin only after the fork, and is not dumpable,
+# so the child cannot read its memory or fds). Limits: arguments and results cross the pipe by value
+# (plain types only; an argument the solution mutates is not seen mutated by the test, and a function
+# cannot be passed as an argument).
 
 MAX_MESSAGE = 64 << 20  # one encoded call or reply
 MAX_DEPTH = 200

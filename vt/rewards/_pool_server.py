@@ -3,19 +3,19 @@ SandboxPool). Python stdlib only; it never imports vt and never runs candidate c
 
 Usage (by sandbox.py): python3 -I /code/_pool_server.py     (next to /code/_harness.py and solution.py)
 
-It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time:
-each run is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE``
-would be in a fresh sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only
-that child ever sees the solution. A program test's child is the solution's process of the harness's
-program mode; its test program runs in the Tester, a process forked once beside the server that serves
-program test after program test (one fork a run where the cold harness makes two; see Tester). When the run ends (exit, wall clock, output cap), the server kills
-every process in the PID namespace but the namespace's init and itself, until none is left (setsid
-daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
-and restores their mode, times and extended attributes, moves itself back to its CPU, checks that its
-nice value, scheduling policy and rlimits are as they were (else it reports itself unclean and the host
-replaces it), and only then replies. So nothing a run leaves (files, processes, locks, IPC objects, the
-server's CPU affinity, priority and limits; modules, globals, environment, signal handlers: those live in
-the child's own copy of the interpreter) reaches the next run.
+It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time: each run
+is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE`` would be in a fresh
+sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only that child ever sees the
+solution. A program test's child is the solution's process of the harness's program mode; its test program
+runs in the Tester, a process forked once beside the server that serves program test after program test (one
+fork a run where the cold harness makes two; see Tester). When the run ends (exit, wall clock, output cap),
+the server kills every process in the PID namespace but the namespace's init and itself, until none is left
+(setsid daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
+and restores their mode, times and extended attributes, moves itself back to its CPU, checks that its nice
+value, scheduling policy and rlimits are as they were (else it reports itself unclean and the host replaces
+it), and only then replies. So nothing a run leaves (files, processes, locks, IPC objects, the server's CPU
+affinity, priority and limits; modules, globals, environment, signal handlers: those live in the child's own
+copy of the interpreter) reaches the next run.
 
 The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
 its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
