@@ -771,3 +771,20 @@ def test_cpu_claims_and_solutions_never_follow_someone_elses_paths(tmp_path, mon
     with CodeReward(workers=1, test_time_limit_s=5) as r:
         assert str(r.pool.workers[0].root.parent) == tempfile.gettempdir()
         assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0
+
+
+def test_without_fd_passing_program_tests_take_the_harness_s_own_program_mode(tmp_path, monkeypatch):
+    """A sandbox Python without socket.send_fds (< 3.9) cannot feed a tester: the server runs program tests as
+    the cold path does (the harness forks the solution's process from the test's) and grades them alike."""
+    server = tmp_path / "_pool_server.py"
+    source = pool_mod.SERVER_SOURCE.read_text()
+    server.write_text(source.replace("import socket\n", "import socket\ndel socket.send_fds\n", 1))
+    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", server)
+    good = block("def add(a, b):\n    return a + b\n")
+    right, wrong = ({"tests": [{"program": f"assert add(3, 4) == {n}\n"}]} for n in (7, 8))
+    with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
+        assert [x.score for x in r([right, wrong], [good, good])] == [1.0, 0.0]
+        got = r([{"tests": [{"program": "assert not sees_tester()\n"}]}], [block(SEES_TESTER)])[0]
+        assert got.score == 1.0, got  # no tester was started
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []
