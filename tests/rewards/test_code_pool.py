@@ -507,8 +507,10 @@ TESTER_ATTACKS = {
     "scheduler": "os.sched_setscheduler(tester(), os.SCHED_IDLE, os.sched_param(0))",
     "rlimits": "[resource.prlimit(tester(), getattr(resource, n), (v, v)) for n, v in "
                "(('RLIMIT_NOFILE', 8), ('RLIMIT_STACK', 1 << 16), ('RLIMIT_AS', 1 << 24))]",
+    # Elsewhere, or onto one of its CPUs when it may run on all (its worker found no CPU of its own to claim).
     "affinity": "os.sched_setaffinity(tester(), (set(range(os.cpu_count())) - os.sched_getaffinity(tester())) "
-                "or os.sched_getaffinity(0)) if os.cpu_count() > 1 else os.setpriority(os.PRIO_PROCESS, tester(), 19)",
+                "or {min(os.sched_getaffinity(tester()))}) if os.cpu_count() > 1 "
+                "else os.setpriority(os.PRIO_PROCESS, tester(), 19)",
     # A daemon that outlives the run and goes for the tester of the next one: it dies with its run.
     "daemon": "os.fork() == 0 and (os.setsid(), __import__('time').sleep(0.3), os.kill(tester() or 1, 19))",
 }
@@ -531,7 +533,7 @@ def test_a_run_that_attacks_the_tester_never_passes_by_it_and_the_next_run_gets_
     else:
         assert r.score == 0.0 and r.failure in ("runtime_error", "timeout", "wrong"), r
     again = reward([PROGRAM], [block(TESTER_STATE)])[0]
-    assert again.score == 1.0, again
+    assert again.score == 1.0, (attack, r, again)
     assert reward.pool.replaced == replaced
     assert_next_run_clean(reward)
 

@@ -557,10 +557,10 @@ RLIMITS = tuple(getattr(resource, name) for name in sorted(dir(resource)) if nam
 
 
 def scheduling(pid=0):
-    """This process's (or ``pid``'s) nice value, scheduling policy and rlimits. A run has our uid, so the kernel lets it
-    change each of them here (setpriority, sched_setscheduler, prlimit: not dumpable does not stop them),
-    and every later run would inherit the change (nice 19, SCHED_IDLE, a small stack or file limit: slower
-    or failing runs for other samples). An unprivileged process cannot lower its nice value or raise a
+    """This process's (or ``pid``'s) nice value, scheduling policy and rlimits. A run has our uid, so the kernel
+    lets it change each of them here (setpriority, sched_setscheduler, prlimit: not dumpable does not stop
+    them), and every later run would inherit the change (nice 19, SCHED_IDLE, a small stack or file limit:
+    slower or failing runs for other samples). An unprivileged process cannot lower its nice value or raise a
     hard limit again, so a change is not undone here: the server reports itself unclean and is replaced."""
     limits = tuple(resource.prlimit(pid, r) for r in RLIMITS)
     return os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid), limits
