@@ -530,7 +530,7 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         adv, _ = step_advantages(scored, cfg.mgpo)
-        T = row_length(scored, model_cfg, cfg.train.pack_rows)
+        T = row_length(scored, model_cfg, cfg.train.pack_rows, cfg.train.tokens_per_micro_batch, mesh)
         batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh)
         for micro in batches:
             state, metrics = update(state, micro)

@@ -61,32 +61,62 @@ def test_packed_rows_hold_the_padded_rows_tokens():
                                                                                 packed["sample"] + 1, 0))
 
 
-def test_row_length_packs_samples_just_over_a_bucket_two_by_two():
-    """The toy step's case (bench/rl_step.py): samples of 15 slots and one of 17. The bucketed longest, 24, holds
-    one sample a row; rows of 32 hold two (half the rows, a third fewer slots), so the learner packs at 32. All samples of 15: rows of 16 and of 32 compute as many slots; attention is cheaper at 16. Not
-    packed: the bucketed longest. packed_rows counts pack_lengths' rows."""
-    from vt.model.config import preset
-    from vt.rl.learner import row_length as learner_row_length
+def scored_lengths(lengths, Q: int, G: int):
+    """A Scored of Q groups of G samples whose rows take `lengths` slots each (a 1-token prompt, len(completion)
+    slots)."""
     from vt.rl.rollouts import Scored
     from vt.sampling.engine import Sample
 
-    def scored(lengths):  # a 1-token prompt: each sample takes len(completion) slots
-        samples = [[Sample([7] * int(n), [-1.0] * int(n), "stop") for n in lengths[q * G:(q + 1) * G]] for q in range(Q)]
-        return Scored([[5]] * Q, samples, correct=np.zeros((Q, G), bool), rewards=np.zeros((Q, G), np.float32),
-                      valid=np.ones((Q, G), bool), lengths=np.asarray(lengths).reshape(Q, G),
-                      truncated=np.zeros((Q, G), bool), domains=["math"] * Q)
+    samples = [[Sample([7] * int(n), [-1.0] * int(n), "stop") for n in lengths[q * G:(q + 1) * G]] for q in range(Q)]
+    return Scored([[5]] * Q, samples, correct=np.zeros((Q, G), bool), rewards=np.zeros((Q, G), np.float32),
+                  valid=np.ones((Q, G), bool), lengths=np.asarray(lengths).reshape(Q, G),
+                  truncated=np.zeros((Q, G), bool), domains=["math"] * Q)
 
-    cfg = preset("tiny")
+
+def test_row_length_packs_samples_just_over_a_bucket_two_by_two():
+    """Samples of 15 slots and one of 17. The bucketed longest, 24, holds one sample a row; rows of 32 hold two
+    (half the rows, a third fewer slots), so the learner packs at 32. All samples of 15: rows of 16 and of 32
+    compute as many slots; attention is cheaper at 16. Not packed: the bucketed longest. packed_rows counts
+    pack_lengths' rows."""
+    from vt.model.config import preset
+    from vt.rl.learner import row_length as learner_row_length
+    from vt.sharding import MeshConfig, make_mesh
+
+    cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
+
+    def choice(lengths, pack=True):
+        return learner_row_length(scored_lengths(lengths, Q, G), cfg, pack, 65536, mesh)
+
     lengths = np.full(Q * G, 15)
     lengths[5] = 17
     assert (packed_rows(lengths, 24), packed_rows(lengths, 32)) == (Q * G, Q * G // 2)
-    assert learner_row_length(scored(lengths), cfg, pack=True) == 32
-    assert learner_row_length(scored(lengths), cfg, pack=False) == 24
-    assert learner_row_length(scored(np.full(Q * G, 15)), cfg, pack=True) == 16
+    assert choice(lengths) == 32
+    assert choice(lengths, pack=False) == 24
+    assert choice(np.full(Q * G, 15)) == 16
     rng = np.random.default_rng(0)
     for T in (8, 13, 64):
         n = rng.integers(1, T + 1, 50)
         assert packed_rows(n, T) == len(pack_lengths(n, T)["sample"])
+
+
+def test_row_length_counts_the_rows_the_micro_batch_computes():
+    """bench/rl_step.py's toy step: 125 samples of 15 slots, two of 16, one of 18. Rows of 32 hold two of them
+    (the 18 alone): 65 rows, which the micro-batch rounds up to 96 (3,072 slots); rows of 48 hold three: 43 rows,
+    rounded to 48 (2,304 slots). First-fit's rows alone favour 32 (2,080 vs 2,064 slots, attention dearer at
+    48); the rows computed favour 48. A micro-batch that would be full either way keeps the shorter rows."""
+    from vt.model.config import preset
+    from vt.rl.learner import micro_batch_sizes, model_flops_per_token, row_length as learner_row_length
+    from vt.sharding import MeshConfig, make_mesh
+
+    cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
+    lengths = np.array([15] * 125 + [16, 16, 18])
+    assert (packed_rows(lengths, 32), packed_rows(lengths, 48)) == (65, 43)
+    assert micro_batch_sizes(32, 65, 65536, mesh) == [96] and micro_batch_sizes(48, 43, 65536, mesh) == [48]
+    assert 65 * 32 * model_flops_per_token(cfg, 32) < 43 * 48 * model_flops_per_token(cfg, 48)
+    assert learner_row_length(scored_lengths(lengths, 16, 8), cfg, True, 65536, mesh) == 48
+    # micro-batches of 8 rows of 32 or 5 of 48: 65 rows of 32 computed (2,080 slots), 45 of 48 (2,160): 32
+    assert micro_batch_sizes(32, 65, 256, mesh) == [8] * 8 + [1] and micro_batch_sizes(48, 43, 256, mesh) == [5] * 8 + [3]
+    assert learner_row_length(scored_lengths(lengths, 16, 8), cfg, True, 256, mesh) == 32
 
 
 def test_mini_batches_keep_whole_groups_and_must_divide_them():

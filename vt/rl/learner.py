@@ -354,7 +354,7 @@ class Learner:
         every update's `finite`, both on device, host metrics)."""
         m = self.cfg.mgpo
         adv, w = step_advantages(s, m)
-        T = row_length(s, self.model_cfg, self.cfg.train.pack_rows)
+        T = row_length(s, self.model_cfg, self.cfg.train.pack_rows, self.cfg.train.tokens_per_micro_batch, self.mesh)
         batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh)
         model_keys = ("input_ids", "targets", "positions", "segment_ids")
         for micro in batches:
@@ -613,12 +613,14 @@ def _advantages(rewards, correct, lengths, valid, long2short_lambda, gamma, eps,
     return obj.mgpo_advantages(rewards, correct, gamma, eps, ddof, valid)
 
 
-def row_length(s: Scored, model_cfg, pack: bool, candidates: int = 3) -> int:
+def row_length(s: Scored, model_cfg, pack: bool, tokens_per_micro_batch: int, mesh, candidates: int = 3) -> int:
     """The step's row length T, the same on every process: at least every process's longest sample, bucketed
     (batch_length). Packed, the cheapest of the next `candidates` buckets (cut at the context length) by the
-    FLOPs of the rows first-fit would fill, all processes together (rows x T x FLOPs per token at T; the
-    shortest on a tie): samples just over a bucket (17 tokens in rows of 24, where two 15-token samples never
-    share a row) fill rows of 32 two by two, a third fewer computed tokens than one per row of 24."""
+    FLOPs of the rows its micro-batches compute (micro_batch_sizes: first-fit's rows, the last micro-batch's
+    rounded up to a compiled shape) x T x FLOPs per token at T, the shortest on a tie; the step's rows are
+    costed as one mini-batch. bench/rl_step.py's toy step: 125 samples of 15 slots and three of 16-18 fill 65
+    rows of 32 (two a row, the 18 alone), which run as 96 (3,072 slots, the time of 1.5x the rows), or 43 rows of
+    48 (three a row), which run as 48 (2,304 slots); one sample a row of 24 takes 3,072."""
     max_len = model_cfg.max_position_embeddings
     T = int(allgather(batch_length(s, max_len)).max())
     if not pack:
@@ -630,8 +632,9 @@ def row_length(s: Scored, model_cfg, pack: bool, candidates: int = 3) -> int:
         return T
     lengths = sample_lengths(s, max_len)
     lengths = lengths[lengths > 0]
-    rows = allgather(np.array([packed_rows(lengths, t) for t in options], np.int64)).sum(0)
-    cost = [r * t * model_flops_per_token(model_cfg, t) for r, t in zip(rows, options)]
+    rows = allgather(np.array([packed_rows(lengths, t) for t in options], np.int64)).max(0)
+    computed = [sum(micro_batch_sizes(t, int(r), tokens_per_micro_batch, mesh)) * t for r, t in zip(rows, options)]
+    cost = [c * model_flops_per_token(model_cfg, t) for c, t in zip(computed, options)]
     return options[int(np.argmin(cost))]
 
 
