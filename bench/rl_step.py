@@ -149,22 +149,22 @@ very same rollouts as above (reward 0.560, 5.6 tokens), Tunix / vt step 1.10x, s
 Then (2026-12-04, idle box, jax 0.12.0.1) the step's rows, replayed: over the 11 scored batches of one run, train_on
 took 45-55 ms on rows of 64 x 32 or 128 x 16 (2,048 slots) but 70-100 ms on 96 x 32 (3,072): 125 samples of 15 slots
 and three of 16-18 fill 65 rows of 32, which the last micro-batch's rounding (1, 2, 3, 4, 6, ..., 64, 96) ran as 96.
-vt.rl.learner.row_length now costs each candidate T by the rows its micro-batches compute (rounded), which picks
-48 there (43 rows -> 48, 2,304 slots; replayed 58-70 ms). Two ideas measured and not kept: a finer rounding (eight
-steps an octave: 65 -> 72) wastes less but meets a new shape in half the timed steps (each compiles, ~3 s at the
-toy, minutes at real size); the dense attention of rows under two blocks replaced by the blocked kernel with one
-block (its custom VJP instead of the softmax's): 718 vs 744 ms over the 11 batches replayed alternately (3.5%).
-The bench now counts compiles (jax.monitoring's backend-compile event, both frameworks): vt meets a new row shape
-in 3 of its 8 timed steps at the defaults (3-5 s each), Tunix in none (fixed shapes, 37% padding here), so the
-median of the 8 is a compile-free step's only by luck; the table adds the median over the steps that compiled
-nothing. Three runs (--rounds 2) after the change: Tunix / vt step 1.19x, 1.00x, 1.10x (before: 0.89x), over the
-compile-free steps 1.43x, 1.26x, 1.32x (vt training 0.065-0.072 s vs Tunix 0.084-0.090, sampling 1.5-1.7x). The
-issue's 1.5x is not reached. What is left in vt's compile-free step (~0.10 s): the update program, ~55 ms for
+vt.rl.learner.row_length now costs each candidate T by the rows its micro-batches compute (rounded), which picks 48
+there (43 rows -> 48, 2,304 slots; replayed 68-70 ms, against 84-89 for batches of 3,072 slots). Two ideas measured
+and not kept: a finer rounding (eight steps an octave: 65 -> 72) wastes less but meets a new shape in half the timed
+steps (each compiles, ~3 s at the toy, minutes at real size); the dense attention of rows under two blocks replaced by
+the blocked kernel with one block (its custom VJP instead of the softmax's): 718 vs 744 ms over the 11 batches
+replayed alternately (3.5%). The bench now counts compiles (jax.monitoring's backend-compile event, both frameworks):
+vt meets a new row shape in 3 of its 8 timed steps at the defaults (3-5 s each), Tunix in none (fixed shapes, 37%
+padding here), so the median of the 8 is a compile-free step's only by luck; the table adds the median over the steps
+that compiled nothing. Three runs (--rounds 2) after the change: Tunix / vt step 1.19x, 1.00x, 1.10x (before: 0.89x),
+over the compile-free steps 1.43x, 1.26x, 1.32x (vt training 0.065-0.072 s vs Tunix 0.084-0.090, sampling 1.5-1.7x).
+The issue's 1.5x is not reached. What is left in vt's compile-free step (~0.10 s): the update program, ~55 ms for
 ~2,100 slots (XLA:CPU's small matmuls, as at SFT), the host's part of the update ~8 ms (row choice and packing,
-device_put of 8 row arrays, the weight push), sampling ~0.03 s. The one lever of size found: the 8 samples of a
-group repeat their 11-token prompt (15-slot samples: 10 prompt slots each); a row layout that holds a group's
-prompt once with its completions as branches (attention masked per branch) would compute ~800 slots for these
-1,920 (a new mask in each attention path, including the TPU kernel's segment ids): not built.
+device_put of 8 row arrays, the weight push), sampling ~0.03 s. The one lever of size found: the 8 samples of a group
+each repeat their 11-token prompt (10 of a sample's 15 slots could be shared); a row layout that holds a group's
+prompt once with its completions as branches (attention masked per branch) would compute ~800 slots for these 1,920 (a
+new mask in each attention path, including the TPU kernel's segment ids): not built.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
