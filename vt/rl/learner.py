@@ -619,8 +619,8 @@ def row_length(s: Scored, model_cfg, pack: bool, tokens_per_micro_batch: int, me
     FLOPs of the rows its micro-batches compute (micro_batch_sizes: first-fit's rows, the last micro-batch's
     rounded up to a compiled shape) x T x FLOPs per token at T, the shortest on a tie; the step's rows are
     costed as one mini-batch. bench/rl_step.py's toy step: 125 samples of 15 slots and three of 16-18 fill 65
-    rows of 32 (two a row, the 18 alone), which run as 96 (3,072 slots, the time of 1.5x the rows), or 43 rows of
-    48 (three a row), which run as 48 (2,304 slots); one sample a row of 24 takes 3,072."""
+    rows of 32 (two a row, the 18 alone), which run as 96 (3,072 slots), or 43 rows of 48 (three a row), which
+    run as 48 (2,304 slots); one sample a row of 24 takes 3,072."""
     max_len = model_cfg.max_position_embeddings
     T = int(allgather(batch_length(s, max_len)).max())
     if not pack:
