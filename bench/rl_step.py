@@ -539,7 +539,7 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     from vt.checkpoint.params import flat_params
     from vt.config import to_dataclass
     from vt.model.qwen2 import create_model
-    from vt.rl.learner import RLConfig, learner_batches, row_length, step_advantages
+    from vt.rl.learner import RLConfig, learner_batches, row_length, shares_prompts, step_advantages
     from vt.rl.rollouts import Scored
     from vt.rl.step import make_rl_step
     from vt.sampling.engine import Sample
@@ -571,8 +571,9 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         adv, _ = step_advantages(scored, cfg.mgpo)
-        T = row_length(scored, model_cfg, cfg.train.pack_rows, cfg.train.tokens_per_micro_batch, mesh)
-        batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh)
+        share = shares_prompts(cfg.train, model_cfg)
+        T = row_length(scored, model_cfg, cfg.train.pack_rows, cfg.train.tokens_per_micro_batch, mesh, share)
+        batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh, share)
         for micro in batches:
             state, metrics = update(state, micro)
         host.append(time.perf_counter() - t0)  # advantages, rows, device_put and dispatch: the host's part

@@ -117,6 +117,7 @@ def get_config(arg=None):
     c.train.peak_flops = 0.0  # per device for MFU; 0 = table of known accelerators (H100/H200: 989e12)
     c.train.tokens_per_micro_batch = 65536  # row slots per learner forward/backward (all devices); gradients accumulated
     c.train.pack_rows = True  # first-fit pack samples into rows; False: one padded row per sample
+    c.train.share_prompts = True  # packed rows hold a group's prompt once, its completions as branches of it
     c.train.compilation_cache = ""  # JAX persistent compilation cache directory ("" = off)
 
     c.checkpoint = ml_collections.ConfigDict()

@@ -20,6 +20,7 @@ import numpy as np
 from vt.config import to_dataclass
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
+from vt.model.segments import BRANCH
 from vt.rl import objectives as obj
 from vt.rl.learner import RLConfig, learner_batches, step_advantages
 from vt.rl.rollouts import Scored, batch_length, build_rows
@@ -83,10 +84,11 @@ class Setup:
         self.step = make_rl_step(self.md, optimizer, schedule, sh, mesh, temperature=TEMPERATURE, eps_low=EPS_LOW,
                                  eps_high=EPS_HIGH, kl_coef=KL_COEF, is_cap=IS_CAP)
 
-    def learner_update(self, s: Scored, cfg: RLConfig, T: int):
+    def learner_update(self, s: Scored, cfg: RLConfig, T: int, share: bool = False):
         """(loss, grads as host arrays, token counts) of the learner's one update on this process's groups."""
         adv, _ = step_advantages(s, cfg.mgpo)
-        batches, _, tokens = learner_batches(s, adv, T, 0, cfg, self.mesh)
+        batches, _, tokens = learner_batches(s, adv, T, 0, cfg, self.mesh, share=share)
+        tokens["branches"] = sum(int((np.asarray(gather(mb["segment_ids"])) >= BRANCH).sum()) for mb in batches[0])
         (micro,) = batches
         for mb in micro:
             inputs = {k: mb[k] for k in ("input_ids", "targets", "positions", "segment_ids")}
@@ -153,9 +155,10 @@ def row_length(s: Scored) -> int:
 
 
 def check(mesh_shape=(1, 1, 1), tokens_per_micro_batch: int = 128) -> dict:
-    """The learner's update, packed and padded, against the padded reference, for both aggregations, on a mesh
-    of this shape over every process's devices (each process feeding its share of the groups). Returns the
-    mismatches (`bad`, empty when all agree), the token counts and the micro-batches per layout."""
+    """The learner's update, packed (prompts shared or not) and padded, against the padded reference, for both
+    aggregations, on a mesh of this shape over every process's devices (each process feeding its share of the
+    groups). Returns the mismatches (`bad`, empty when all agree), the token counts and the micro-batches per
+    layout."""
     from vt.rl.hosts import process_slice
     from vt.sharding import MeshConfig, make_mesh
     mesh = make_mesh(MeshConfig(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2]))
@@ -169,9 +172,10 @@ def check(mesh_shape=(1, 1, 1), tokens_per_micro_batch: int = 128) -> dict:
     out = {"bad": [], "tokens": {}, "micro_batches": {}, "loss": {}}
     for agg in obj.AGGREGATIONS:
         ref_loss, ref_grads = reference[agg]
-        for pack in (True, False):
-            name = f"{agg}, {'packed' if pack else 'padded'}"
-            loss, grads, tokens, n = setup.learner_update(s, config(agg, pack, tokens_per_micro_batch, mesh_shape), T)
+        for layout, pack, share in (("packed", True, False), ("shared", True, True), ("padded", False, False)):
+            name = f"{agg}, {layout}"
+            loss, grads, tokens, n = setup.learner_update(s, config(agg, pack, tokens_per_micro_batch, mesh_shape), T,
+                                                          share)
             out["bad"] += compare(name, loss, grads, ref_loss, ref_grads)
             out["tokens"][name], out["micro_batches"][name], out["loss"][name] = tokens, n, (loss, ref_loss)
     return out

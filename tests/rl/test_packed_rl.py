@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from packed_check import G, Q, check, config, make_scored, row_length
-from vt.data.packing import pack_lengths, packed_rows
+from vt.data.packing import first_fit_rows, pack_lengths, packed_rows
 from vt.rl.rollouts import build_rows, per_token, sample_lengths
 
 
@@ -97,6 +97,8 @@ def test_row_length_packs_samples_just_over_a_bucket_two_by_two():
     for T in (8, 13, 64):
         n = rng.integers(1, T + 1, 50)
         assert packed_rows(n, T) == len(pack_lengths(n, T)["sample"])
+        placed = [[int(i) for i in dict.fromkeys(row[row >= 0])] for row in pack_lengths(n, T)["sample"]]
+        assert first_fit_rows(n, T) == placed  # the same rows, in the same order
 
 
 def test_row_length_counts_the_rows_the_micro_batch_computes():
@@ -120,6 +122,65 @@ def test_row_length_counts_the_rows_the_micro_batch_computes():
     assert learner_row_length(scored_lengths(lengths, 16, 8), cfg, True, 256, mesh) == 32
 
 
+def test_shared_rows_hold_each_prompt_once_and_every_completion_as_it_was():
+    """build_rows(share=True): every sample's completion slots (inputs, targets, rotary positions, sampler
+    log-probs, in order) are those of the unshared rows; each unit's prompt slots are the prompt less its last
+    token at positions 0.., once, its completions branches s + j * BRANCH of its segment s; fewer slots in all."""
+    from vt.model.segments import BRANCH
+    s = make_scored(seed=3, Q=6, G=5)
+    T = row_length(s)
+    plain, shared = build_rows(s, T, pack=True), build_rows(s, T, pack=True, share=True)
+    fields = ("input_ids", "targets", "positions", "sampler_logp")
+    for i in range(6 * 5):
+        mine = [(plain["sample"] == i) & (plain["loss_mask"] > 0), (shared["sample"] == i) & (shared["loss_mask"] > 0)]
+        for f in fields:
+            np.testing.assert_array_equal(plain[f][mine[0]], shared[f][mine[1]], err_msg=f"sample {i} {f}")
+        assert mine[1].sum() == s.lengths.reshape(-1)[i]
+    prompts = [len(p) - 1 for p in s.prompts]
+    units = 0
+    for r in range(len(shared["input_ids"])):
+        seg = shared["segment_ids"][r]
+        for doc in sorted(set(seg[(seg > 0) & (seg < BRANCH)].tolist())):
+            branches = sorted(set(seg[seg % BRANCH == doc].tolist()) - {doc})
+            if not branches:
+                continue
+            units += 1
+            pre = seg == doc
+            q = shared["sample"][r][seg == branches[0]][0] // 5
+            assert pre.sum() == prompts[q] and (shared["sample"][r][pre] == -1).all()
+            np.testing.assert_array_equal(shared["input_ids"][r][pre], s.prompts[q][:-1])
+            np.testing.assert_array_equal(shared["positions"][r][pre], np.arange(prompts[q]))
+            assert branches == [doc + j * BRANCH for j in range(1, len(branches) + 1)]
+            assert not shared["loss_mask"][r][pre].any()
+    assert units > 0
+    assert np.count_nonzero(shared["segment_ids"]) < np.count_nonzero(plain["segment_ids"])
+    assert (shared["sample"][shared["loss_mask"] > 0] >= 0).all()
+
+
+def test_row_length_with_shared_prompts_fits_a_group_in_a_row():
+    """The toy step shared: 16 groups of 8 samples, 11-token prompts, 5-token completions (15 slots a sample
+    alone: rows of 16, 2,048 slots). Shared, half a group fills a row of 32 (10 + 4 x 5) and a whole one 50 slots
+    of a row of 64: 1,024 slots either way, and attention is cheaper at 32."""
+    from vt.model.config import preset
+    from vt.rl.learner import row_length as learner_row_length
+    from vt.rl.rollouts import Scored
+    from vt.sampling.engine import Sample
+    from vt.sharding import MeshConfig, make_mesh
+
+    Q_, G_ = 16, 8
+    samples = [[Sample([7] * 5, [-1.0] * 5, "stop") for _ in range(G_)] for _ in range(Q_)]
+    s = Scored([[5] * 11] * Q_, samples, correct=np.zeros((Q_, G_), bool), rewards=np.zeros((Q_, G_), np.float32),
+               valid=np.ones((Q_, G_), bool), lengths=np.full((Q_, G_), 5), truncated=np.zeros((Q_, G_), bool),
+               domains=["math"] * Q_)
+    cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
+    assert learner_row_length(s, cfg, True, 65536, mesh) == 16
+    assert learner_row_length(s, cfg, True, 65536, mesh, share=True) == 32
+    rows = build_rows(s, 32, share=True)
+    assert rows["input_ids"].shape == (32, 32) and np.count_nonzero(rows["segment_ids"]) == 32 * 30
+    rows = build_rows(s, 64, share=True)
+    assert rows["input_ids"].shape == (16, 64) and np.count_nonzero(rows["segment_ids"]) == 16 * 50
+
+
 def test_mini_batches_keep_whole_groups_and_must_divide_them():
     from vt import VtError
     from vt.rl.learner import learner_batches
@@ -141,11 +202,15 @@ def test_mini_batches_keep_whole_groups_and_must_divide_them():
 
 def test_packed_and_padded_updates_equal_on_one_device():
     """fp32: loss to 1e-6 relative, every gradient tensor to 1e-5 of its largest entry, for both aggregations,
-    with KL, Long2Short, truncated IS weights and pi_old != pi; several micro-batches (128-token budget)."""
+    with KL, Long2Short, truncated IS weights and pi_old != pi; several micro-batches (128-token budget); rows
+    packed with and without shared prompts."""
     r = check()
     assert r["bad"] == [], "\n".join(r["bad"])
     t = r["tokens"]
     assert t["seq_mean, packed"]["tokens_computed"] < t["seq_mean, padded"]["tokens_computed"]
+    # shared prompts: some completions are branches, and the rows hold fewer real slots than the samples' sum
+    assert t["seq_mean, shared"]["branches"] > 0 and t["seq_mean, packed"]["branches"] == 0
+    assert t["seq_mean, shared"]["tokens_real"] < t["seq_mean, packed"]["tokens_real"]
     assert min(r["micro_batches"].values()) > 1
 
 

@@ -87,6 +87,25 @@ def packed_rows(lengths, seq_len: int) -> int:
     return int(np.count_nonzero(_first_fit(lengths, seq_len)[-1]))
 
 
+def first_fit_rows(lengths, seq_len: int) -> list[list[int]]:
+    """The indices of the sequences of `lengths` that each row of seq_len holds, rows in opening order, each in
+    placement order: :func:`pack_lengths`' placement without building rows, in plain Python (for the few
+    sequences of an RL group, called per group and row length, it is ~5x faster than the vectorised search)."""
+    lengths = [int(n) for n in np.asarray(lengths).reshape(-1)]
+    if lengths and (min(lengths) < 1 or max(lengths) > seq_len):
+        raise ValueError(f"first_fit_rows: lengths must be in [1, {seq_len}], got {min(lengths)}..{max(lengths)}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # longest first, ties in index order
+        r = next((r for r, left in enumerate(room) if left >= lengths[i]), len(room))
+        if r == len(room):
+            rows.append([])
+            room.append(seq_len)
+        rows[r].append(i)
+        room[r] -= lengths[i]
+    return rows
+
+
 def _first_fit(lengths, seq_len: int):
     """First-fit decreasing: (lengths, placement order, each placed sequence's row, offset in it and segment
     id there, sequences per row opened)."""

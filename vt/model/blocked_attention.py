@@ -3,11 +3,11 @@ paths without a KV cache: training, scoring, prefill.
 
     blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block) -> out_BTNH
 
-Position t attends to s when s <= t and both are in the same segment (vt.data.packing), exactly the mask
-`_xla_attention` is given there. Dense attention materialises fp32 scores and probabilities [B, N, T, T] and
-keeps the probabilities for the backward pass: 12.6 MB a layer for the tiny preset's 8 x 256 rows, 2.1 TB for
-coder-3b's 4 x 4096 per micro-batch, and on a CPU most of a tiny train step is spent moving them through memory.
-Here queries and keys are cut into blocks of `block` positions; the forward pass folds each key block at or
+Position t attends to s when s <= t and their segments are visible (vt.model.segments: the same segment, or the
+prefix document of a branch), exactly the mask `dense_attention` is given there. Dense attention materialises fp32
+scores and probabilities [B, N, T, T] and keeps the probabilities for the backward pass: 12.6 MB a layer for the
+tiny preset's 8 x 256 rows, 2.1 TB for coder-3b's 4 x 4096 per micro-batch, and on a CPU most of a tiny train step
+is spent moving them through memory. Here queries and keys are cut into blocks of `block` positions; the forward pass folds each key block at or
 below the diagonal into an online softmax (vt.model.online_softmax, the same fold as decode) and keeps only the
 output and the log-sum-exp per query; the backward pass (a custom VJP) recomputes each block's probabilities from
 them, as FlashAttention-2 does. Memory is O(T) per row instead of O(T^2), and blocks above the diagonal are never
@@ -24,7 +24,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from vt.model import online_softmax
+from vt.model import online_softmax, segments
 
 _NEG = jnp.finfo(jnp.float32).min
 
@@ -56,9 +56,10 @@ def _unhead_blocks(x_JB_UH, T: int):
 
 
 def _visible(seg_q_BU, seg_k_BU, i, j, U: int):
-    """[B, U, U] bool: query block i's positions may attend to key block j's (causal within the row, same segment)."""
+    """[B, U, U] bool: query block i's positions may attend to key block j's (causal within the row, visible
+    segments: vt.model.segments)."""
     causal_UU = (i * U + jnp.arange(U))[:, None] >= (j * U + jnp.arange(U))[None, :]
-    return causal_UU[None] & (seg_q_BU[:, :, None] == seg_k_BU[:, None, :])
+    return causal_UU[None] & segments.visible(seg_q_BU[:, :, None], seg_k_BU[:, None, :])
 
 
 def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int):

@@ -66,6 +66,7 @@ from vt.data.packing import packed_rows
 from vt.data.sources import Malformed, open_source
 from vt.data.tokenizer import load_tokenizer
 from vt.distributed import allgather, global_batch, process_mesh
+from vt.model.attention import resolve, supports_branches
 from vt.model.lora import base_config, merged_params
 from vt.rewards.registry import make_reward
 from vt.rewards.shaping import long2short
@@ -74,7 +75,7 @@ from vt.rl import objectives as obj
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
 from vt.rl.hosts import LocalReplicas, process_slice
 from vt.rl.rollouts import (TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score,
-                             sample_lengths)
+                             row_units, unit_lengths)
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig, state_shardings
@@ -166,6 +167,10 @@ class RLTrain:
     # footprint whatever the step's lengths (a mini-batch's last micro-batch: the rows left; micro_batch_sizes).
     tokens_per_micro_batch: Annotated[int, AT_LEAST_1] = 65536
     pack_rows: bool = True  # first-fit pack samples into rows (segment ids); False: one sample per padded row
+    # Packed rows hold a group's prompt once, its samples' completions as branches of it (vt.rl.rollouts.build_rows;
+    # the same log-probs and gradients, the prompt computed once instead of once a sample). Off where the attention
+    # cannot mask branches (splash, TPU's default: vt.model.attention.supports_branches).
+    share_prompts: bool = True
     compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
 
     def __post_init__(self):
@@ -262,6 +267,7 @@ class Learner:
         self._sampler_sh = None
         m, temperature = cfg.mgpo, cfg.rollout.sampler.temperature
         self.logps = make_token_logps(s.md, s.sh.params, s.mesh, temperature, loss_chunk=cfg.model.loss_chunk)
+        self.share_prompts = shares_prompts(cfg.train, self.model_cfg)
         self.update = make_rl_step(s.md, s.optimizer, s.schedule, s.sh, s.mesh,
                                    temperature=temperature, eps_low=m.eps_low, eps_high=m.eps_high,
                                    kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
@@ -354,8 +360,10 @@ class Learner:
         every update's `finite`, both on device, host metrics)."""
         m = self.cfg.mgpo
         adv, w = step_advantages(s, m)
-        T = row_length(s, self.model_cfg, self.cfg.train.pack_rows, self.cfg.train.tokens_per_micro_batch, self.mesh)
-        batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh)
+        t = self.cfg.train
+        T = row_length(s, self.model_cfg, t.pack_rows, t.tokens_per_micro_batch, self.mesh, share=self.share_prompts)
+        batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh,
+                                             share=self.share_prompts)
         model_keys = ("input_ids", "targets", "positions", "segment_ids")
         for micro in batches:
             for mb in micro:
@@ -613,26 +621,36 @@ def _advantages(rewards, correct, lengths, valid, long2short_lambda, gamma, eps,
     return obj.mgpo_advantages(rewards, correct, gamma, eps, ddof, valid)
 
 
-def row_length(s: Scored, model_cfg, pack: bool, tokens_per_micro_batch: int, mesh, candidates: int = 3) -> int:
+def shares_prompts(train: RLTrain, model_cfg) -> bool:
+    """Do the learner's rows hold a group's prompt once (train.share_prompts, packed rows, an attention
+    implementation that masks branches: vt.model.attention.supports_branches)?"""
+    impl = resolve(model_cfg.attention_impl, model_cfg.dtype)
+    return train.share_prompts and train.pack_rows and supports_branches(impl)
+
+
+def row_length(s: Scored, model_cfg, pack: bool, tokens_per_micro_batch: int, mesh, share: bool = False,
+               candidates: int = 3) -> int:
     """The step's row length T, the same on every process: at least every process's longest sample, bucketed
-    (batch_length). Packed, the cheapest of the next `candidates` buckets (cut at the context length) by the
-    FLOPs of the rows its micro-batches compute (micro_batch_sizes: first-fit's rows, the last micro-batch's
-    rounded up to a compiled shape) x T x FLOPs per token at T, the shortest on a tie; the step's rows are
-    costed as one mini-batch. bench/rl_step.py's toy step: 125 samples of 15 slots and three of 16-18 fill 65
-    rows of 32 (two a row, the 18 alone), which run as 96 (3,072 slots), or 43 rows of 48 (three a row), which
-    run as 48 (2,304 slots); one sample a row of 24 takes 3,072."""
+    (batch_length). Packed, the cheapest of the next `candidates` buckets (cut at the context length; with
+    `share`, three more: rows long enough to hold a group's prompt once with several of its completions) by the
+    FLOPs of the rows its micro-batches compute (micro_batch_sizes: first-fit's rows of build_rows' units, the
+    last micro-batch's rounded up to a compiled shape) x T x FLOPs per token at T, the shortest on a tie; the
+    step's rows are costed as one mini-batch. bench/rl_step.py's toy step unshared: 125 samples of 15 slots and
+    three of 16-18 fill 65 rows of 32 (two a row, the 18 alone), which run as 96 (3,072 slots), or 43 rows of
+    48 (three a row), which run as 48 (2,304 slots); one sample a row of 24 takes 3,072. Shared, a group of 8
+    samples of an 11-token prompt takes 10 + 8 x 5 slots: 1,024 slots in all (half a group a row of 32, or a
+    whole group a row of 64)."""
     max_len = model_cfg.max_position_embeddings
     T = int(allgather(batch_length(s, max_len)).max())
     if not pack:
         return T
     options = [T]
-    while len(options) < candidates and options[-1] < max_len:
+    while len(options) < candidates + 3 * share and options[-1] < max_len:
         options.append(min(bucket_length(options[-1] + 1), max_len))
     if len(options) == 1:
         return T
-    lengths = sample_lengths(s, max_len)
-    lengths = lengths[lengths > 0]
-    rows = allgather(np.array([packed_rows(lengths, t) for t in options], np.int64)).max(0)
+    rows = allgather(np.array([packed_rows(unit_lengths(s, row_units(s, t, share), t), t) for t in options],
+                              np.int64)).max(0)
     computed = [sum(micro_batch_sizes(t, int(r), tokens_per_micro_batch, mesh)) * t for r, t in zip(rows, options)]
     cost = [c * model_flops_per_token(model_cfg, t) for c, t in zip(computed, options)]
     return options[int(np.argmin(cost))]
@@ -654,15 +672,16 @@ def micro_batch_sizes(T: int, rows: int, tokens_per_micro_batch: int, mesh) -> l
     return [full] * (n - 1) + [min(full, unit * (1 if units <= 1 else bucket_length(units, lo=2)))]
 
 
-def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig, mesh
+def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig, mesh, share: bool = False
                     ) -> tuple[list[list[dict]], list[np.ndarray], dict[str, float]]:
     """This process's groups as `mgpo.mini_batches` mini-batches (whole groups each; with several, a
     permutation of the groups keyed by (rollout.sampler.seed, `step`: the optimiser updates before this RL
     step, state.step)), each a list of micro-batches: global arrays of
-    rows [b, T] (vt.rl.rollouts.build_rows, packed or padded as train.pack_rows says; b: micro_batch_sizes)
+    rows [b, T] (vt.rl.rollouts.build_rows, packed or padded as train.pack_rows says, prompts shared as `share`
+    says; b: micro_batch_sizes)
     with per-token advantages and objective weights (objectives.objective_weights over the whole mini-batch,
     all processes). Every process makes the same micro-batches of the same shapes (empty rows fill them up).
-    Returns them, each mini-batch's group indices, and the step's token counts: real (sample slots) and
+    Returns them, each mini-batch's group indices, and the step's token counts: real (slots holding a token) and
     computed (row slots), all processes, one pass."""
     m, t = cfg.mgpo, cfg.train
     E, C = adv.shape
@@ -674,13 +693,13 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg: RLConfig
     groups = [order[i * k:(i + 1) * k] for i in range(m.mini_batches)]
     minis = []
     for g in groups:
-        rows = build_rows(s.select(g), T, pack=t.pack_rows)
+        rows = build_rows(s.select(g), T, pack=t.pack_rows, share=share)
         rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
         used = rows["sample"] >= 0
         completion = np.bincount(rows["sample"][used], weights=rows["loss_mask"][used], minlength=k * C)
         minis.append((rows, completion))
     # One collective for the whole step: each mini-batch's completion tokens, rows and real slots, per process.
-    counts = allgather(np.array([[c.sum(), len(r["input_ids"]), np.count_nonzero(r["sample"] >= 0)]
+    counts = allgather(np.array([[c.sum(), len(r["input_ids"]), np.count_nonzero(r["segment_ids"])]
                                  for r, c in minis], np.int64))
     completion_tokens, real = counts[..., 0].sum(0), counts[..., 2].sum()
     sh = row_sharding(mesh)

@@ -16,8 +16,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vt import VtError
-from vt.data.packing import pack_lengths
+from vt.data.packing import first_fit_rows, pack_lengths
 from vt.data.sources import Record
+from vt.model.segments import BRANCH
 from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.rewards.streaming import StreamingScorer, busy_seconds
 from vt.sampling.engine import Engine, Request, Sample
@@ -187,49 +188,102 @@ def batch_length(scored: Scored, max_len: int) -> int:
 ROW_FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "sampler_logp", "sample")
 
 
-def build_rows(scored: Scored, length: int, *, pack: bool = True) -> dict[str, np.ndarray]:
+def row_units(scored: Scored, length: int, share: bool) -> list[list[int]]:
+    """The samples (indices q*C + g) of each unit a row holds in one piece, in group order: one sample a unit, or
+    with `share` a group's samples in as few units as fit `length` slots with the group's prompt once (first fit
+    decreasing of their completions into length - (prompt - 1) slots). Samples with no completion slot stay
+    units of their own (they have no loss: nothing to share)."""
+    lengths = sample_lengths(scored, length)
+    units, first = [], 0
+    for p, group in zip(scored.prompts, scored.samples):
+        idx = [first + g for g in range(len(group)) if lengths[first + g] > 0]
+        first += len(group)
+        prompt = len(p) - 1  # slots of the prompt before its last token: what a unit holds once
+        shared = [i for i in idx if lengths[i] > prompt] if share and prompt > 0 else []
+        if len(shared) < 2:
+            units += [[i] for i in idx]
+            continue
+        units += [[i] for i in idx if lengths[i] <= prompt]
+        completions = lengths[shared] - prompt
+        if completions.sum() <= length - prompt:  # the whole group in one unit: nothing to search
+            units.append(shared)
+            continue
+        units += [sorted(shared[j] for j in row) for row in first_fit_rows(completions, length - prompt)]
+    return units
+
+
+def unit_lengths(scored: Scored, units: list[list[int]], length: int) -> np.ndarray:
+    """Slots each unit takes: its sample's, or a shared unit's prompt less its last token plus its completions."""
+    lengths = sample_lengths(scored, length)
+    prompt = [len(p) - 1 for p, group in zip(scored.prompts, scored.samples) for _ in group]
+    return np.array([lengths[u[0]] if len(u) == 1 else prompt[u[0]] + sum(lengths[i] - prompt[i] for i in u)
+                     for u in units], np.int64)
+
+
+def build_rows(scored: Scored, length: int, *, pack: bool = True, share: bool = False) -> dict[str, np.ndarray]:
     """Token rows [W, T = length] holding every sample (prompt + completion) of `scored`:
 
     pack=True   first-fit packed (vt.data.packing.pack_lengths): several samples per row, told apart by
                 segment ids 1..k, positions restarting at 0 for each; W is about the real tokens / T.
+      share=True  a group's samples packed as units (row_units) that hold the prompt once: its slots (less the
+                last prompt token) are document s, each sample's completion (after the last prompt token) a
+                branch s + j * BRANCH of it (vt.model.segments) at the positions it would have alone. Each
+                completion slot sees what it sees in a row of its own, so log-probs and gradients are the
+                unshared rows' (tests/rl/test_packed_rl.py); prompt slots are computed once a unit, not once a
+                sample (the toy RL step's 11-token prompts x 8 samples: 800 slots instead of 1,920).
     pack=False  padded: sample i alone in row i, right-padded (W = Y).
 
     Slot t predicts targets[t]; `loss_mask` is 1 where that target is a completion token, `sampler_logp` holds the
-    sampler's log-prob of it, and `sample` the index (q*C + g) of the sample in the slot (-1 on padding), by
-    which per-sample values become per-token ones (`per_token`). Samples longer than T are cut (T >= the
-    batch_length of every process's samples, so none is)."""
+    sampler's log-prob of it, and `sample` the index (q*C + g) of the sample in the slot (-1 on padding and on a
+    shared prompt), by which per-sample values become per-token ones (`per_token`). Samples longer than T are cut
+    (T >= the batch_length of every process's samples, so none is)."""
     pairs = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
     T = length
-    lengths = sample_lengths(scored, T)
-    # Every sample's slots, concatenated: sample i's are flat[offsets[i]: offsets[i] + lengths[i]].
+    units = row_units(scored, T, share and pack) if pack else [[i] for i in range(len(pairs))]
+    lengths = unit_lengths(scored, units, T)
+    # Every unit's slots, concatenated: unit u's are flat[offsets[u]: offsets[u] + lengths[u]], with the rotary
+    # position, branch number and sample of each slot.
     offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     total = int(lengths.sum())
     flat = {"input_ids": np.zeros(total, np.int32), "targets": np.zeros(total, np.int32),
-            "loss_mask": np.zeros(total, np.float32), "sampler_logp": np.zeros(total, np.float32)}
-    for i, (p, s) in enumerate(pairs):
-        ids = np.asarray(list(p) + list(s.completion_ids), np.int32)[: T + 1]
-        o, n = offsets[i], lengths[i]
-        flat["input_ids"][o:o + n] = ids[:-1]
-        flat["targets"][o:o + n] = ids[1:]
-        first = len(p) - 1  # the slot whose target is the first completion token
+            "loss_mask": np.zeros(total, np.float32), "sampler_logp": np.zeros(total, np.float32),
+            "positions": np.zeros(total, np.int32), "branch": np.zeros(total, np.int32),
+            "sample": np.full(total, -1, np.int32)}
+
+    def put(o, ids, first, logprobs, position, branch, sample):
+        """Slots o.. for ids[:-1] predicting ids[1:]; targets from `first` on are completion tokens."""
+        n = len(ids) - 1
+        flat["input_ids"][o:o + n], flat["targets"][o:o + n] = ids[:-1], ids[1:]
         k = max(0, n - first)
         flat["loss_mask"][o + first:o + first + k] = 1.0
-        flat["sampler_logp"][o + first:o + first + k] = np.asarray(s.logprobs[:k], np.float32)
+        flat["sampler_logp"][o + first:o + first + k] = np.asarray(logprobs[:k], np.float32)
+        flat["positions"][o:o + n] = position + np.arange(n)
+        flat["branch"][o:o + n], flat["sample"][o:o + n] = branch, sample
+        return o + n
+
+    for u, members in enumerate(units):
+        p = list(pairs[members[0]][0])
+        if len(members) == 1:
+            i = members[0]
+            put(offsets[u], np.asarray(p + list(pairs[i][1].completion_ids), np.int32)[: T + 1], len(p) - 1,
+                pairs[i][1].logprobs, 0, 0, i)
+            continue
+        o = put(offsets[u], np.asarray(p, np.int32), len(p), (), 0, 0, -1)  # the prompt: no completion target
+        for j, i in enumerate(members, start=1):
+            ids = np.asarray(p[-1:] + list(pairs[i][1].completion_ids), np.int32)[: T - len(p) + 2]
+            o = put(o, ids, 0, pairs[i][1].logprobs, len(p) - 1, j, i)
     if pack:
-        placed = np.flatnonzero(lengths > 0)  # a sample with no slots (empty completion of a 1-token prompt)
-        layout = pack_lengths(lengths[placed], T)
-        layout["sample"] = np.where(layout["sample"] >= 0, placed[np.maximum(layout["sample"], 0)], -1)
+        layout = pack_lengths(lengths, T)
     else:
         slot = np.arange(T)[None]
         inside = slot < lengths[:, None]
-        layout = {"sample": np.where(inside, np.arange(len(pairs))[:, None], -1),
+        layout = {"sample": np.where(inside, np.arange(len(units))[:, None], -1),
                   "segment_ids": inside.astype(np.int32), "positions": np.where(inside, slot, 0)}
-    sample = layout["sample"].astype(np.int32)
-    used = sample >= 0
-    at = np.where(used, offsets[np.maximum(sample, 0)] + layout["positions"], 0)
-    out = {k: np.where(used, v[at] if total else 0, 0).astype(v.dtype) for k, v in flat.items()}
-    out |= {"positions": layout["positions"].astype(np.int32), "segment_ids": layout["segment_ids"].astype(np.int32),
-            "sample": sample}
+    used = layout["sample"] >= 0  # layout["sample"] is the unit in each slot, "positions" the slot within it
+    at = np.where(used, offsets[np.maximum(layout["sample"], 0)] + layout["positions"], 0)
+    out = {k: np.where(used, v[at] if total else 0, 0 if k != "sample" else -1).astype(v.dtype)
+           for k, v in flat.items()}
+    out["segment_ids"] = np.where(used, layout["segment_ids"] + out.pop("branch") * BRANCH, 0).astype(np.int32)
     return {k: out[k] for k in ROW_FIELDS}
 
 

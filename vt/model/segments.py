@@ -1,0 +1,22 @@
+"""Which slots of a row may attend to which: the segment-id convention of every attention path without a cache.
+
+    segment_ids_BT int32: 0 = padding, 1..k = the documents packed in the row (vt.data.packing),
+                   s + j * BRANCH (j = 1, 2, ...) = branch j of document s: a continuation that sees document s
+                   (its shared prefix) and itself, never the other branches of s.
+
+A query at slot t sees a key at slot u <= t (causal in row order) when `visible(seg_t, seg_u)`: the same segment,
+or the key is in the query's prefix document. Branches let the G samples of an RL group hold their prompt once
+(vt.rl.rollouts.build_rows, share=True): prompt slots are document s, each completion a branch of it, with
+positions continuing the prompt's, so every completion sees exactly [prompt, itself] as when it had a row of its
+own, and the prompt's forward pass and gradient are computed once instead of G times (the idea of "Prefix
+Grouper", Liu et al. 2025). Rows without branches (every id < BRANCH) mask exactly as plain equality did.
+"""
+from __future__ import annotations
+
+BRANCH = 1 << 20  # ids of documents in a row stay below it (a row holds far fewer than 2^20 documents)
+
+
+def visible(seg_q, seg_k):
+    """Query segment ids vs key segment ids (broadcasting arrays): may the query attend to the key (causality
+    aside)? Same segment, or the key's segment is the query's prefix document (seg_q mod BRANCH)."""
+    return (seg_q == seg_k) | (seg_q % BRANCH == seg_k)
