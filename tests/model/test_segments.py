@@ -52,7 +52,8 @@ def test_a_branch_sees_its_prefix_and_itself_as_alone(impl, block, monkeypatch):
     w = rng.normal(size=q.shape).astype(np.float32)
 
     def run(q, k, v, seg):
-        f = lambda q, k, v: attention.self_attention(q[None], k[None], v[None], jnp.asarray(seg)[None], impl)[0]
+        f = lambda q, k, v: attention.self_attention(q[None], k[None], v[None], jnp.asarray(seg)[None], impl,
+                                                     branches=True)[0]
         out, vjp = jax.vjp(f, jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))
         return np.asarray(out), [np.asarray(g) for g in vjp(jnp.asarray(w[:len(q)]))]
 
@@ -85,6 +86,19 @@ def test_a_branch_sees_its_prefix_and_itself_as_alone(impl, block, monkeypatch):
     assert out[:7].std() > 0 and np.isfinite(out).all()
 
 
-def test_splash_does_not_claim_branches():
+def test_without_branches_a_branch_id_is_a_segment_of_its_own(monkeypatch):
+    """The model's default (ModelConfig.segment_branches False, every path but the RL learner's shared rows):
+    plain equality, so a branch sees only itself; splash refuses branches instead of masking them wrongly."""
+    rng = np.random.default_rng(1)
+    q, k, v, seg, alone = _row(prefix=23, branches=[19, 40], rng=rng)
+    for block in (16, 10 ** 6):  # blocked and dense
+        monkeypatch.setattr(attention, "ATTENTION_BLOCK", block)
+        out = np.asarray(attention.self_attention(*(jnp.asarray(x)[None] for x in (q, k, v, seg)), "xla")[0])
+        branch = alone[1][23:]  # the second branch alone, without its prefix
+        ref = attention.self_attention(*(jnp.asarray(x[branch])[None] for x in (q, k, v)),
+                                       jnp.ones((1, len(branch)), jnp.int32), "xla")[0]
+        np.testing.assert_allclose(out[branch], np.asarray(ref), atol=FP32_TOL, rtol=0)
     assert not attention.supports_branches("splash")
     assert all(attention.supports_branches(i) for i in ("xla", "jax", "cudnn"))
+    with pytest.raises(Exception, match="cannot mask branch segments"):
+        attention.self_attention(*(jnp.asarray(x)[None] for x in (q, k, v, seg)), "splash", branches=True)

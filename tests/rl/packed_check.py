@@ -80,9 +80,13 @@ class Setup:
         # pi_old: the policy before the step's first update (what later mini-batches see), here another random
         # model, so ratios are far from 1 (clipping on) and J does not cancel to ~0 within groups.
         self.old_params = jax.tree.map(lambda r, p: 0.7 * p + 0.3 * r, self.ref_params, self.params)
-        self.logps = make_token_logps(self.md, sh.params, mesh, TEMPERATURE)
-        self.step = make_rl_step(self.md, optimizer, schedule, sh, mesh, temperature=TEMPERATURE, eps_low=EPS_LOW,
-                                 eps_high=EPS_HIGH, kl_coef=KL_COEF, is_cap=IS_CAP)
+        # The learner's programs for plain rows and, as Learner builds them with shared prompts, for branch rows.
+        self.programs = {}
+        for share, md in ((False, self.md), (True, ModelDef(cfg.replace(segment_branches=True)))):
+            self.programs[share] = (make_token_logps(md, sh.params, mesh, TEMPERATURE),
+                                    make_rl_step(md, optimizer, schedule, sh, mesh, temperature=TEMPERATURE,
+                                                 eps_low=EPS_LOW, eps_high=EPS_HIGH, kl_coef=KL_COEF, is_cap=IS_CAP))
+        self.logps, self.step = self.programs[False]
 
     def learner_update(self, s: Scored, cfg: RLConfig, T: int, share: bool = False):
         """(loss, grads as host arrays, token counts) of the learner's one update on this process's groups."""
@@ -90,11 +94,12 @@ class Setup:
         batches, _, tokens = learner_batches(s, adv, T, 0, cfg, self.mesh, share=share)
         tokens["branches"] = sum(int((np.asarray(gather(mb["segment_ids"])) >= BRANCH).sum()) for mb in batches[0])
         (micro,) = batches
+        logps, step = self.programs[share]
         for mb in micro:
             inputs = {k: mb[k] for k in ("input_ids", "targets", "positions", "segment_ids")}
-            mb["old_logp"] = self.logps(self.old_params, inputs)
-            mb["ref_logp"] = self.logps(self.ref_params, inputs)
-        grads, loss = self.step.gradients(self.params, micro)
+            mb["old_logp"] = logps(self.old_params, inputs)
+            mb["ref_logp"] = logps(self.ref_params, inputs)
+        grads, loss = step.gradients(self.params, micro)
         return float(gather(loss)), {k: gather(v) for k, v in grads.items()}, tokens, len(micro)
 
 

@@ -132,7 +132,7 @@ def architecture(cfg: ModelConfig) -> dict:
     """The fields of a ModelConfig that fix the parameters' shapes (not dtypes or kernels)."""
     return {k: v for k, v in cfg.to_dict().items()
             if k not in ("param_dtype", "dtype", "attention_impl", "remat_policy", "vocab_pad_multiple",
-                         "lora_dropout")}
+                         "lora_dropout", "segment_branches")}
 
 
 def _valid_json(path: Path) -> bool:

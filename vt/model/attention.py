@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vt import VtError
 from vt.model import segments
 from vt.model.blocked_attention import blocked_attention
 
@@ -58,20 +59,22 @@ def dense_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):
     return out.reshape(B, T, N, H)
 
 
-def self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl: str):
-    """Causal attention of a row to itself within segments (vt.model.segments: a branch also sees its prefix
-    document); `impl` is resolved (`resolve`). "splash" builds the causal & same-segment mask from the segment ids
-    inside the kernel (no branches: `supports_branches`); the others get it as a dense mask, except "xla" on rows
-    of two blocks or more, which runs block by block (no [B, N, T, T] scores, blocks above the diagonal
-    skipped)."""
+def self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl: str, branches: bool = False):
+    """Causal attention of a row to itself within segments (with `branches`, a branch segment also sees its
+    prefix document: vt.model.segments); `impl` is resolved (`resolve`). "splash" builds the causal &
+    same-segment mask from the segment ids inside the kernel (no branches: `supports_branches`); the others get
+    it as a dense mask, except "xla" on rows of two blocks or more, which runs block by block (no [B, N, T, T]
+    scores, blocks above the diagonal skipped)."""
     T, H = q_BTNH.shape[1], q_BTNH.shape[-1]
+    if branches and not supports_branches(impl):
+        raise VtError(f"attention {impl!r} cannot mask branch segments (vt.model.segments); use 'xla' or 'jax'")
     if impl == "splash":
         from vt.model.splash import splash_attention
         return splash_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT)
     if impl == "xla" and T >= 2 * ATTENTION_BLOCK:
-        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, ATTENTION_BLOCK)
-    mask_BTT = jnp.tril(jnp.ones((T, T), dtype=bool))[None] & segments.visible(segment_ids_BT[:, :, None],
-                                                                                 segment_ids_BT[:, None, :])
+        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, ATTENTION_BLOCK, branches)
+    mask_BTT = jnp.tril(jnp.ones((T, T), dtype=bool))[None] & segments.visible(
+        segment_ids_BT[:, :, None], segment_ids_BT[:, None, :], branches=branches)
     if impl == "xla":
         return dense_attention(q_BTNH, k_BTKH, v_BTKH, mask_BTT, H ** -0.5)
     return jax.nn.dot_product_attention(q_BTNH, k_BTKH, v_BTKH, mask=mask_BTT[:, None], scale=H ** -0.5,

@@ -55,14 +55,15 @@ def _unhead_blocks(x_JB_UH, T: int):
     return x.reshape(B, J * U, *x.shape[3:])[:, :T]
 
 
-def _visible(seg_q_BU, seg_k_BU, i, j, U: int):
+def _visible(seg_q_BU, pre_q_BU, seg_k_BU, i, j, U: int, branches: bool):
     """[B, U, U] bool: query block i's positions may attend to key block j's (causal within the row, visible
     segments: vt.model.segments)."""
     causal_UU = (i * U + jnp.arange(U))[:, None] >= (j * U + jnp.arange(U))[None, :]
-    return causal_UU[None] & segments.visible(seg_q_BU[:, :, None], seg_k_BU[:, None, :])
+    return causal_UU[None] & segments.visible(seg_q_BU[:, :, None], seg_k_BU[:, None, :], pre_q_BU[:, :, None],
+                                              branches=branches)
 
 
-def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int):
+def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int, branches: bool):
     """(out [B, T, N, H], out in blocks [J, B, K, G, U, H], log-sum-exp [J, B, K, G, U]), outputs in q's dtype."""
     B, T, N, H = q_BTNH.shape
     K = k_BTKH.shape[2]
@@ -72,12 +73,13 @@ def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int):
     k_JBKUH, v_JBKUH = _head_blocks(k_BTKH, U), _head_blocks(v_BTKH, U)
     # Padded tail positions get segment -1: no real query ever sees them (they are also above every diagonal).
     seg_JBU = _blocks(segment_ids_BT, U, pad_value=-1)
+    pre_JBU = segments.prefix(seg_JBU)
 
     def query_block(_, i):
-        q_BKGUH, seg_q = q_JBKGUH[i], seg_JBU[i]
+        q_BKGUH, seg_q, pre_q = q_JBKGUH[i], seg_JBU[i], pre_JBU[i]
 
         def key_block(j, carry):
-            visible = _visible(seg_q, seg_JBU[j], i, j, U)
+            visible = _visible(seg_q, pre_q, seg_JBU[j], i, j, U, branches)
             return online_softmax.fold_block(carry, q_BKGUH, k_JBKUH[j], v_JBKUH[j], visible, scale, "bksh", "bkgth")
 
         # Key blocks 0..i: block i holds the diagonal, so every query has seen at least itself at the end.
@@ -90,19 +92,20 @@ def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int):
     return _unhead_blocks(out_JBKGUH, T).reshape(B, T, N, H), out_JBKGUH, lse_JBKGU
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(4,))
-def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block: int):
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block: int, branches: bool = False):
     """Causal, segment-masked attention of q [B, T, N, H] against k, v [B, T, K, H] (N a multiple of K), computed in
-    blocks of `block` positions; returns [B, T, N, H] in q's dtype."""
-    return _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block)[0]
+    blocks of `block` positions (with `branches`, a branch segment also sees its prefix document:
+    vt.model.segments); returns [B, T, N, H] in q's dtype."""
+    return _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)[0]
 
 
-def _fwd(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block):
-    out_BTNH, out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block)
+def _fwd(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches):
+    out_BTNH, out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)
     return out_BTNH, (q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, out_JBKGUH, lse_JBKGU)
 
 
-def _bwd(U, res, dout_BTNH):
+def _bwd(U, branches, res, dout_BTNH):
     """FlashAttention-2's backward pass: per key block j, the query blocks i >= j recompute their probabilities
     P = exp(S - lse) and add dV_j += P^T dO, dK_j += dS^T Q, dQ_i += dS K with dS = P * (dO V^T - delta) * scale,
     delta = rowsum(dO * O). Everything in fp32; the cotangents come back in the inputs' dtypes."""
@@ -117,6 +120,7 @@ def _bwd(U, res, dout_BTNH):
     delta_JBKGU = jnp.sum(do_JBKGUH * out_JBKGUH.astype(f32), axis=-1)
     k_JBKUH, v_JBKUH = _head_blocks(k_BTKH.astype(f32), U), _head_blocks(v_BTKH.astype(f32), U)
     seg_JBU = _blocks(segment_ids_BT, U, pad_value=-1)
+    pre_JBU = segments.prefix(seg_JBU)
     J = q_JBKGUH.shape[0]
 
     def key_block(dq_JBKGUH, j):
@@ -126,7 +130,7 @@ def _bwd(U, res, dout_BTNH):
             dq_JBKGUH, dk_BKUH, dv_BKUH = carry
             q_BKGUH, do_BKGUH = q_JBKGUH[i], do_JBKGUH[i]
             s = jnp.einsum("bkgth,bksh->bkgts", q_BKGUH, k_BKUH) * scale
-            visible = _visible(seg_JBU[i], seg_k, i, j, U)[:, None, None]
+            visible = _visible(seg_JBU[i], pre_JBU[i], seg_k, i, j, U, branches)[:, None, None]
             p = jnp.where(visible, jnp.exp(s - lse_JBKGU[i][..., None]), 0.0)
             dv_BKUH = dv_BKUH + jnp.einsum("bkgts,bkgth->bksh", p, do_BKGUH)
             dp = jnp.einsum("bkgth,bksh->bkgts", do_BKGUH, v_BKUH)

@@ -51,6 +51,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"  # compute dtype of activations and matmuls
     attention_impl: str = "xla"
+    # The no-cache attention also lets a branch segment see its prefix document (vt.model.segments): the RL
+    # learner's rows with shared prompts. Off elsewhere: it costs a second compare per score (~5% of the tiny SFT
+    # step). Not part of the architecture; never set in a saved config.
+    segment_branches: bool = False
     remat_policy: str = "auto"  # REMAT_POLICIES
     bos_token_id: int | None = 151643
     eos_token_id: int | None = 151643

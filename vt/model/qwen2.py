@@ -84,6 +84,7 @@ class Attention(nnx.Module):
         self.v_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
         self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd, stack)
         self.impl = resolve(cfg.attention_impl, cfg.dtype)  # decided once, for every call's no-cache attention
+        self.branches = cfg.segment_branches
 
     def __call__(self, x_BTD, positions_BT, segment_ids_BT, cache: PagedKVCache | None = None, layer=None):
         """One layer's attention (its own, unstacked weights). With a cache, `layer` is this layer's index into
@@ -95,7 +96,7 @@ class Attention(nnx.Module):
         q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
         if cache is None:
-            out_BTNH = self_attention(q, k, v, segment_ids_BT, self.impl)
+            out_BTNH = self_attention(q, k, v, segment_ids_BT, self.impl, self.branches)
         else:
             cache = cache.write(layer, k, v, positions_BT)
             out_BTNH = cache.attend(layer, q, k, v, positions_BT, segment_ids_BT, self.impl)

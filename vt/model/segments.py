@@ -16,7 +16,16 @@ from __future__ import annotations
 BRANCH = 1 << 20  # ids of documents in a row stay below it (a row holds far fewer than 2^20 documents)
 
 
-def visible(seg_q, seg_k):
+def prefix(seg):
+    """The prefix document of each segment id: itself for a document (and padding), s for a branch of s."""
+    return seg & (BRANCH - 1)
+
+
+def visible(seg_q, seg_k, prefix_q=None, *, branches: bool = True):
     """Query segment ids vs key segment ids (broadcasting arrays): may the query attend to the key (causality
-    aside)? Same segment, or the key's segment is the query's prefix document (seg_q mod BRANCH)."""
-    return (seg_q == seg_k) | (seg_q % BRANCH == seg_k)
+    aside)? Same segment, or with `branches` the key's segment is the query's prefix document (`prefix_q`:
+    prefix(seg_q), passed when a loop has it already). Without `branches`, plain equality: one compare per score
+    instead of two, for the paths that never see branches (the model's static ModelConfig.segment_branches)."""
+    if not branches:
+        return seg_q == seg_k
+    return (seg_q == seg_k) | ((prefix(seg_q) if prefix_q is None else prefix_q) == seg_k)

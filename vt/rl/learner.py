@@ -266,9 +266,12 @@ class Learner:
         self.replicas = None if jax.process_count() == 1 else LocalReplicas(self.sampler_mesh)
         self._sampler_sh = None
         m, temperature = cfg.mgpo, cfg.rollout.sampler.temperature
-        self.logps = make_token_logps(s.md, s.sh.params, s.mesh, temperature, loss_chunk=cfg.model.loss_chunk)
         self.share_prompts = shares_prompts(cfg.train, self.model_cfg)
-        self.update = make_rl_step(s.md, s.optimizer, s.schedule, s.sh, s.mesh,
+        # The update's and the scoring's model: with shared prompts its attention also masks branch segments
+        # (the same parameters; s.md, which the checkpoints describe, stays plain).
+        rows_md = ModelDef(self.model_cfg.replace(segment_branches=True)) if self.share_prompts else s.md
+        self.logps = make_token_logps(rows_md, s.sh.params, s.mesh, temperature, loss_chunk=cfg.model.loss_chunk)
+        self.update = make_rl_step(rows_md, s.optimizer, s.schedule, s.sh, s.mesh,
                                    temperature=temperature, eps_low=m.eps_low, eps_high=m.eps_high,
                                    kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
         self.engine = None
