@@ -86,7 +86,8 @@ What still differs, by each framework's design (both as they run by default):
   - Both take pi_old = stop_gradient(pi) from the update's own forward pass (one update per batch). vt also
     keeps the sampler's log-probs for the truncated importance weights and computes the policy entropy in the
     loss; it pads prompt + completion rows to the next of 16, 24, 32, 48, ..., Tunix to max_prompt_length +
-    max_new (16 + 8 = 24 here).
+    max_new (16 + 8 = 24 here). vt's rows hold a group's prompt once, its completions as branches of it
+    (train.share_prompts); Tunix computes every sample's prompt.
   - vt's sampler returns per-token log-probs (return_logprobs is off in Tunix's default GRPO rollout).
   - vt writes metrics.jsonl + TensorBoard every step; Tunix runs without a metrics backend.
   - Tunix decodes the Q*G rows as one batch in an on-device loop that ends once every row has stopped (or at
@@ -159,12 +160,20 @@ vt meets a new row shape in 3 of its 8 timed steps at the defaults (3-5 s each),
 padding here), so the median of the 8 is a compile-free step's only by luck; the table adds the median over the steps
 that compiled nothing. Three runs (--rounds 2) after the change: Tunix / vt step 1.19x, 1.00x, 1.10x (before: 0.89x),
 over the compile-free steps 1.43x, 1.26x, 1.32x (vt training 0.065-0.072 s vs Tunix 0.084-0.090, sampling 1.5-1.7x).
-The issue's 1.5x is not reached. What is left in vt's compile-free step (~0.10 s): the update program, ~55 ms for
-~2,100 slots (XLA:CPU's small matmuls, as at SFT), the host's part of the update ~8 ms (row choice and packing,
-device_put of 8 row arrays, the weight push), sampling ~0.03 s. The one lever of size found: the 8 samples of a group
-each repeat their 11-token prompt (10 of a sample's 15 slots could be shared); a row layout that holds a group's
-prompt once with its completions as branches (attention masked per branch) would compute ~800 slots for these 1,920 (a
-new mask in each attention path, including the TPU kernel's segment ids): not built.
+What is left in vt's compile-free step (~0.10 s): the update program, ~55 ms for ~2,100 slots (XLA:CPU's small
+matmuls, as at SFT), the host's part of the update ~8 ms (row choice and packing, device_put of 8 row arrays, the
+weight push), sampling ~0.03 s.
+
+Then shared prompts (vt.rl.rollouts.build_rows, share=True; train.share_prompts, on by default): the 8 samples of a
+group had each repeated their 11-token prompt (10 of a sample's 15 slots); a row now holds the prompt once and each
+completion as a branch of it (vt/model/segments.py), the same log-probs and gradients (tests/rl/test_packed_rl.py).
+The toy step's rows: 1,024 slots (16 x 64 or 32 x 32) where its 1,920 tokens unshared took 2,048-2,304. Three runs (--rounds 2, idle
+box): Tunix / vt step 2.05x, 1.94x, 2.08x, over the compile-free steps 2.08x, 1.99x, 2.17x (vt training 0.035-0.038 s
+vs Tunix 0.080-0.085, sampling 1.8-1.9x); the reward column is unchanged (0.560: the same samples drawn). The branch
+mask costs a second compare per score, so only the RL learner's model masks branches (ModelConfig.segment_branches):
+always on, it made the tiny SFT step 3-7% slower. --long-tail --lt-window 256 (16-token prompts, long-tailed
+completions): vt packed 0.188 s, Tunix 2.736 s (14.55x; 9.78x at the issue's filing), 4,352 slots computed for 4,919
+unshared real ones.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
