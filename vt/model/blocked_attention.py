@@ -1,17 +1,18 @@
 """Causal self-attention over packed rows, block by block (flash attention's algorithm in plain JAX), for the
 paths without a KV cache: training, scoring, prefill.
 
-    blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block) -> out_BTNH
+    blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches=False) -> out_BTNH
 
-Position t attends to s when s <= t and their segments are visible (vt.model.segments: the same segment, or the
-prefix document of a branch), exactly the mask `dense_attention` is given there. Dense attention materialises fp32
-scores and probabilities [B, N, T, T] and keeps the probabilities for the backward pass: 12.6 MB a layer for the
-tiny preset's 8 x 256 rows, 2.1 TB for coder-3b's 4 x 4096 per micro-batch, and on a CPU most of a tiny train step
-is spent moving them through memory. Here queries and keys are cut into blocks of `block` positions; the forward pass folds each key block at or
-below the diagonal into an online softmax (vt.model.online_softmax, the same fold as decode) and keeps only the
-output and the log-sum-exp per query; the backward pass (a custom VJP) recomputes each block's probabilities from
-them, as FlashAttention-2 does. Memory is O(T) per row instead of O(T^2), and blocks above the diagonal are never
-computed (about half the work of dense attention at long T).
+Position t attends to s when s <= t and their segments are visible (vt.model.segments: the same segment, or with
+`branches` the prefix document of a branch), exactly the mask `dense_attention` is given there. Dense attention
+materialises fp32 scores and probabilities [B, N, T, T] and keeps the probabilities for the backward pass: 12.6 MB
+a layer for the tiny preset's 8 x 256 rows, 2.1 TB for coder-3b's 4 x 4096 per micro-batch, and on a CPU most of a
+tiny train step is spent moving them through memory. Here queries and keys are cut into blocks of `block`
+positions; the forward pass folds each key block at or below the diagonal into an online softmax
+(vt.model.online_softmax, the same fold as decode) and keeps only the output and the log-sum-exp per query; the
+backward pass (a custom VJP) recomputes each block's probabilities from them, as FlashAttention-2 does. Memory is
+O(T) per row instead of O(T^2), and blocks above the diagonal are never computed (about half the work of dense
+attention at long T).
 
 fp32 statistics and accumulators whatever the input dtype; equal to dense attention up to rounding
 (tests/model/test_blocked_attention.py). Blocks are laid out heads first (`_head_blocks`). Shape letters as in
@@ -73,7 +74,7 @@ def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int, branches: bool):
     k_JBKUH, v_JBKUH = _head_blocks(k_BTKH, U), _head_blocks(v_BTKH, U)
     # Padded tail positions get segment -1: no real query ever sees them (they are also above every diagonal).
     seg_JBU = _blocks(segment_ids_BT, U, pad_value=-1)
-    pre_JBU = segments.prefix(seg_JBU)
+    pre_JBU = segments.prefix(seg_JBU) if branches else seg_JBU  # read only with branches
 
     def query_block(_, i):
         q_BKGUH, seg_q, pre_q = q_JBKGUH[i], seg_JBU[i], pre_JBU[i]
@@ -120,7 +121,7 @@ def _bwd(U, branches, res, dout_BTNH):
     delta_JBKGU = jnp.sum(do_JBKGUH * out_JBKGUH.astype(f32), axis=-1)
     k_JBKUH, v_JBKUH = _head_blocks(k_BTKH.astype(f32), U), _head_blocks(v_BTKH.astype(f32), U)
     seg_JBU = _blocks(segment_ids_BT, U, pad_value=-1)
-    pre_JBU = segments.prefix(seg_JBU)
+    pre_JBU = segments.prefix(seg_JBU) if branches else seg_JBU  # read only with branches
     J = q_JBKGUH.shape[0]
 
     def key_block(dq_JBKGUH, j):

@@ -52,7 +52,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype of activations and matmuls
     attention_impl: str = "xla"
     # The no-cache attention also lets a branch segment see its prefix document (vt.model.segments): the RL
-    # learner's rows with shared prompts. Off elsewhere: it costs a second compare per score (~5% of the tiny SFT
+    # learner's rows with shared prompts. Off elsewhere: it costs a second compare per score (3-7% of the tiny SFT
     # step). Not part of the architecture; never set in a saved config.
     segment_branches: bool = False
     remat_policy: str = "auto"  # REMAT_POLICIES
