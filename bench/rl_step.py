@@ -568,8 +568,10 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     optimizer, schedule = make_optimizer(cfg.optim, 1000)
     sh = train_state_shardings(md, optimizer, mesh)
     state = init_train_state(flat_params(create_model(model_cfg, mesh, seed=0)), optimizer, sh)
-    update = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=EPS_CLIP, eps_high=EPS_CLIP,
-                          kl_coef=0.0, is_cap=cfg.mgpo.is_cap)
+    share = shares_prompts(cfg.train, model_cfg)  # as the learner: its update masks branches when rows have them
+    rows_md = ModelDef(model_cfg.replace(segment_branches=True)) if share else md
+    update = make_rl_step(rows_md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=EPS_CLIP,
+                          eps_high=EPS_CLIP, kl_coef=0.0, is_cap=cfg.mgpo.is_cap)
     samples = [[Sample(work["completions"][q * G + g], work["logprobs"][q * G + g], "stop") for g in range(G)]
                for q in range(Q)]
     rewards = np.asarray(work["rewards"], np.float32).reshape(Q, G)
@@ -580,7 +582,6 @@ def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
     for i in range(args.warmup + args.steps):
         t0 = time.perf_counter()
         adv, _ = step_advantages(scored, cfg.mgpo)
-        share = shares_prompts(cfg.train, model_cfg)
         T = row_length(scored, model_cfg, cfg.train.pack_rows, cfg.train.tokens_per_micro_batch, mesh, share)
         batches, _, tokens = learner_batches(scored, adv, T, i, cfg, mesh, share)
         for micro in batches:

@@ -8,8 +8,10 @@ item by item: `rollout.stream_rewards`) -> optional Long2Short shaping -> advant
 (vt.rl.objectives) -> pi_old and truncated importance weights from one learner forward pass -> `mini_batches`
 optimiser updates on the clipped surrogate -> the new weights pushed into the sampler in place.
 
-The learner computes on the samples' real lengths: prompt + completion rows first-fit packed into rows of the
-step's bucketed longest sample (segment ids, positions restarting per sample), and every pass (pi_old, the
+The learner computes on the samples' real lengths: prompt + completion rows first-fit packed into rows of a
+length chosen per step (`row_length`: the bucketed longest sample or a few buckets more, by the slots its
+micro-batches compute; segment ids, positions restarting per sample), a group's prompt held once per row with its
+completions as branches of it (`train.share_prompts`, vt.model.segments), and every pass (pi_old, the
 KL reference, each update) runs over micro-batches of about `train.tokens_per_micro_batch` slots with the
 gradients summed, so one long sample among hundreds of short ones neither pads them all nor grows the
 memory a pass needs. Per-token objective weights make the sums the same per-sequence (or per-token) mean
