@@ -167,13 +167,13 @@ weight push), sampling ~0.03 s.
 Then shared prompts (vt.rl.rollouts.build_rows, share=True; train.share_prompts, on by default): the 8 samples of a
 group had each repeated their 11-token prompt (10 of a sample's 15 slots); a row now holds the prompt once and each
 completion as a branch of it (vt/model/segments.py), the same log-probs and gradients (tests/rl/test_packed_rl.py).
-The toy step's rows: 1,024 slots (16 x 64 or 32 x 32) where its 1,920 tokens unshared took 2,048-2,304. Three runs (--rounds 2, idle
-box): Tunix / vt step 2.05x, 1.94x, 2.08x, over the compile-free steps 2.08x, 1.99x, 2.17x (vt training 0.035-0.038 s
-vs Tunix 0.080-0.085, sampling 1.8-1.9x); the reward column is unchanged (0.560: the same samples drawn). The branch
-mask costs a second compare per score, so only the RL learner's model masks branches (ModelConfig.segment_branches):
-always on, it made the tiny SFT step 3-7% slower. --long-tail --lt-window 256 (16-token prompts, long-tailed
-completions): vt packed 0.188 s, Tunix 2.736 s (14.55x; 9.78x at the issue's filing), 4,352 slots computed for 4,919
-unshared real ones.
+The toy step's rows: 1,024 slots (16 x 64 or 32 x 32) where its 1,920 tokens unshared took 2,048-2,304. Three runs
+(--rounds 2, idle box): Tunix / vt step 2.05x, 1.94x, 2.08x, over the compile-free steps 2.08x, 1.99x, 2.17x (vt
+training 0.035-0.038 s vs Tunix 0.080-0.085, sampling 1.8-1.9x); the reward column is unchanged (0.560: the same
+samples drawn). The branch mask costs a second compare per score, so only the RL learner's model masks branches
+(ModelConfig.segment_branches): always on, it made the tiny SFT step 3-7% slower. --long-tail --lt-window 256
+(16-token prompts, long-tailed completions): vt packed 0.203 s, Tunix 2.454 s (12.10x; 9.78x at the issue's filing),
+4,352 slots computed for 4,919 unshared real ones.
 
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
