@@ -22,7 +22,7 @@ DATA = "{workdir}/data"
 def _tiny_sft(c, steps, lr, every, keep=10):
     c.model.preset = "tiny"
     c.model.dtype = "float32"
-    c.model.remat_policy = "auto"  # full at the tiny width, where recomputing a layer is cheaper than keeping it
+    c.model.remat_policy = "auto"  # recompute layers (but not attention) at the tiny width: cheaper than keeping them
     c.model.attention_impl = "xla"
     c.data.train = f"{DATA}/sft.jsonl"
     c.data.eval = f"{DATA}/sft_heldout.jsonl"
@@ -48,7 +48,7 @@ def _tiny_sft(c, steps, lr, every, keep=10):
 def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
     c.profile_k = 4  # RECIPE: 8; fewer rollouts keep the demo short
     c.model.dtype = "float32"
-    c.model.remat_policy = "auto"  # full at the tiny width, where recomputing a layer is cheaper than keeping it
+    c.model.remat_policy = "auto"  # recompute layers (but not attention) at the tiny width: cheaper than keeping them
     c.model.attention_impl = "xla"
     c.data.train = f"{DATA}/rl_{domain}.jsonl"
     c.data.eval = ""  # the pipeline's held-out table measures every stage the same way

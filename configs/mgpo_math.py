@@ -142,7 +142,7 @@ def smoke(c, data_file: str, domain: str):
     c.model.preset = "tiny"
     c.model.init_checkpoint = ""
     c.model.dtype = "float32"
-    c.model.remat_policy = "auto"  # full at the tiny width, where recomputing a layer is cheaper than keeping it
+    c.model.remat_policy = "auto"  # recompute layers (but not attention) at the tiny width: cheaper than keeping them
     c.model.attention_impl = "xla"
     c.data.train = str(SMOKE_DATA / data_file)
     c.data.eval = str(SMOKE_DATA / data_file)

@@ -24,10 +24,13 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from vt.model import online_softmax, segments
 
 _NEG = jnp.finfo(jnp.float32).min
+# checkpoint_name()s of the forward pass's residuals: the output blocks and the log-sum-exp per query.
+ATTENTION_OUT, ATTENTION_LSE = "attention_out", "attention_lse"
 
 
 def _blocks(x_BT, U: int, pad_value=0):
@@ -102,7 +105,12 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block: int, branch
 
 
 def _fwd(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches):
-    out_BTNH, out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)
+    _, out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)
+    # Named for the "save_attention" remat policy (vt.model.qwen2): saving these two lets the rematerialised layer
+    # skip the block loops, so the output is rebuilt from the named blocks (a transpose), not taken from _forward.
+    out_JBKGUH = checkpoint_name(out_JBKGUH, ATTENTION_OUT)
+    lse_JBKGU = checkpoint_name(lse_JBKGU, ATTENTION_LSE)
+    out_BTNH = _unhead_blocks(out_JBKGUH, q_BTNH.shape[1]).reshape(q_BTNH.shape)
     return out_BTNH, (q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, out_JBKGUH, lse_JBKGU)
 
 

@@ -9,25 +9,31 @@ from vt import VtError
 from vt.model.attention import IMPLS
 from vt.model.lora import targets
 
-REMAT_POLICIES = ("auto", "none", "full", "dots", "dots_no_batch")
-"""none: keep all activations; full: recompute each decoder layer in the backward pass;
-dots: save matmul outputs, recompute the rest; dots_no_batch: save only weight matmuls (no attention scores);
-auto: full below `FULL_REMAT_BELOW_WIDTH`, none from there up (`resolve_remat`)."""
+REMAT_POLICIES = ("auto", "none", "full", "save_attention", "dots", "dots_no_batch")
+"""none: keep all activations; full: recompute each decoder layer in the backward pass; save_attention: full, but
+keep the blocked attention's output and log-sum-exp (one [B, T, N * H] and one [B, N, T] a layer), so the recompute
+skips the attention's block loops; dots: save matmul outputs, recompute the rest; dots_no_batch: save only weight
+matmuls (no attention scores);
+auto: save_attention below `REMAT_BELOW_WIDTH`, none from there up (`resolve_remat`)."""
 
-# Below this hidden size "auto" recomputes each layer in the backward pass: keeping its activations costs more
-# than recomputing so narrow a layer. The layer scan stacks every saved activation over the layers (a buffer
-# allocated, copied and written in place per layer), while the recompute is a few small matmuls. Train step on a
-# 2-core CPU, 8 x 256 rows (bench/train_step.py shapes), full vs none in one process, steps alternated: width 96
-# (tiny preset) 69.2 vs 76.8 ms, width 256 245.6 vs 247.6 ms (a wash), width 896 (qwen2.5-0.5b, 2 layers, 2 x 256)
-# 4218 vs 3876 ms. From there up, memory decides: the production configs choose their policy explicitly.
-FULL_REMAT_BELOW_WIDTH = 256
+# Below this hidden size "auto" recomputes each decoder layer in the backward pass, all but its attention
+# (save_attention): keeping the layer's activations costs more than recomputing so narrow a layer. The layer scan
+# stacks every saved activation over the layers (a buffer allocated, copied and written in place per layer), while
+# the recompute is a few small matmuls; the attention's block loops are the one part worth keeping (O(T^2) work for
+# an output the size of the layer's input). Train step on a 2-core CPU, 8 x 256 rows (bench/train_step.py shapes),
+# policies in one process, steps alternated, fastest step: width 96 (tiny preset) save_attention 65.3 ms, full 70.3,
+# none 77.2; width 256 (8 heads of 32, MLP 512) 242.1 / 249.9 / 302.8; width 512 (8 of 64, MLP 1024) save_attention
+# 670.6 vs none 742.6; width 768 (12 of 64, MLP 4096) 3278 vs 3233 (the crossover); width 896 (qwen2.5-0.5b, 2
+# layers, 2 x 256) 4217 vs 3545. save_attention also holds half the temporary memory of none at these widths. From
+# there up, memory decides: the production configs choose their policy explicitly.
+REMAT_BELOW_WIDTH = 768
 
 
 def resolve_remat(policy: str, hidden_size: int) -> str:
     """The policy `policy` runs as for a model of width `hidden_size`: "auto" decided, the others as they are."""
     if policy != "auto":
         return policy
-    return "full" if hidden_size < FULL_REMAT_BELOW_WIDTH else "none"
+    return "save_attention" if hidden_size < REMAT_BELOW_WIDTH else "none"
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -28,6 +28,7 @@ from flax import nnx
 
 from vt.model import lora
 from vt.model.attention import resolve, self_attention
+from vt.model.blocked_attention import ATTENTION_LSE, ATTENTION_OUT
 from vt.model.config import ModelConfig, resolve_remat
 from vt.model.kv_pages import PagedKVCache
 from vt.sharding import constrain, state_shardings
@@ -138,6 +139,10 @@ class DecoderLayer(nnx.Module):
 
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
+    # The blocked attention's output and log-sum-exp (vt.model.blocked_attention): the recomputed layer runs its
+    # projections, norms and MLP again but not the attention's block loops. Rows under two blocks (dense
+    # attention) name nothing: there it is "full".
+    "save_attention": jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT, ATTENTION_LSE),
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
