@@ -117,7 +117,12 @@ def _fwd(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches):
 def _bwd(U, branches, res, dout_BTNH):
     """FlashAttention-2's backward pass: per key block j, the query blocks i >= j recompute their probabilities
     P = exp(S - lse) and add dV_j += P^T dO, dK_j += dS^T Q, dQ_i += dS K with dS = P * (dO V^T - delta) * scale,
-    delta = rowsum(dO * O). Everything in fp32; the cotangents come back in the inputs' dtypes."""
+    delta = rowsum(dO * O). Everything in fp32; the cotangents come back in the inputs' dtypes.
+
+    dK and dV are accumulated transposed, dK^T += Q^T dS and dV^T += dO^T P, with Q^T and dO^T laid out once per
+    call: the products then contract the scores' rows in place, where P^T dO and dS^T Q made XLA write both
+    [G * U, U] score blocks transposed in every block pair (on a 2-core CPU, 12% of the tiny preset's train step;
+    the step 64.5 -> 59.0 ms)."""
     q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, out_JBKGUH, lse_JBKGU = res
     B, T, N, H = q_BTNH.shape
     K = k_BTKH.shape[2]
@@ -126,6 +131,7 @@ def _bwd(U, branches, res, dout_BTNH):
     f32 = jnp.float32
     q_JBKGUH = _head_blocks(q_BTNH.reshape(B, T, K, G, H).astype(f32), U)
     do_JBKGUH = _head_blocks(dout_BTNH.reshape(B, T, K, G, H).astype(f32), U)
+    qT_JBKHGU, doT_JBKHGU = jnp.moveaxis(q_JBKGUH, -1, 3), jnp.moveaxis(do_JBKGUH, -1, 3)
     delta_JBKGU = jnp.sum(do_JBKGUH * out_JBKGUH.astype(f32), axis=-1)
     k_JBKUH, v_JBKUH = _head_blocks(k_BTKH.astype(f32), U), _head_blocks(v_BTKH.astype(f32), U)
     seg_JBU = _blocks(segment_ids_BT, U, pad_value=-1)
@@ -136,21 +142,21 @@ def _bwd(U, branches, res, dout_BTNH):
         k_BKUH, v_BKUH, seg_k = k_JBKUH[j], v_JBKUH[j], seg_JBU[j]
 
         def query_block(i, carry):
-            dq_JBKGUH, dk_BKUH, dv_BKUH = carry
+            dq_JBKGUH, dkT_BKHU, dvT_BKHU = carry
             q_BKGUH, do_BKGUH = q_JBKGUH[i], do_JBKGUH[i]
             s = jnp.einsum("bkgth,bksh->bkgts", q_BKGUH, k_BKUH) * scale
             visible = _visible(seg_JBU[i], pre_JBU[i], seg_k, i, j, U, branches)[:, None, None]
             p = jnp.where(visible, jnp.exp(s - lse_JBKGU[i][..., None]), 0.0)
-            dv_BKUH = dv_BKUH + jnp.einsum("bkgts,bkgth->bksh", p, do_BKGUH)
+            dvT_BKHU = dvT_BKHU + jnp.einsum("bkhgt,bkgts->bkhs", doT_JBKHGU[i], p)
             dp = jnp.einsum("bkgth,bksh->bkgts", do_BKGUH, v_BKUH)
             ds = p * (dp - delta_JBKGU[i][..., None]) * scale
-            dk_BKUH = dk_BKUH + jnp.einsum("bkgts,bkgth->bksh", ds, q_BKGUH)
+            dkT_BKHU = dkT_BKHU + jnp.einsum("bkhgt,bkgts->bkhs", qT_JBKHGU[i], ds)
             dq_JBKGUH = dq_JBKGUH.at[i].add(jnp.einsum("bkgts,bksh->bkgth", ds, k_BKUH))
-            return dq_JBKGUH, dk_BKUH, dv_BKUH
+            return dq_JBKGUH, dkT_BKHU, dvT_BKHU
 
-        zeros = jnp.zeros_like(k_BKUH)
-        dq_JBKGUH, dk_BKUH, dv_BKUH = jax.lax.fori_loop(j, J, query_block, (dq_JBKGUH, zeros, zeros))
-        return dq_JBKGUH, (dk_BKUH, dv_BKUH)
+        zeros = jnp.zeros((B, K, H, U), f32)
+        dq_JBKGUH, dkT_BKHU, dvT_BKHU = jax.lax.fori_loop(j, J, query_block, (dq_JBKGUH, zeros, zeros))
+        return dq_JBKGUH, (jnp.swapaxes(dkT_BKHU, -1, -2), jnp.swapaxes(dvT_BKHU, -1, -2))
 
     dq_JBKGUH, (dk_JBKUH, dv_JBKUH) = jax.lax.scan(key_block, jnp.zeros_like(q_JBKGUH), jnp.arange(J))
     dq_BTNH = _unhead_blocks(dq_JBKGUH, T).reshape(B, T, N, H).astype(q_BTNH.dtype)
