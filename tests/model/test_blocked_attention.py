@@ -144,3 +144,22 @@ def test_sharded_model_gradients_equal_dense(vt_ckpt):
                 for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(dense)))
     assert worst < FP32_TOL, worst
     print(worst)
+
+
+def test_block_grows_with_the_row(vt_ckpt, monkeypatch):
+    """Rows of 256 positions or more run in blocks of 128, from 1,024 in blocks of 256 (attention_block); the
+    model's output over packed documents crossing those blocks equals the dense path's."""
+    assert [attention.attention_block(T) for T in (128, 255, 256, 1023, 1024, 4096)] == [64, 64, 128, 128, 256, 256]
+    model = load_model(vt_ckpt)
+    rng = np.random.RandomState(1)
+    seg = np.array([[1] * 100 + [2] * 170 + [3] * 20 + [0] * 10])
+    pos = np.concatenate([np.arange(100), np.arange(170), np.arange(20), np.zeros(10, int)])[None]
+    args = (jnp.asarray(rng.randint(0, 300, seg.shape)), jnp.asarray(pos), jnp.asarray(seg))
+    blocks = []
+    real = attention.blocked_attention
+    monkeypatch.setattr(attention, "blocked_attention", lambda *a: blocks.append(a[4]) or real(*a))
+    blocked, _ = model(*args)
+    assert set(blocks) == {128}, blocks
+    monkeypatch.setattr(attention, "ATTENTION_BLOCK", 10 ** 6)
+    dense, _ = model(*args)
+    np.testing.assert_allclose(np.asarray(blocked), np.asarray(dense), atol=FP32_TOL, rtol=0)

@@ -15,15 +15,25 @@ from vt.model.blocked_attention import blocked_attention
 
 IMPLS = ("xla", "jax", "splash", "auto")
 """xla: vt's einsum attention (any backend; rows of two `ATTENTION_BLOCK`s or more are attended to block by block,
-vt.model.blocked_attention); jax: `jax.nn.dot_product_attention`, cuDNN flash attention on NVIDIA GPUs with a
-bf16/fp16 compute dtype (it has no fp32 kernel), its XLA form elsewhere (unpinned, JAX picks XLA everywhere);
-splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs (Pallas interpret mode,
-slow, elsewhere); auto: splash on TPU, jax on NVIDIA GPUs with a bf16/fp16 compute dtype, xla otherwise."""
+vt.model.blocked_attention, in blocks of `attention_block`); jax: `jax.nn.dot_product_attention`, cuDNN flash
+attention on NVIDIA GPUs with a bf16/fp16 compute dtype (it has no fp32 kernel), its XLA form elsewhere (unpinned,
+JAX picks XLA everywhere); splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs
+(Pallas interpret mode, slow, elsewhere); auto: splash on TPU, jax on NVIDIA GPUs with a bf16/fp16 compute dtype,
+xla otherwise."""
 
-# Query/key blocks of the "xla" self-attention; rows shorter than two blocks are attended to in one piece. 64 was
-# the fastest of 32/64/128 for the tiny preset's train step on a CPU (8 x 256 rows: 98 / 114 / 138 ms, dense
-# 165 ms); a [64, 64] fp32 score block per head group stays in cache there.
+# Query/key blocks of the "xla" self-attention: rows shorter than two ATTENTION_BLOCKs are attended to in one piece,
+# longer rows in blocks that grow with the row (`attention_block`).
 ATTENTION_BLOCK = 64
+
+
+def attention_block(T: int) -> int:
+    """The block size for rows of T positions: ATTENTION_BLOCK, doubled from 4 blocks' length (256 positions) and
+    doubled again from 16 (1,024). Fewer, larger blocks mean fewer loop trips and larger matmuls, until a block is
+    so large that its masked upper half costs more. Tiny preset's train step on a 2-core CPU, block sizes
+    alternated in one process, fastest step (rows x length, then ms per block size): 8 x 256: 64 60.2, 128 56.4,
+    256 91.2; 4 x 512: 64 85.9, 128 73.7, 256 90.5; 2 x 1024: 64 160.7, 128 104.9, 256 97.3; 1 x 2048: 128 182.0,
+    256 140.9, 512 148.1; 16 x 128: 64 52.1 against one dense block's 79.1."""
+    return ATTENTION_BLOCK * (4 if T >= 16 * ATTENTION_BLOCK else 2 if T >= 4 * ATTENTION_BLOCK else 1)
 
 
 def resolve(impl: str, dtype) -> str:
@@ -72,7 +82,7 @@ def self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl: str, branches: 
         from vt.model.splash import splash_attention
         return splash_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT)
     if impl == "xla" and T >= 2 * ATTENTION_BLOCK:
-        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, ATTENTION_BLOCK, branches)
+        return blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, attention_block(T), branches)
     mask_BTT = jnp.tril(jnp.ones((T, T), dtype=bool))[None] & segments.visible(
         segment_ids_BT[:, :, None], segment_ids_BT[:, None, :], branches=branches)
     if impl == "xla":
