@@ -140,8 +140,8 @@ class DecoderLayer(nnx.Module):
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     # The blocked attention's output and log-sum-exp (vt.model.blocked_attention): the recomputed layer runs its
-    # projections, norms and MLP again but not the attention's block loops. Rows under two blocks (dense
-    # attention) name nothing: there it is "full".
+    # projections, norms and MLP again but not the attention's block loops. Where attention is not blocked (rows
+    # under two blocks, the splash, jax and cudnn kernels) nothing is named: there it is "full".
     "save_attention": jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT, ATTENTION_LSE),
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,

@@ -51,7 +51,7 @@ class ModelSection:
     init_checkpoint: str = ""  # vt model checkpoint to fine-tune ("" = random init from the preset)
     param_dtype: str = "float32"  # master weights and optimiser state
     dtype: str = "float32"  # compute dtype (bfloat16 for mixed precision)
-    remat_policy: str = "auto"  # auto | none | full | save_attention | dots | dots_no_batch (vt.model.config.REMAT_POLICIES)
+    remat_policy: str = "auto"  # vt.model.config.REMAT_POLICIES: auto | none | full | save_attention | dots | ...
     attention_impl: str = "xla"  # xla | jax | splash | auto (vt.model.attention.IMPLS)
     # Sequence positions per chunk of the loss / log-probs (vt.train.losses.token_logps): bounds the live float32
     # logits to rows x loss_chunk x vocab instead of rows x seq_len x vocab.
