@@ -175,6 +175,12 @@ samples drawn). The branch mask costs a second compare per score, so only the RL
 (16-token prompts, long-tailed completions): vt packed 0.203 s, Tunix 2.454 s (12.10x; 9.78x at the issue's filing),
 4,352 slots computed for 4,919 unshared real ones.
 
+After the attention work of the SFT step (bench/train_step.py: the save_attention remat, the backward's transposed
+dK/dV, blocks of 128 from 256 positions), 2026-12-04, idle box: toy (--rounds 2, two runs) Tunix / vt step 1.96x and
+2.01x (compile-free 2.13x, 2.09x; its rows stay under 128 positions, dense attention, so the toy is unchanged);
+--long-tail --lt-window 256: vt packed 0.155 s, vt padded 1.095, Tunix 2.472: Tunix / vt packed 15.90x (its rows of
+256 now run in blocks of 128).
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix, shared by the benches; never in .venv), in a
 subprocess of this script (`--worker tunix`) with JAX_PLATFORMS=cpu. Absolute numbers on a shared CPU box mean
 little; the Tunix/vt ratio printed at the end is the result. Two runs on an idle 2-core box (2026-11-30, Tunix

@@ -61,6 +61,18 @@ the scan's 71.1 / 84.6; attention blocks of 128 70.3 / 76.8 and one dense block 
 74.2; the batch split over two host devices (--xla_force_host_platform_device_count=2, data axis 2; a scratch copy of
 this bench, one run each) vt / torch 0.95x against 0.88x on one device, within this box's noise. None kept.
 
+Closed on 2026-12-04 (idle 2-core box, jax 0.12.0.1, torch 2.13.0), three changes, each measured in one process
+with the variants' steps alternated (fastest of ~30): (1) remat policy save_attention (vt.model.config): the
+rematerialised layer no longer reruns the blocked attention's forward loops (its output and log-sum-exp are saved,
+one [B, T, N * H] a layer): 70.3 -> 65.3 ms; (2) the attention backward accumulates dK^T and dV^T (Q^T and dO^T laid
+out once), so no block pair writes its score blocks transposed (two copy fusions of [B, K, U, G * U] per pair, 12%
+of the step's thread time): 64.5 -> 59.0 ms; (3) blocks of 128 for rows of 256 (vt.model.attention.attention_block):
+60.2 -> 56.4 ms. Before, at the start of that session: vt 69.5 ms, torch 59.3 (0.85x). After: vt / torch 1.10x,
+1.09x, 1.04x in three runs (vt 54.5-57.7 ms, torch 57.7-62.8), vt / Tunix 2.40x (vt 57.7, Tunix 138.3); the 0.5b
+row (2 layers, 2 x 256, one round) vt 3,626 ms, torch 4,742: 1.31x. Tried, not kept: dQ accumulated transposed
+with the scores keys first (65.2 vs 64.5 ms); the tied head's gradient computed as x^T dlogits behind an
+optimisation barrier (61.0 vs 59.8); the batch as two independent halves in one program (64.5 vs 57.2).
+
 Tunix runs in its own virtualenv ($VT_TUNIX_VENV, default ~/.cache/vt/venv-tunix as for bench/sampler.py;
 created on first use with `pip install google-tunix`; never in .venv), in a subprocess of this script (`--worker tunix`). Absolute numbers on a shared CPU box
 mean little; the ratios printed at the end are the result.
