@@ -28,7 +28,6 @@ from jax.ad_checkpoint import checkpoint_name
 
 from vt.model import online_softmax, segments
 
-_NEG = jnp.finfo(jnp.float32).min
 # checkpoint_name()s of the forward pass's residuals: the output blocks and the log-sum-exp per query.
 ATTENTION_OUT, ATTENTION_LSE = "attention_out", "attention_lse"
 
