@@ -70,7 +70,7 @@ def _primitive_count(jaxpr, name: str) -> int:
 def test_save_attention_skips_the_attention_loops_when_recomputing():
     """With "save_attention" the backward pass's rematerialised layer does not run the blocked attention's forward
     loops again: the gradient has one while loop fewer than under "full" (the forward's key-block loop, the
-    recompute's, the backward's query-block loop), and saves one more [B, T, N * H] per layer."""
+    recompute's, the backward's query-block loop)."""
     cfg = preset("tiny", remat_policy="full")
     tokens = jnp.zeros((2, 2 * ATTENTION_BLOCK), jnp.int32)
 

@@ -67,7 +67,7 @@ def _visible(seg_q_BU, pre_q_BU, seg_k_BU, i, j, U: int, branches: bool):
 
 
 def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int, branches: bool):
-    """(out [B, T, N, H], out in blocks [J, B, K, G, U, H], log-sum-exp [J, B, K, G, U]), outputs in q's dtype."""
+    """(out in blocks [J, B, K, G, U, H] in q's dtype, log-sum-exp [J, B, K, G, U])."""
     B, T, N, H = q_BTNH.shape
     K = k_BTKH.shape[2]
     G = N // K
@@ -92,7 +92,12 @@ def _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, U: int, branches: bool):
 
     J = q_JBKGUH.shape[0]
     _, (out_JBKGUH, lse_JBKGU) = jax.lax.scan(query_block, None, jnp.arange(J))
-    return _unhead_blocks(out_JBKGUH, T).reshape(B, T, N, H), out_JBKGUH, lse_JBKGU
+    return out_JBKGUH, lse_JBKGU
+
+
+def _output(out_JBKGUH, q_BTNH):
+    """The output blocks as [B, T, N, H], q's shape."""
+    return _unhead_blocks(out_JBKGUH, q_BTNH.shape[1]).reshape(q_BTNH.shape)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -100,17 +105,16 @@ def blocked_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block: int, branch
     """Causal, segment-masked attention of q [B, T, N, H] against k, v [B, T, K, H] (N a multiple of K), computed in
     blocks of `block` positions (with `branches`, a branch segment also sees its prefix document:
     vt.model.segments); returns [B, T, N, H] in q's dtype."""
-    return _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)[0]
+    return _output(_forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)[0], q_BTNH)
 
 
 def _fwd(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches):
-    _, out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)
-    # Named for the "save_attention" remat policy (vt.model.qwen2): saving these two lets the rematerialised layer
-    # skip the block loops, so the output is rebuilt from the named blocks (a transpose), not taken from _forward.
+    out_JBKGUH, lse_JBKGU = _forward(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, block, branches)
+    # Named for the "save_attention" remat policy (vt.model.qwen2). The output is made from the named blocks: with
+    # both saved, the rematerialised layer needs nothing from the block loops and skips them.
     out_JBKGUH = checkpoint_name(out_JBKGUH, ATTENTION_OUT)
     lse_JBKGU = checkpoint_name(lse_JBKGU, ATTENTION_LSE)
-    out_BTNH = _unhead_blocks(out_JBKGUH, q_BTNH.shape[1]).reshape(q_BTNH.shape)
-    return out_BTNH, (q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, out_JBKGUH, lse_JBKGU)
+    return _output(out_JBKGUH, q_BTNH), (q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, out_JBKGUH, lse_JBKGU)
 
 
 def _bwd(U, branches, res, dout_BTNH):
@@ -158,7 +162,7 @@ def _bwd(U, branches, res, dout_BTNH):
         return dq_JBKGUH, (jnp.swapaxes(dkT_BKHU, -1, -2), jnp.swapaxes(dvT_BKHU, -1, -2))
 
     dq_JBKGUH, (dk_JBKUH, dv_JBKUH) = jax.lax.scan(key_block, jnp.zeros_like(q_JBKGUH), jnp.arange(J))
-    dq_BTNH = _unhead_blocks(dq_JBKGUH, T).reshape(B, T, N, H).astype(q_BTNH.dtype)
+    dq_BTNH = _output(dq_JBKGUH, q_BTNH).astype(q_BTNH.dtype)
     return (dq_BTNH, _unhead_blocks(dk_JBKUH, T).astype(k_BTKH.dtype), _unhead_blocks(dv_JBKUH, T).astype(v_BTKH.dtype),
             None)
 
