@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vt import VtError
-from vt.io import atomic_write_json, read_rows, write_jsonl
+from vt.io import ResumableWriter, append_lines, atomic_write_json, read_rows, write_jsonl
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -91,3 +91,21 @@ def test_the_kernel_releases_the_lock_of_a_killed_holder(tmp_path):
     assert (work / LOCK_FILE).exists()  # kill -9 ran no clean-up, yet the lock is free
     with exclusive(work, "w", inside=True) as lock:
         assert lock.read_text() == f"{os.getpid()}\n"
+
+
+def test_every_writer_encodes_a_lone_surrogate(tmp_path):
+    """A lone surrogate anywhere in a record (a key, a value, nested) is written as U+FFFD by every JSON writer, so
+    one record can never stop a file; the files read back (read_rows refuses lone surrogates, so none is left)."""
+    row = {"bad\ud800": ["x\udfff", {"y": "\ud83d alone"}], "ok": "é😀"}
+    want = {"bad\ufffd": ["x\ufffd", {"y": "\ufffd alone"}], "ok": "é😀"}
+    write_jsonl(tmp_path / "w.jsonl", [row])
+    atomic_write_json(tmp_path / "a.json", row)
+    with open(tmp_path / "l.jsonl", "w", encoding="utf-8") as f:
+        append_lines(f, [row])
+    w = ResumableWriter(tmp_path / "r.jsonl")
+    w.write(0, [row], reason="odd\ud800", detail="\udc80", where="w")
+    w.close()
+    for name in ("w.jsonl", "l.jsonl", "r.jsonl"):
+        assert [r for _, r in read_rows(tmp_path / name)] == [want], name
+    assert json.loads((tmp_path / "a.json").read_bytes().decode("utf-8")) == want
+    assert "\ufffd" in (tmp_path / "r.jsonl.rejected.jsonl").read_bytes().decode("utf-8")

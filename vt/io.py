@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -176,9 +177,21 @@ def _numpy_to_json(x: Any) -> Any:
     raise TypeError(f"{type(x).__name__} is not JSON serialisable")
 
 
+# A lone surrogate ("\ud800") is a valid Python str and valid JSON, but not Unicode: it cannot be encoded as UTF-8,
+# and one in any record (a verifier's message quoting a program's exception, a model's text) would stop the whole
+# file being written. Every writer here replaces them with U+FFFD; text without one only pays for one regex scan.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, so that it encodes as UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def dumps(obj: Any) -> str:
-    """One JSONL line's text (no newline): UTF-8 kept as is, numpy values as Python ones."""
-    return json.dumps(obj, ensure_ascii=False, default=_numpy_to_json)
+    """One JSONL line's text (no newline): UTF-8 kept as is (lone surrogates as U+FFFD), numpy values as Python
+    ones."""
+    return encodable(json.dumps(obj, ensure_ascii=False, default=_numpy_to_json))
 
 
 @contextlib.contextmanager
@@ -209,7 +222,8 @@ def atomic_write_text(path: Path | str, text: str) -> Path:
 
 def atomic_write_json(path: Path | str, obj: Any, *, indent: int = 2) -> Path:
     """A JSON document (a manifest, a report); values json cannot write (paths, numpy scalars) as their str."""
-    return atomic_write_text(path, json.dumps(plain(obj), indent=indent, ensure_ascii=False, default=str) + "\n")
+    return atomic_write_text(path, encodable(json.dumps(plain(obj), indent=indent, ensure_ascii=False, default=str))
+                             + "\n")
 
 
 def write_jsonl(path: Path | str, rows: Iterable[dict]) -> Path:

@@ -113,3 +113,21 @@ def test_bad_records_are_named_by_line(tmp_path, domain, record, message):
 def test_missing_input_file(tmp_path):
     proc = vt_reward("--domain", "math", "--input", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
     assert proc.returncode == 2 and "no such file" in proc.stderr
+
+
+def test_a_lone_surrogate_in_a_verdict_does_not_stop_the_others(tmp_path):
+    """A program's exception message with a lone surrogate (valid JSON from the sandbox, not Unicode) reaches the
+    record's details; the writer replaces it (U+FFFD) and every record is written."""
+    records = [
+        {"task_id": "X/0", "prompt": "def f(x):\n", "entry_point": "f",
+         "test": "def check(candidate):\n    assert candidate(1) == 2\n",
+         "completion": "```python\ndef f(x):\n    raise ValueError('\\ud800')\n```"},
+        {"completion": "```python\nprint(1)\n```", "tests": [{"input": "", "output": "1"}]},
+    ]
+    inp, out = write_jsonl(tmp_path / "in.jsonl", records), tmp_path / "out.jsonl"
+    proc = vt_reward("--domain", "code", "--input", str(inp), "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    raw = out.read_bytes().decode("utf-8")  # strict: the file is valid UTF-8
+    scored = [json.loads(line) for line in raw.splitlines()]
+    assert [r["score"] for r in scored] == [0.0, 1.0], scored
+    assert scored[0]["details"]["failure"] == "runtime_error" and "\ufffd" in json.dumps(scored[0], ensure_ascii=False)
