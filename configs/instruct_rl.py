@@ -19,6 +19,9 @@ def get_config(arg=None):
     c.data.domain = ""  # "" = each record's own domain
     c.rewards.instruct = ml_collections.ConfigDict()
     c.rewards.instruct.mode = "strict"  # strict IFEval-style checking during RL (loose for evaluation only)
+    # IFEval's quirk off for RL: text in which langdetect finds no language ("12345") would otherwise satisfy
+    # "answer in Russian" and the English-case constraints, a reward hack (vt.rewards.instruct.InstructConfig).
+    c.rewards.instruct.ifeval_quirks = False
     if smoke:
         c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "instruct.jsonl")
         return c
