@@ -6,9 +6,10 @@ Usage (by sandbox.py): python3 -I /code/_harness.py LIMITS_JSON MODE   (solution
   MODE "call":  stdin is {"nonce": str, "fn_name": str, "args": [...]}; import the solution, call the
                 function (top level or a method of ``class Solution``), and print
                 "\\n<nonce>" + JSON {"ok": value} or {"error": kind, "message": str} on the saved stdout.
-  MODE "program": stdin is {"nonce": str, "setup": str, "test": str, "expose": [str]}; run a test program
-                (HumanEval's ``check(candidate)``, MBPP's asserts) against the solution's ``expose``d names
-                (never a builtin) and print "\\n<nonce>" + JSON
+  MODE "program": stdin is {"nonce": str, "setup": str, "test": str, "expose": [str], "entry": [str]}; run a
+                test program (HumanEval's ``check(candidate)``, MBPP's asserts) against the solution's
+                ``expose``d names (never a builtin, unless it is one of the record's own ``entry`` points, such
+                as MBPP's ``def sum(a, b)``) and print "\\n<nonce>" + JSON
                 {"ok": true} or {"error": kind, "message": str}. See run_program for the isolation.
 
 Nothing here is trusted by the host. The expected output never enters the sandbox, so whatever the
@@ -366,8 +367,9 @@ def run_tests(request, call_w, reply_r):
         return call
 
     # Only the names the test reads and never binds itself (the host's free_names), and never a builtin:
-    # a solution's `abs` or `set` must not replace the one the test calls.
-    exposed = set(request.get("expose") or ()) - set(dir(builtins))
+    # a solution's `abs` or `set` must not replace the one the test calls. The record's own entry points
+    # are the exception: the task asks for them by name, even where that name is a builtin's (MBPP's `sum`).
+    exposed = (set(request.get("expose") or ()) - set(dir(builtins))) | set(request.get("entry") or ())
     for name, kind in ready[1].items():
         if name not in exposed:
             continue
