@@ -150,6 +150,34 @@ def state_shardings(abstract_state, mesh: Mesh):
     return nnx.map_state(one, abstract_state)
 
 
+# --- the hardware ------------------------------------------------------------------------------------------------
+
+def platform(mesh=None) -> str:
+    """The platform ("tpu", "gpu", "cpu") of the devices a program is built for: `mesh`'s devices, else those of
+    the mesh being traced or built under (`use_mesh` / `jax.set_mesh`), else JAX's default backend. Every choice
+    that depends on the hardware (attention implementation, decode kernel, Pallas interpret mode) reads this, so a
+    program compiled for a TPU topology from a CPU host (`vt plan`) takes exactly the paths a pod runs, while a
+    program built with no mesh runs as before, on the default backend."""
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        if isinstance(mesh, Mesh):
+            return mesh.devices.flat[0].platform
+        device = getattr(mesh, "abstract_device", None)  # an AbstractMesh made by hand may carry none
+        if device is not None and device.platform:
+            return device.platform
+    return jax.default_backend()
+
+
+def is_cuda(mesh=None) -> bool:
+    """Are the devices programs are built for NVIDIA GPUs (not ROCm)? (cuDNN's attention applies there.)"""
+    if platform(mesh) != "gpu":
+        return False
+    concrete = mesh if isinstance(mesh, Mesh) else jax.sharding.get_mesh()
+    device = concrete.devices.flat[0] if not concrete.empty else jax.devices()[0]
+    return "cuda" in device.client.platform_version.lower()
+
+
 # --- activations ------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager

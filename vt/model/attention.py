@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from vt import VtError
 from vt.model import segments
 from vt.model.blocked_attention import blocked_attention
+from vt.sharding import is_cuda, platform
 
 IMPLS = ("xla", "jax", "splash", "auto")
 """xla: vt's einsum attention (any backend; rows of two `ATTENTION_BLOCK`s or more are attended to block by block,
@@ -38,10 +39,11 @@ def attention_block(T: int) -> int:
 
 
 def resolve(impl: str, dtype) -> str:
-    """The implementation `impl` runs as on this backend for compute dtype `dtype`: "auto" chosen, and "jax" made
-    "cudnn" where cuDNN's flash kernel applies (NVIDIA GPU, bf16/fp16)."""
-    backend = jax.default_backend()
-    cudnn = backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and _is_cuda()
+    """The implementation `impl` runs as for compute dtype `dtype` on the platform programs are built for
+    (vt.sharding.platform: the mesh's devices, so a TPU topology compiled from a CPU host gets splash): "auto"
+    chosen, and "jax" made "cudnn" where cuDNN's flash kernel applies (NVIDIA GPU, bf16/fp16)."""
+    backend = platform()
+    cudnn = backend == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) and is_cuda()
     if impl == "auto":
         impl = "splash" if backend == "tpu" else "jax" if cudnn else "xla"
     return "cudnn" if impl == "jax" and cudnn else impl
@@ -51,10 +53,6 @@ def supports_branches(impl: str) -> bool:
     """Can the resolved implementation `impl` mask branch segments (vt.model.segments)? Splash's kernel compares
     segment ids for equality only, so a branch would not see its prefix there."""
     return impl != "splash"
-
-
-def _is_cuda() -> bool:
-    return "cuda" in jax.devices()[0].client.platform_version.lower()
 
 
 def dense_attention(q_BTNH, k_BSKH, v_BSKH, mask_BTS, scale):

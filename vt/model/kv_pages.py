@@ -22,7 +22,7 @@ import numpy as np
 
 from vt.model import online_softmax
 from vt.model.attention import self_attention
-from vt.sharding import param_sharding
+from vt.sharding import activation_spec, param_sharding, platform
 
 # Logical axes of a page pool [L, K, P, Z, H]: split over KV heads (tensor) and replicated over the batch axes,
 # since any slot may own any page.
@@ -45,9 +45,9 @@ class PagedKVCache:
     # tokens attend to one another as without a cache (vt.model.attention). True (chunked scoring): every call
     # continues what the pages already hold and attends to them.
     continues: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    # The kernel of a single-token step (`DECODE_KERNELS`): "auto" is the Pallas kernel on TPU and the XLA path
-    # elsewhere; "pallas" also takes JAX's Pallas (Triton) kernel on GPU, and on CPU runs that kernel in Pallas's
-    # interpreter (tests); "xla" always takes the XLA path.
+    # The kernel of a single-token step (`DECODE_KERNELS`): "auto" is the Pallas kernel on TPU (heads of 128 or a
+    # multiple: `tpu_kernel_fits`) and the XLA path elsewhere; "pallas" also takes JAX's Pallas (Triton) kernel on
+    # GPU, and on CPU runs that kernel in Pallas's interpreter (tests); "xla" always takes the XLA path.
     decode_kernel: str = dataclasses.field(default="auto", metadata=dict(static=True))
     # `unroll` of the model's scan over layers while this cache rides in it (a cost-analysis form unrolls them).
     scan_unroll: ClassVar[int] = 1
@@ -97,8 +97,8 @@ class PagedKVCache:
         if T > 1 and not self.continues:
             return self_attention(q_BTNH, k_BTKH, v_BTKH, segment_ids_BT, impl)
         scale = q_BTNH.shape[-1] ** -0.5
-        backend = jax.default_backend()
-        if T == 1 and backend == "tpu" and self.decode_kernel != "xla":
+        backend = platform()  # the devices this program is built for (a TPU topology compiled from a CPU host too)
+        if T == 1 and backend == "tpu" and self.decode_kernel != "xla" and tpu_kernel_fits(q_BTNH.shape[-1]):
             return paged_attention_tpu(q_BTNH, self.k[layer], self.v[layer], self.page_table, positions_BT, scale)
         if T == 1 and self.decode_kernel == "pallas":
             return paged_attention_gpu(q_BTNH, self.k, self.v, self.page_table, positions_BT, scale, layer,
@@ -212,19 +212,57 @@ def paged_attention_xla(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, sca
     return online_softmax.finish(jax.lax.fori_loop(0, live, fold, carry), q_BTNH.dtype)
 
 
+def tpu_kernel_fits(head_dim: int) -> bool:
+    """Can `paged_attention_tpu` lower for this head dimension? Mosaic wants the kernel's last block dimension (the
+    head dimension of q and of its per-head max and sum outputs) in whole 128-lane tiles: Qwen2.5 from 1.5B up has
+    heads of 128; 0.5B (64) and the tiny preset (16) decode through the XLA path on TPU too."""
+    return head_dim % 128 == 0
+
+
 def paged_attention_tpu(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale,
                         pages_per_block: int = PAGES_PER_BLOCK):
-    """One decode query per slot (T = 1) through the Pallas paged-attention kernel that ships with JAX."""
+    """One decode query per slot (T = 1) through the Pallas paged-attention kernel that ships with JAX
+    (`jax.experimental.pallas.ops.tpu.paged_attention`), under `jax.shard_map` when a mesh is set.
+
+    Why this kernel and not `ragged_paged_attention` (vLLM-TPU's): its inputs are exactly the pool's layout and the
+    sampler's page table. It reads pages [K, P, Z, H] per KV head (one layer of the pool [L, K, P, Z, H]), a page
+    table [B, M] of page ids and one length per slot; prefix sharing is pages listed in several rows, preemption
+    and refill are rows of the table rewritten on the host, and unowned entries (= P) are clamped and masked by
+    the length. The ragged kernel wants K and V interleaved in one pool [P, Z, 2K, H] and a flattened query batch
+    with cumulative lengths: a different pool layout for every writer (prefill, copy-on-write, the XLA path) for a
+    kernel whose advantage, mixing prefill and decode tokens in one call, the sampler does not use (it prefills
+    with the no-cache attention). Not yet timed against it on a TPU.
+
+    Sharding: Mosaic kernels cannot be partitioned by XLA ("wrap the call in a shard_map"), so under a mesh each
+    device runs the kernel on its own slots (the page table and lengths split over the batch axes, as the decode
+    batch is) and KV heads (the pool split over `kv_heads`, as `PAGE_POOL_AXES`); every device holds every page of
+    its KV heads, since any slot may own any page. Query heads split with the KV heads, keeping each group local;
+    when the KV heads do not split (fewer than the tensor axis: REPLICATE_IF_INDIVISIBLE), neither do the query
+    heads."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
     B, T, N, H = q_BTNH.shape
-    P = k_KPZH.shape[1]
+    K, P = k_KPZH.shape[:2]
     M = page_table_BM.shape[1]
     R = min(pages_per_block, M)
     while M % R:  # the kernel wants whole compute blocks
         R -= 1
-    out_BNH = paged_attention((q_BTNH[:, 0] * scale).astype(k_KPZH.dtype), k_KPZH, v_KPZH,
-                              (positions_BT[:, 0] + 1).astype(jnp.int32), jnp.clip(page_table_BM, 0, P - 1),
-                              pages_per_compute_block=R)
+
+    def local(q_BNH, k, v, lengths_B, table_BM):
+        return paged_attention(q_BNH, k, v, lengths_B, table_BM, pages_per_compute_block=R)
+
+    args = ((q_BTNH[:, 0] * scale).astype(k_KPZH.dtype), k_KPZH, v_KPZH,
+            (positions_BT[:, 0] + 1).astype(jnp.int32), jnp.clip(page_table_BM, 0, P - 1))
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        out_BNH = local(*args)
+    else:
+        batch = activation_spec((B,), ("batch",), mesh)[0]
+        heads = activation_spec((K,), ("act_kv_heads",), mesh)[0]  # N = G * K splits wherever K does
+        qs = jax.P(batch, heads, None)
+        pool = jax.P(heads, None, None, None)
+        # check_vma=False: the pallas_call carries no varying-manual-axes annotations.
+        out_BNH = jax.shard_map(local, mesh=mesh, in_specs=(qs, pool, pool, jax.P(batch), jax.P(batch, None)),
+                                out_specs=qs, check_vma=False)(*args)
     return out_BNH[:, None].astype(q_BTNH.dtype)
 
 

@@ -40,7 +40,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
 
 from vt import VtError
-from vt.sharding import activation_spec
+from vt.sharding import activation_spec, platform
 
 MIN_BLOCK = _sk.NUM_LANES  # 128: every splash block size is a multiple of this
 _BLOCK_CHOICES = (512, 256, 128)  # largest that divides the (padded) sequence; 512 is the usual TPU choice
@@ -78,9 +78,10 @@ def _names(entry) -> tuple[str, ...]:
 def splash_attention(q_BTNH: jax.Array, k_BTKH: jax.Array, v_BTKH: jax.Array, segment_ids_BT: jax.Array, *,
                      interpret: bool | None = None) -> jax.Array:
     """Causal attention within segments (token t sees s <= t with the same segment id), GQA, softmax scale
-    H**-0.5. Returns [B, T, N, H] in q's dtype. `interpret=None` means interpret mode off TPU."""
+    H**-0.5. Returns [B, T, N, H] in q's dtype. `interpret=None` means interpret mode unless the program is built
+    for TPU devices (vt.sharding.platform: the mesh's, so a TPU topology compiled from a CPU host gets the kernel)."""
     if interpret is None:
-        interpret = jax.default_backend() != "tpu"
+        interpret = platform() != "tpu"
     B, T, N, H = q_BTNH.shape
     K = k_BTKH.shape[2]
     if k_BTKH.shape != (B, T, K, H) or v_BTKH.shape != k_BTKH.shape or N % K:
