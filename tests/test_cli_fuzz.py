@@ -101,6 +101,10 @@ def files(tmp_path_factory) -> Path:
     (d / "surrogate.jsonl").write_text('{"prompt": "\\ud800", "completion": "\\ud800 4"}\n')
     (d / "not_json.jsonl").write_text('{"prompt_ids": [1, 2]\n')
     (d / "huge_n.jsonl").write_text('{"prompt_ids": [1, 2], "n": 100000000}\n')
+    # issue 46 item 9: a RecursionError traceback, and bare constants Python's json reads but JSON has not
+    (d / "deep.jsonl").write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (d / "nan.jsonl").write_text('{"completion": "x", "ground_truth": NaN}\n')
+    (d / "infinity.jsonl").write_text('{"completion": "x", "ground_truth": 1, "w": -Infinity}\n')
     (d / "a_file").write_text("just a file\n")
     (d / "a_dir").mkdir()
     (d / "precious.jsonl").write_text('{"keep": true}\n')
@@ -155,6 +159,12 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         (["--domain", "math", "--input", "{d}/%s" % name, "--out", "{d}/precious.jsonl", "--no-progress"], name)
         for name in ("not_utf8.jsonl", "surrogate.jsonl", "not_json.jsonl", "missing.jsonl")
     ] + [
+        (["--domain", "math", "--input", "{d}/deep.jsonl", "--out", "{d}/precious.jsonl"],
+         "deep.jsonl:1: invalid JSON (brackets nested too deeply"),
+        (["--domain", "math", "--input", "{d}/nan.jsonl", "--out", "{d}/precious.jsonl"],
+         "nan.jsonl:1: invalid JSON (bare NaN"),
+        (["--domain", "stem", "--input", "{d}/infinity.jsonl", "--out", "{d}/precious.jsonl"],
+         "infinity.jsonl:1: invalid JSON (bare -Infinity"),
         (["--domain", "math", "--input", "{d}/precious.jsonl", "--out", "{d}/precious.jsonl"], "--out"),
         (["--domain", "math", "--input", "{d}/surrogate.jsonl", "--out", "{d}/a_dir"], "--out"),
         (["--domain", "math", "--input", "{d}/surrogate.jsonl", "--out", "{d}/a_file/x.jsonl"], "a_file"),
@@ -218,7 +228,7 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
     ],
     **{("data", sub): [
         ([*pre, "{d}/%s" % name, "{d}/out_%s.jsonl" % sub, *post, "--no-progress"], name)
-        for name in ("not_utf8.jsonl", "surrogate.jsonl", "not_json.jsonl", "missing.jsonl")
+        for name in ("not_utf8.jsonl", "surrogate.jsonl", "not_json.jsonl", "missing.jsonl", "deep.jsonl", "nan.jsonl")
     ] + [
         ([*pre, "{d}/precious.jsonl", "{d}/precious.jsonl", *post], "OUTPUT"),
         ([*pre, "{d}/precious.jsonl", "{d}/a_file/o.jsonl", *post], "a_file"),

@@ -191,17 +191,31 @@ def check_output_path(path, name: str, *, directory: bool = False) -> None:
             return
 
 
+class _BareConstant(ValueError):
+    pass
+
+
+def _refuse_constant(name: str):
+    raise _BareConstant(name)
+
+
 def parse_json_line(raw: bytes | str, where: str):
-    """One JSONL line -> its value, or VtError naming ``where``: not UTF-8, not JSON, or text holding a lone
+    """One JSONL line -> its value, or VtError naming ``where``: not UTF-8, not JSON (Python's ``NaN``,
+    ``Infinity`` and ``-Infinity`` included: no JSON parser elsewhere reads them, and a NaN reference or score
+    would pass every comparison as false), nested deeper than the interpreter can read, or text holding a lone
     surrogate (``"\\ud800"`` is valid JSON but not Unicode: it cannot be written back out as UTF-8)."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as e:
         raise VtError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as e:
         raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    except _BareConstant as e:
+        raise VtError(f"{where}: invalid JSON (bare {e.args[0]} is not JSON; write null or a string)") from None
+    except RecursionError:
+        raise VtError(f"{where}: invalid JSON (brackets nested too deeply to read)") from None
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:

@@ -131,3 +131,16 @@ def test_a_lone_surrogate_in_a_verdict_does_not_stop_the_others(tmp_path):
     scored = [json.loads(line) for line in raw.splitlines()]
     assert [r["score"] for r in scored] == [0.0, 1.0], scored
     assert scored[0]["details"]["failure"] == "runtime_error" and "\ufffd" in json.dumps(scored[0], ensure_ascii=False)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"completion": "x", "ground_truth": ' + "[" * 100_000 + "]" * 100_000 + "}", "brackets nested too deeply"),
+    ('{"completion": "x", "ground_truth": NaN}', "bare NaN is not JSON"),
+    ('{"completion": "x", "ground_truth": Infinity}', "bare Infinity is not JSON"),
+])
+def test_unreadable_lines_are_one_line_naming_file_and_line(tmp_path, line, message):
+    inp = write_jsonl(tmp_path / "in.jsonl", [{"completion": "\\boxed{1}", "ground_truth": 1}, line])
+    proc = vt_reward("--domain", "math", "--input", str(inp), "--out", str(tmp_path / "out.jsonl"))
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{inp}:2: invalid JSON ({message}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out.jsonl").exists()

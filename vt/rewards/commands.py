@@ -22,9 +22,14 @@ from typing import Any
 from vt import VtError
 from vt.io import write_jsonl
 from vt.rewards.registry import DOMAINS, make_reward
-from vt.validation import check_output_path, parse_json_line, positive_float, positive_int, refuse_same_file
+from vt.validation import check_output_path, integer, number, parse_json_line, positive_int, refuse_same_file
 
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
+# Each worker is a process (math: an interpreter with sympy, ~150 MB) or a sandbox; more than this is a typo.
+MAX_WORKERS = 256
+# An hour per item or test: beyond it a timer overflows or the run never ends (1e308 made every record a verifier
+# error).
+MAX_TIMEOUT_S = 3600
 
 
 def register(subparsers) -> None:
@@ -36,9 +41,11 @@ def register(subparsers) -> None:
     p.add_argument("--domain", required=True, choices=DOMAINS)
     p.add_argument("--input", required=True, type=Path, help="JSONL: one {'completion': ..., <reference>} per line")
     p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
-    p.add_argument("--workers", type=positive_int, default=2, help="concurrent verifications (processes / sandboxes)")
-    p.add_argument("--timeout", type=positive_float, default=None,
-                   help="seconds: math per-item deadline, code per-test limit, rubric per-request timeout")
+    p.add_argument("--workers", type=integer(ge=1, le=MAX_WORKERS), default=2,
+                   help=f"concurrent verifications (processes / sandboxes), 1 to {MAX_WORKERS}")
+    p.add_argument("--timeout", type=number(gt=0, le=MAX_TIMEOUT_S), default=None,
+                   help=f"seconds (at most {MAX_TIMEOUT_S}): math per-item deadline, code per-test limit, rubric "
+                        "per-request timeout")
     p.add_argument("--batch-size", type=positive_int, default=256, help="records scored per batch")
     p.add_argument("--allow-unsandboxed", action="store_true",
                    help="code: run untrusted programs WITHOUT isolation if bubblewrap is unavailable")
