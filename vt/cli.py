@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "vt.data.commands",  # tokenizer build-qwen2.5
     "vt.distill.commands",  # self-distill
     "vt.recipe.commands",  # pipeline, demo
+    "vt.plan.commands",  # plan
 )
 
 

@@ -1,0 +1,46 @@
+"""`vt plan`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vt.validation import check_output_path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan", help="compile a config's programs for a TPU topology (no TPU needed) and check they fit in HBM",
+        description="Compile every device program of a stage config (SFT: the train step; RL: the sampler's "
+                    "prefill and decode, the old-policy log-probs, the update; eval: the sampler; self-distill: "
+                    "the sampler and the scorer; a recipe: every enabled stage) for a TPU topology with libtpu's "
+                    "compile-only devices, from abstract inputs (no weights), and print per program the bytes a "
+                    "device holds (arguments + outputs - aliased + temp + code) against its HBM. Exit 0 when "
+                    "everything fits, 1 when something does not (each named, with what to change), 2 on bad "
+                    "input. Override any field with --config.key=value.")
+    p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
+    p.add_argument("--topology", required=True,
+                   help="TPU accelerator type: v4-8, v5e-8 (= v5litepod-8), v5p-8 ... v5p-256, v6e-8 ... v6e-256; "
+                        "a multi-host slice is compiled as the program every host runs")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress line per program")
+    p.set_defaults(func=run_plan, accepts_config_overrides=True)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    import os
+
+    import jax
+
+    # Compiling needs no device: the default backend stays the CPU (on a TPU VM a running job keeps its chips),
+    # and libtpu loads beside any other process holding it (its lockfile guards chips this process never opens).
+    jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from vt.config import load_config
+    from vt.plan import topology
+    from vt.plan.run import plan
+
+    topology.parse(args.topology)  # an unknown name fails before the config is loaded
+    if args.json is not None:
+        check_output_path(args.json, "--json")
+    raw = load_config(args.config, args.config_overrides)
+    return plan(raw.to_dict(), args.topology, progress=not args.no_progress, json_out=args.json)

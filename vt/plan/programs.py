@@ -1,0 +1,215 @@
+"""vt's device programs built from abstract inputs: ShapeDtypeStructs carrying their shardings, so that no weight
+is ever created and any size compiles on any host, for any mesh (compile-only TPU devices included). Each
+builder returns a zero-argument function that traces, lowers and compiles one program and returns the compiled
+executable (`memory_analysis()`, `as_text()`), plus the bytes per device of the inputs it was given.
+
+Shared by `vt plan` (vt.plan.run) and bench/compile.py. Everything is traced under `use_mesh(mesh)`, so every
+hardware choice reads the mesh's platform (vt.sharding.platform): a TPU topology gets splash attention and the
+Pallas paged-attention kernel from a CPU host.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from vt.model.kv_pages import PagedKVCache
+from vt.model.qwen2 import abstract_model
+from vt.sampling import steps
+from vt.sampling.engine import SamplerConfig, _programs
+from vt.sampling.rules import SamplingParams
+from vt.sharding import param_sharding, state_shardings, use_mesh
+from vt.train.optim import OptimConfig, make_optimizer
+from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
+
+Build = Callable[[], object]  # () -> a compiled executable
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of the abstract arrays of `tree` (each its shard, by its sharding; whole without
+    one)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        total += int(np.prod(shape)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+@dataclasses.dataclass
+class TrainSetup:
+    md: ModelDef
+    optimizer: object
+    schedule: object
+    sh: object  # TrainState of NamedShardings
+    abstract: object  # TrainState of ShapeDtypeStructs
+
+
+def train_setup(cfg, mesh, optim: OptimConfig = OptimConfig(lr=1e-5), steps_total: int = 1000) -> TrainSetup:
+    """The learner's model, optimiser and abstract train state (params + AdamW moments) in their shardings."""
+    with use_mesh(mesh):  # the model's attention is chosen when it is built: for the mesh's platform
+        optimizer, schedule = make_optimizer(optim, steps_total)
+        md = ModelDef(cfg)
+        sh = train_state_shardings(md, optimizer, mesh)
+        return TrainSetup(md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh))
+
+
+def sft_step(ts: TrainSetup, mesh, accum: int, rows: int, seq: int, loss_chunk: int | None = None) -> Build:
+    """vt.train.step.make_train_step: `accum` micro-batches of `rows` rows (all devices) x `seq` tokens."""
+    from vt.train.step import make_train_step
+    kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
+
+    def build():
+        with use_mesh(mesh):
+            return make_train_step(ts.md, ts.optimizer, ts.schedule, ts.sh, ts.abstract, mesh, accum, rows, seq,
+                                   **kw)
+    return build
+
+
+def rl_batch(mesh, rows: int, T: int, with_step_keys: bool) -> dict:
+    """The RL learner's rows [rows, T] (vt.rl.step.ROW_KEYS), abstract, in its row sharding."""
+    from vt.rl.step import row_sharding
+    keys = ["input_ids", "targets", "positions", "segment_ids"]
+    floats = {"loss_mask", "sampler_logp", "old_logp", "adv", "weight"}
+    if with_step_keys:
+        keys += sorted(floats)  # per token (packed rows)
+    sh = row_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct((rows, T), np.float32 if k in floats else np.int32, sharding=sh) for k in keys}
+
+
+def rl_logps(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0,
+             loss_chunk: int | None = None) -> Build:
+    """vt.rl.step.make_token_logps: the old-policy (and reference) log-probs of `rows` rows of T tokens."""
+    from vt.rl.step import make_token_logps
+    kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
+
+    def build():
+        with use_mesh(mesh):
+            logps = make_token_logps(ts.md, ts.sh.params, mesh, temperature=temperature, **kw)
+            return logps.lower(ts.abstract.params, rl_batch(mesh, rows, T, False)).compile()
+    return build
+
+
+def rl_update(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0, eps_low: float = 0.2,
+              eps_high: float = 0.28, kl_coef: float = 0.0, is_cap: float = 2.0, loss_chunk: int | None = None,
+              part: str = "accumulate") -> Build:
+    """vt.rl.step.make_rl_step's programs: `part` "accumulate" (one micro-batch's gradients added to the
+    accumulator: the memory-heavy program) or "apply" (the optimiser update)."""
+    from vt.rl.step import make_rl_step
+    kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
+
+    def build():
+        with use_mesh(mesh):
+            step = make_rl_step(ts.md, ts.optimizer, ts.schedule, ts.sh, mesh, temperature=temperature,
+                                eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef, is_cap=is_cap, **kw)
+            progs = step.programs
+            acc = jax.eval_shape(progs["zeros"].jitted, ts.abstract.params)
+            if part == "apply":
+                return progs["apply"].lower(ts.abstract, acc).compile()
+            return progs["accumulate"].lower(ts.abstract.params, acc, rl_batch(mesh, rows, T, True)).compile()
+    return build
+
+
+@dataclasses.dataclass
+class SamplerSetup:
+    progs: object  # vt.sampling.engine._Programs
+    state: object  # abstract nnx.State in its shardings
+    mc: object  # ModelConfig
+    cfg: SamplerConfig
+
+
+def abstract_weights(mc, mesh):
+    """(graphdef, the weights as an nnx.State of ShapeDtypeStructs in their shardings on `mesh`), the model built
+    for the mesh's platform."""
+    with use_mesh(mesh):
+        graphdef, state = nnx.split(abstract_model(mc))
+        shardings = dict(nnx.to_flat_state(state_shardings(state, mesh)))
+        return graphdef, nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
+            var.get_value().shape, var.get_value().dtype, sharding=shardings[path])), state)
+
+
+def sampler_setup(mc, mesh, cfg: SamplerConfig) -> SamplerSetup:
+    """The sampler's programs (vt.sampling.engine) for `cfg`'s slots and rule, and its abstract weights."""
+    graphdef, abstract = abstract_weights(mc, mesh)
+    with use_mesh(mesh):
+        params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
+        progs = _programs(graphdef, mc, cfg.batch_size, mesh, params, (), cfg.steps_per_call, cfg.decode_attention)
+    return SamplerSetup(progs, abstract, mc, cfg)
+
+
+def kv_cache(ss: SamplerSetup, mesh, pool_pages: int, table_rows: int, table_pages: int, table_sharding):
+    """The KV page pool as the engine allocates it (layout, dtype, sharding: PagedKVCache.shardings) with a page
+    table [table_rows, table_pages] in `table_sharding`."""
+    c = PagedKVCache.zeros  # the pool's shape and dtype, without allocating it
+    shape = jax.eval_shape(lambda: c(ss.mc, pool_pages, ss.cfg.page_size, np.zeros((1, 1), np.int32),
+                                     decode_kernel=ss.cfg.decode_attention))
+    sh = PagedKVCache.shardings(ss.mc, mesh, table_sharding, ss.cfg.decode_attention)
+    table = jax.ShapeDtypeStruct((table_rows, table_pages), np.int32, sharding=table_sharding)
+    return dataclasses.replace(shape, k=jax.ShapeDtypeStruct(shape.k.shape, shape.k.dtype, sharding=sh.k),
+                               v=jax.ShapeDtypeStruct(shape.v.shape, shape.v.dtype, sharding=sh.v),
+                               page_table=table)
+
+
+def prefill(ss: SamplerSetup, mesh, pool_pages: int, rows: int, prompt_len: int) -> Build:
+    """The sampler's prefill (vt.sampling.steps.prefill) of `rows` prompts of `prompt_len` tokens into fresh
+    pages, the page table replicated as the engine passes it."""
+    rep = NamedSharding(mesh, P())
+    row = param_sharding(("batch", None), (rows, 1), mesh, "prefill rows")
+    vec = param_sharding(("batch",), (rows,), mesh, "prefill rows")
+    tokens = jax.ShapeDtypeStruct((rows, prompt_len), np.int32, sharding=row)
+    lens = jax.ShapeDtypeStruct((rows,), np.int32, sharding=vec)
+
+    def build():
+        with use_mesh(mesh):
+            cache = kv_cache(ss, mesh, pool_pages, rows, -(-prompt_len // ss.cfg.page_size), rep)
+            return ss.progs.prefill.lower(ss.state, cache, tokens, lens).compile()
+    return build
+
+
+def decode(ss: SamplerSetup, mesh, pool_pages: int, table_pages: int) -> Build:
+    """The sampler's decode loop (vt.sampling.steps.decode: `steps_per_call` steps of every slot), with slots of
+    up to `table_pages` pages each and the page table split over slots, as the engine runs it."""
+    B = ss.cfg.batch_size
+    row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
+    vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
+    scalar = jax.ShapeDtypeStruct((), np.int32)
+
+    def build():
+        with use_mesh(mesh):
+            cache = kv_cache(ss, mesh, pool_pages, B, table_pages, row)
+            slots = jax.eval_shape(lambda: steps.Slots.zeros(B))
+            slots = steps.Slots(**{f.name: jax.ShapeDtypeStruct(getattr(slots, f.name).shape,
+                                                                 getattr(slots, f.name).dtype,
+                                                                 sharding=row if f.name == "key" else vec)
+                                   for f in dataclasses.fields(steps.Slots)})
+            return ss.progs.decode.lower(ss.state, cache, slots, scalar, scalar).compile()
+    return build
+
+
+def scorer(mc, mesh, rows: int, length: int, chunk_tokens: int) -> Build:
+    """The self-distillation scorer's program (vt.distill.scoring.Scorer) on `rows` traces of `length` tokens: with
+    `chunk_tokens` shorter than the traces, one chunk of its KV-cached pass (the pool holds the whole rows); else
+    the whole rows in one forward."""
+    import functools
+    from vt.distill.scoring import SCORING_PAGE, _chunk, _full
+    row = param_sharding(("batch", None), (rows, 1), mesh, "scoring.batch_size")
+    graphdef, state = abstract_weights(mc, mesh)
+    chunked = 0 < chunk_tokens < length
+    C = chunk_tokens if chunked else length
+    ints = jax.ShapeDtypeStruct((rows, C), np.int32, sharding=row)
+    mask = jax.ShapeDtypeStruct((rows, C), np.float32, sharding=row)
+
+    def build():
+        with use_mesh(mesh):
+            if not chunked:
+                return jax.jit(functools.partial(_full, graphdef)).lower(state, ints, ints, mask, ints).compile()
+            sh = dataclasses.replace(PagedKVCache.shardings(mc, mesh, row), continues=True)
+            cache = jax.eval_shape(lambda: PagedKVCache.for_rows(mc, rows, length, SCORING_PAGE))
+            cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), cache, sh)
+            start = jax.ShapeDtypeStruct((), np.int32)
+            return jax.jit(functools.partial(_chunk, graphdef), donate_argnums=(1,)).lower(
+                state, cache, ints, ints, mask, start).compile()
+    return build
