@@ -346,3 +346,20 @@ def test_out_of_range_config_values_are_refused_naming_the_field(root, path, val
         to_dataclass(root, data)
     dotted = "config." + ".".join(path) + ("[0]" if is_tuple else "")
     assert str(e.value).startswith(f"{dotted}: must be"), (str(e.value), dotted)
+
+
+# --- issue 46 item 9: a config the learner refuses at set-up leaves the workdir as it was -----------------------------
+
+@pytest.mark.parametrize("config,override,needle", [
+    ("mgpo_math.py:smoke", "--config.model.preset=nope", "unknown model preset 'nope'"),
+    ("sft_stage1.py:smoke", "--config.data.num_shards=3", "num_shards=3 must divide global_batch_size=8"),
+])
+def test_a_config_refused_at_set_up_leaves_no_workdir(config, override, needle, tmp_path, capsys):
+    """Refused after the workdir was locked (the learner checks these while it builds): a new workdir is not left
+    behind, an empty one stays empty (config.json and checkpoints/ were left in both)."""
+    new, empty = tmp_path / "new", tmp_path / "empty"
+    empty.mkdir()
+    for workdir in (new, empty):
+        assert_one_line_error(["train", "--config", f"{REPO}/configs/{config}", "--workdir", str(workdir), override],
+                              capsys, needle)
+    assert not new.exists() and list(empty.iterdir()) == []

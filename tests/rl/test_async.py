@@ -188,8 +188,12 @@ def test_async_resume_continues_as_an_uninterrupted_run(task, straight, tmp_path
         for key in ("rollout_hash", "loss", "is_weight_mean", "sample_version_min", "staleness/1"):
             assert a[s][key] == b[s][key], (s, key)
     assert_params_equal(final_params(straight, 6), final_params(resumed, 6))
-    with pytest.raises(VtError, match="rollout.max_staleness=2"):
-        train_rl(rl_config(task, **{**RESUME, "train.steps": 7, "rollout.max_staleness": 2}), resumed)
+    # Any other k is refused (k = 0 restored no buffer and went on silently), before the run's config.json changes.
+    config = (resumed / "config.json").read_bytes()
+    for k in (0, 2):
+        with pytest.raises(VtError, match=rf"rollout.max_staleness={k}: .* written with max_staleness=1;"):
+            train_rl(rl_config(task, **{**RESUME, "train.steps": 7, "rollout.max_staleness": k}), resumed)
+    assert (resumed / "config.json").read_bytes() == config
 
 
 @pytest.mark.parametrize("point", ["rl-update-in-flight:5", "rl-sampled-ahead:4"])

@@ -49,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import math
 import threading
@@ -411,6 +412,8 @@ class Learner:
         cfg = self.cfg
         k = cfg.rollout.max_staleness
         buffer = RolloutBuffer(k) if k else None  # restored with the checkpoint (its data-iterator state)
+        if buffer is None:
+            refuse_asynchronous_checkpoint(self.setup.ckpt)
         state, start = self.setup.initial_state(buffer, updates_per_step=cfg.mgpo.mini_batches)
         if cfg.mgpo.kl_coef:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
@@ -752,6 +755,25 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
         v = valid[g["domain"] == i]
         out[f"reward_mean/{domains[i]}"] = float(rewards[g["domain"] == i][v].mean()) if v.any() else float("nan")
     return out
+
+
+def refuse_asynchronous_checkpoint(ckpt) -> None:
+    """A synchronous run (max_staleness = 0) restores no rollout buffer, so resuming an asynchronous run's checkpoint
+    with it would drop the sampled-ahead groups and change the run's schedule silently (k >= 1 against another k
+    is refused by RolloutBuffer.set_state): VtError when the newest checkpoint holds a rollout buffer."""
+    latest = ckpt.latest_step()
+    data = ckpt.step_dir(latest) / "data" if latest is not None else None
+    if data is None or not data.is_dir():
+        return
+    written = "k >= 1"
+    for f in sorted(data.iterdir()):
+        try:
+            written = int(json.loads(f.read_text())["max_staleness"])
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    raise VtError(f"config rollout.max_staleness=0: the checkpoint's rollout buffer (step {latest}) was written with "
+                  f"max_staleness={written}; resume with that value or a new --workdir")
 
 
 def train_rl(cfg: RLConfig, workdir: Path | str) -> TrainResult:

@@ -151,13 +151,30 @@ def write_run_config(cfg: LearnerConfig, workdir: Path) -> None:
 def run_workdir(cfg: LearnerConfig, workdir: Path | str) -> Iterator[Path]:
     """A learner's workdir for the whole run: created, locked (vt.io.exclusive: a second learner on the same
     workdir is refused with the pid of this one before it writes anything, where two would interleave
-    metrics.jsonl and delete each other's checkpoints), holding the run's config.json. Process 0 holds the lock
+    metrics.jsonl and delete each other's checkpoints), holding the run's config.json (written by run_loop once the
+    learner is set up: a run refused before that leaves a workdir it found empty or absent so). Process 0 holds the lock
     for every process of a multi-process run. Taken before JAX starts its backend (is_primary asks none of a
     single process), so a refused second run never claims device memory the first one is using."""
     workdir = Path(workdir).absolute()
-    with exclusive(workdir, "workdir", inside=True, enabled=is_primary()):
-        write_run_config(cfg, workdir)
-        yield workdir
+    created = not workdir.exists()
+    was_empty = created or (workdir.is_dir() and not any(workdir.iterdir()))
+    try:
+        with exclusive(workdir, "workdir", inside=True, enabled=is_primary()):
+            yield workdir
+    except BaseException:
+        if was_empty and is_primary():
+            _remove_if_empty(workdir / CHECKPOINTS_DIR, *([workdir] if created else []))
+        raise
+
+
+def _remove_if_empty(*dirs: Path) -> None:
+    """rmdir each of `dirs` that is empty, never a file: a run refused at set-up (an invalid override, a batch no
+    shard count divides) leaves a workdir it created as it found it, absent. Called once the lock is released
+    (its file is inside the workdir); a run that started meanwhile holds its own lock file there, so the rmdir
+    fails and its workdir stays."""
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 class Preemption:
@@ -245,6 +262,9 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
     status, step, error = "finished", start, None
     with Preemption() as preempt:
         try:
+            # Written once the learner is built and its checkpoint restored: a run refused at set-up (a config the
+            # learner rejects, a resume with another rollout.max_staleness) leaves the workdir's config.json alone.
+            write_run_config(setup.cfg, setup.workdir)
             lines = _Lines(setup, start, total, host_metrics)
             if evaluate is not None and eval_at_start and start == 0:
                 history.append((0, evaluate(state, 0)))
