@@ -144,7 +144,7 @@ def test_mbpp_records_as_they_come(reward):
     res = reward(MBPP + MBPP, good + bad)
     assert [r.score for r in res] == [1.0] * 4 + [0.0] * 4, res
     assert all(r.failure == "wrong" for r in res[4:])
-    assert code_tests(MBPP[3], 0) == [ProgramTest("\n".join(MBPP[3]["test_list"]) + "\n", "import math\nPI = math.pi")]
+    assert code_tests(MBPP[3], 0) == [ProgramTest("\n".join(MBPP[3]["test_list"]) + "\n", "import math\nPI = math.pi", ("area",))]
 
 
 # ---- LiveCodeBench and verl/APPS -------------------------------------------------------------------
@@ -212,6 +212,8 @@ def test_a_pickle_naming_code_is_refused():
         ({"reward_model": {"ground_truth": {"inputs": ["1"], "outputs": []}}}, r"same length"),
         ({"public_test_cases": json.dumps([{"input": "1", "output": "1", "testtype": "functional"}])}, r"function name"),
         ({"tests": [{"program": "  "}]}, r"program: must be a non-empty string"),
+        ({"tests": [{"program": "assert f(1)", "entry": ["f", "2x"]}]}, r"entry: must be a Python identifier"),
+        ({"tests": [{"program": "assert f(1)", "entry": 3}]}, r"entry: must be a Python identifier"),
         ({"question": "no tests"}, r"no tests: expected 'tests'"),
     ],
 )

@@ -130,6 +130,10 @@ MBPP_MORE = [
          "assert sort_matrix([[1, 2, 3], [-2, 4, -5], [1, -1, 1]])==[[-2, 4, -5], [1, -1, 1], [1, 2, 3]]"),
     mbpp(17, "def square_perimeter(a):\n    return 4 * a",
          "assert square_perimeter(10)==40", "assert square_perimeter(5)==20", "assert square_perimeter(4)==16"),
+    # The task's own function is named after a builtin: the test must call the solution's `sum`.
+    mbpp(126, "def sum(a,b): \n    sum = 0\n    for i in range (1,min(a,b)): \n        if (a % i == 0 and b % i == 0): \n"
+              "            sum += i \n    return sum",
+         "assert sum(10,15) == 6", "assert sum(100,150) == 93", "assert sum(4,6) == 3"),
 ]  # fmt: skip
 
 
@@ -140,14 +144,15 @@ def test_mbpp_wrong_solutions_with_replaced_builtins_score_0(reward):
     wrong = []
     for i, rec in enumerate(records):
         test = code_tests(rec, i)[0]
-        called = [n for n in test.exposed if f"def {n}(" in rec["code"]]
+        called = [n for n in {*test.exposed, *test.entry} if f"def {n}(" in rec["code"]]
         wrong.append(rec["code"] + "\n" + "".join(f"def {n}(*a, **k):\n    return 0\n" for n in called))
     attacked, completions = [], []
     for rec, bad in zip(records, wrong):
         names = builtins_read("\n".join(rec["test_list"]) + "\n" + rec["test_setup_code"])
+        bare = {k: v for k, v in rec.items() if k != "code"}  # entry points then read from the asserts
         for v in ("zero", "lambda", "true"):
-            attacked.append(rec)
-            completions.append(block(bad + "\n" + hacks(names, v)))
+            attacked += [rec, bare]
+            completions += [block(bad + "\n" + hacks(names, v))] * 2
     scores = [r.score for r in reward(records * 2 + attacked, [block(r["code"]) for r in records] +
                                       [block(w) for w in wrong] + completions)]  # fmt: skip
     n = len(records)
@@ -182,3 +187,47 @@ def test_free_names():
     assert free_names("def check(c):\n    assert c(1) == helper(2)\ncheck(entry)\n") == ["entry", "helper"]
     assert free_names("import math\nassert math.isclose(f(1), 2)\n") == ["f"]
     assert free_names("y = 1\nassert [z for z in g(y)] == [set()]\n") == ["g"]
+
+
+MBPP_126 = MBPP_MORE[-1]
+
+
+def test_mbpp_126_entry_point_named_sum(reward):
+    """MBPP 126 names its function ``sum``: the canonical solution scores 1 and a wrong ``sum`` 0, with the
+    record's ``code`` or without it (then the entry point is the function each assert calls at its top)."""
+    record = MBPP_126 | {"text": "Write a python function to find the sum of common divisors of two given numbers."}
+    bare = {k: v for k, v in record.items() if k != "code"}
+    assert code_tests(record, 0)[0].entry == code_tests(bare, 0)[0].entry == ("sum",)
+    wrong = "def sum(a, b):\n    return a + b\n"
+    near = record["code"].replace("range (1,", "range (2,")  # misses the divisor 1
+    scores = [r.score for r in reward([record, record, record, bare, bare], [block(c) for c in (record["code"], wrong, near, record["code"], wrong)])]
+    assert scores == [1.0, 0.0, 0.0, 1.0, 0.0], scores
+
+
+@pytest.mark.parametrize(
+    "code, asserts, entry",
+    [
+        (None, "assert sum(10,15) == 6\nassert sum(4,6) == 3", ("sum",)),
+        (None, "assert set(similar_elements((1,), (1,))) == set((1,))", ()),  # exposed anyway: not a builtin
+        (None, "assert round(area(2), 2) == 12.57\nassert not is_odd(2)\nassert max(3, 4) == 4", ("is_odd", "max")),
+        (None, "assert math.isclose(volume(1), 4.18, rel_tol=0.01)", ()),
+        ("def similar_elements(a, b):\n    return set(a) & set(b)\ndef set(x):\n    return 0",
+         "assert set(similar_elements((1,), (1,))) == set((1,))", ("set", "similar_elements")),
+        ("def helper(x):\n    return x\ndef f(x):\n    return helper(x)", "assert f(1) == 1", ("f",)),
+        ("not python (", "assert len(x) == 1\nassert f(1) == 2", ("f", "len")),
+    ],
+)
+def test_mbpp_entry_points(code, asserts, entry):
+    record = mbpp(1, code, *asserts.split("\n"))
+    if code is None:
+        del record["code"]
+    assert code_tests(record, 0)[0].entry == entry
+
+
+def test_vt_program_records_name_their_entry_points(reward):
+    program = "assert len([1, 2, 3]) == 6\n"  # the task: write a `len` that sums its list
+    own = {"tests": [{"program": program, "entry": ["len"]}]}
+    plain = {"tests": [{"program": program}]}
+    solution = block("def len(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total")
+    assert code_tests(own, 0)[0].entry == ("len",) and code_tests(plain, 0)[0].entry == ()
+    assert [r.score for r in reward([own, plain], [solution, solution])] == [1.0, 0.0]

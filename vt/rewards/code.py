@@ -8,8 +8,10 @@ Tests (LiveCodeBench style), per record under ``tests``:
     per-run marker, and compared *here* to ``expected``: the expected value never enters the sandbox, so
     patched builtins, an always-true ``__eq__`` (not JSON-serialisable: rejected) or a printed "PASSED"
     cannot fake a pass, and a program that exits before the harness prints its result fails;
-  - program: ``{"program": str, "setup": str (optional)}``: Python test code (asserts, HumanEval's
-    ``check(candidate)``) run against the solution's top-level names. The solution and the test code run
+  - program: ``{"program": str, "setup": str (optional), "entry": [str] (optional)}``: Python test code
+    (asserts, HumanEval's ``check(candidate)``) run against the solution's top-level names; a builtin's
+    name reaches the test only when it is one of the record's ``entry`` points (HumanEval's
+    ``entry_point``; MBPP's functions, see ``mbpp_entry``). The solution and the test code run
     in two processes (_harness.py, run_program): the tests call the solution's functions through
     stand-ins that pass plain values by copy, so exiting early, patching builtins or modules, an
     always-equal return value or a printed "PASSED" cannot make a test pass; the verdict is written by
@@ -104,6 +106,10 @@ class CallTest:
 class ProgramTest:
     test: str  # Python test code; raises (AssertionError or any other exception) when the solution fails
     setup: str = ""  # run before the solution and before the tests (MBPP's test_setup_code)
+    # The record's own entry points (HumanEval's entry_point, MBPP's functions): exposed to the test even
+    # where the name is a builtin's (MBPP 126's ``def sum(a, b)``); any other builtin name the solution
+    # defines stays hidden from the test (see ``free_names``).
+    entry: tuple[str, ...] = ()
 
     @property
     def exposed(self) -> list[str]:
@@ -115,17 +121,25 @@ class ProgramTest:
 _BINDS_ITS_NAME = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.ExceptHandler, ast.MatchAs, ast.MatchStar)
 
 
-@functools.lru_cache(maxsize=4096)
 def free_names(source: str) -> list[str]:
     """Names the test code reads but never binds, minus Python's builtins: the entry point, MBPP's
     functions, a helper the test calls (HumanEval/32's ``poly``), a module the solution imported.
 
     Only these of the solution's top-level names reach the test program. A name the test binds anywhere
     (assigned, defined, imported, a parameter) stays the test's own, and a builtin is never taken from the
-    solution: a wrong solution that also defines ``abs`` or ``set`` to return 0 would otherwise pass
-    ``assert abs(candidate(x) - y) < 1e-6``. Conservative: a name bound in one scope and read in another
-    counts as bound.
+    solution (unless it is one of the record's ``entry`` points): a wrong solution that also defines
+    ``abs`` or ``set`` to return 0 would otherwise pass ``assert abs(candidate(x) - y) < 1e-6``.
+    Conservative: a name bound in one scope and read in another counts as bound.
     """
+    return sorted(unbound_names(source) - _BUILTIN_NAMES)
+
+
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+@functools.lru_cache(maxsize=4096)
+def unbound_names(source: str) -> frozenset[str]:
+    """Names the code reads but never binds, builtins included (see ``free_names``)."""
     loaded, bound = set(), set()
     # ast.walk's generators cost as much as the parse on HumanEval's tests; this walks the same nodes.
     stack = [ast.parse(source)]
@@ -151,7 +165,49 @@ def free_names(source: str) -> list[str]:
                 stack += [c for c in child if isinstance(c, ast.AST)]
             elif isinstance(child, ast.AST):
                 stack.append(child)
-    return sorted(loaded - bound - set(dir(builtins)))
+    return frozenset(loaded - bound)
+
+
+def mbpp_entry(code: Any, asserts: str, setup: str = "") -> tuple[str, ...]:
+    """MBPP's entry points: the top-level functions of the record's reference ``code`` that its tests read;
+    without a (parseable) ``code``, the function each assert calls at its top (``assert NAME(...) == ...``,
+    ``assert NAME(...)``, ``assert not NAME(...)``). A builtin called at the top is an entry point only
+    when the assert calls no other function the test does not define: in ``assert set(f(a)) == set(b)``
+    the task's function is ``f``, and a solution's own ``set`` must stay hidden from the test."""
+    reads = unbound_names(setup + "\n" + asserts)
+    if isinstance(code, str):
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            tree = None
+        if tree is not None:
+            defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            return tuple(sorted(defined & reads))
+    entry = set()
+    for node in ast.parse(asserts).body:
+        if not isinstance(node, ast.Assert):
+            continue
+        top = node.test
+        if isinstance(top, ast.Compare):
+            top = top.left
+        elif isinstance(top, ast.UnaryOp) and isinstance(top.op, ast.Not):
+            top = top.operand
+        if not (isinstance(top, ast.Call) and isinstance(top.func, ast.Name) and top.func.id in reads):
+            continue
+        name = top.func.id
+        if name in _BUILTIN_NAMES:
+            called = {c.func.id for c in ast.walk(node.test) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+            if called & reads - _BUILTIN_NAMES:
+                continue  # a builtin around the task's own function: set(f(a)), round(f(x), 2)
+        entry.add(name)
+    return tuple(sorted(entry))
+
+
+def _entry_field(value: Any, where: str) -> tuple[str, ...]:
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.isidentifier() for n in names):
+        raise RewardSpecError(f"{where}: must be a Python identifier or a list of them")
+    return tuple(names)
 
 
 def _check_python(source: str, where: str) -> None:
@@ -194,7 +250,8 @@ def parse_tests(tests: Any, index: int) -> list[CodeTest]:
             if not isinstance(t.get("setup", ""), str):
                 raise RewardSpecError(f"{at}.setup: must be a string")
             _check_python(t.get("setup", "") + "\n" + t["program"], f"{at}.program")
-            out.append(ProgramTest(t["program"], t.get("setup", "")))
+            entry = _entry_field(t.get("entry", []), f"{at}.entry")
+            out.append(ProgramTest(t["program"], t.get("setup", ""), entry))
         elif "fn_name" in t:
             if not isinstance(t["fn_name"], str) or not t["fn_name"].isidentifier():
                 raise RewardSpecError(f"{at}.fn_name: must be a Python identifier")
@@ -228,7 +285,7 @@ def code_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
         if not isinstance(entry, str) or not entry.isidentifier():
             raise RewardSpecError(f"record {index}: field 'entry_point': must be a Python identifier")
         _check_python(test, f"record {index}: field 'test'")
-        return [ProgramTest(f"{test}\n\ncheck({entry})\n", prompt_context(record.get("prompt"), entry))]
+        return [ProgramTest(f"{test}\n\ncheck({entry})\n", prompt_context(record.get("prompt"), entry), (entry,))]
     if "test_list" in record:  # MBPP
         asserts, setup = record["test_list"], record.get("test_setup_code") or ""
         if not isinstance(asserts, list) or not asserts or not all(isinstance(a, str) for a in asserts):
@@ -237,7 +294,8 @@ def code_tests(record: Mapping[str, Any], index: int) -> list[CodeTest]:
             raise RewardSpecError(f"record {index}: field 'test_setup_code': must be a string")
         _check_python(setup, f"record {index}: field 'test_setup_code'")
         _check_python("\n".join(asserts), f"record {index}: field 'test_list'")
-        return [ProgramTest("\n".join(asserts) + "\n", setup)]
+        test = "\n".join(asserts) + "\n"
+        return [ProgramTest(test, setup, mbpp_entry(record.get("code"), test, setup))]
     if "public_test_cases" in record or "private_test_cases" in record:  # LiveCodeBench
         return livecodebench_tests(record, index)
     try:
@@ -544,7 +602,8 @@ class CodeReward(RewardFunction):
                 kind, info = verdict
                 details = {"tests_passed": j, "tests_total": len(tests), "failed_test": j, **info}
                 if kind == "verifier_error":
-                    return verifier_error(info.get("reason", "sandbox error"), **details)
+                    reason = details.pop("reason", "sandbox error")
+                    return verifier_error(reason, **details)
                 return failed(kind, **details)
         return passed(tests_passed=len(tests), tests_total=len(tests))
 
@@ -561,7 +620,8 @@ class CodeReward(RewardFunction):
             return None
         nonce = secrets.token_hex(16)
         if isinstance(test, ProgramTest):
-            request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test, "expose": test.exposed})
+            request = json.dumps({"nonce": nonce, "setup": test.setup, "test": test.test, "expose": test.exposed,
+                                  "entry": list(test.entry)})  # fmt: skip
             run = execute("program", request.encode(), limits)
             return classify_run(run) or judge_program_result(run.stdout, nonce)
         request = json.dumps({"nonce": nonce, "fn_name": test.fn_name, "args": test.args})
