@@ -56,7 +56,7 @@ def test_checkpoint_without_params_metadata_is_named(ckpt, tmp_path, capsys):
     shutil.copytree(ckpt, broken)
     (broken / "params" / "_METADATA").unlink()
     (tmp_path / "p.jsonl").write_text('{"prompt_ids": [1, 2]}\n')
-    for argv in (["info", str(broken)], ["convert", "orbax-to-hf", str(broken), str(tmp_path / "hf")],
+    for argv in (["info", str(broken)], ["convert", "orbax-to-hf", str(broken), str(tmp_path / "hf"), "--no-tokenizer"],
                  ["merge", str(broken), str(ckpt), "--out", str(tmp_path / "m")],
                  ["sample", "--ckpt", str(broken), "--prompts", str(tmp_path / "p.jsonl"), "--out",
                   str(tmp_path / "o.jsonl"), "--no-progress"]):
@@ -80,7 +80,7 @@ def full_disk(tmp_path):
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_disk_full_in_convert_and_merge_is_one_line_and_leaves_nothing(ckpt, full_disk, capsys):
     for argv in (["convert", "hf-to-orbax", str(ckpt.parent / "hf"), str(full_disk / "ck")],
-                 ["convert", "orbax-to-hf", str(ckpt), str(full_disk / "hf")],
+                 ["convert", "orbax-to-hf", str(ckpt), str(full_disk / "hf"), "--no-tokenizer"],
                  ["merge", str(ckpt), str(ckpt), "--out", str(full_disk / "m")]):
         assert main(argv) == 2, argv
         assert "out of disk space" in one_error_line(capsys)
@@ -96,7 +96,7 @@ def test_disk_full_in_convert_and_merge_processes_prints_one_line(ckpt, full_dis
                                    stderr=subprocess.PIPE, env={**os.environ, "JAX_PLATFORMS": "cpu"})
             for name, argv in {"convert hf-to-orbax": ["convert", "hf-to-orbax", str(ckpt.parent / "hf"),
                                                        str(full_disk / "ck")],
-                               "convert orbax-to-hf": ["convert", "orbax-to-hf", str(ckpt), str(full_disk / "hf")],
+                               "convert orbax-to-hf": ["convert", "orbax-to-hf", str(ckpt), str(full_disk / "hf"), "--no-tokenizer"],
                                "merge": ["merge", str(ckpt), str(ckpt), "--out", str(full_disk / "m")]}.items()}
     for name, p in runs.items():
         _, err = p.communicate(timeout=300)
@@ -230,7 +230,7 @@ def test_every_output_is_locked_while_a_command_writes_it(ckpt, tmp_path, capsys
     cases = [
         (tmp_path / "m", False, ["merge", str(ckpt), str(ckpt), "--out", str(tmp_path / "m")]),
         (tmp_path / "c", False, ["convert", "hf-to-orbax", str(ckpt.parent / "hf"), str(tmp_path / "c")]),
-        (tmp_path / "h", False, ["convert", "orbax-to-hf", str(ckpt), str(tmp_path / "h")]),
+        (tmp_path / "h", False, ["convert", "orbax-to-hf", str(ckpt), str(tmp_path / "h"), "--no-tokenizer"]),
         (tmp_path / "o.jsonl", False, ["sample", "--ckpt", str(ckpt), "--prompts", str(tmp_path / "p.jsonl"),
                                        "--out", str(tmp_path / "o.jsonl"), "--no-progress", "--max-new-tokens", "2"]),
         (tmp_path / "e", True, ["eval", "--config", "configs/eval_aime25.py:smoke", "--ckpt", str(ckpt), "--out",

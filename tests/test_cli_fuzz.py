@@ -133,9 +133,9 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         (["{d}/missing", "{d}/out_ck"], "missing"),
     ],
     ("convert", "orbax-to-hf"): [
-        (["{d}/ckpt_badtype", "{d}/out_hf"], "ckpt_badtype/model_config.json: field 'hidden_size'"),
-        (["{d}/ckpt_noparams", "{d}/out_hf"], "ckpt_noparams/params"),
-        (["{d}/a_file", "{d}/out_hf"], "a_file"),
+        (["{d}/ckpt_badtype", "{d}/out_hf", "--no-tokenizer"], "ckpt_badtype/model_config.json: field 'hidden_size'"),
+        (["{d}/ckpt_noparams", "{d}/out_hf", "--no-tokenizer"], "ckpt_noparams/params"),
+        (["{d}/a_file", "{d}/out_hf", "--no-tokenizer"], "a_file"),
     ],
     ("info",): [
         (["{d}/ckpt_badtype"], "field 'hidden_size'"),

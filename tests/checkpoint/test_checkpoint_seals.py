@@ -17,7 +17,7 @@ def sealed(tmp_path_factory):
     from vt.model.qwen2 import create_model
     root = tmp_path_factory.mktemp("seal")
     save_model(root / "ck", create_model(preset("tiny", max_position_embeddings=128), seed=0))
-    assert main(["convert", "orbax-to-hf", str(root / "ck"), str(root / "hf"), "--dtype", "float32"]) == 0
+    assert main(["convert", "orbax-to-hf", str(root / "ck"), str(root / "hf"), "--dtype", "float32", "--no-tokenizer"]) == 0
     assert main(["convert", "hf-to-orbax", str(root / "hf"), str(root / "ck2")]) == 0
     assert main(["merge", str(root / "ck"), str(root / "ck2"), "--out", str(root / "merged")]) == 0
     return root
@@ -48,7 +48,7 @@ def test_every_reader_refuses_a_flipped_bit(sealed, tmp_path, capsys):
     prompts.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n")
     commands = {
         "info": ["info", str(bad)],
-        "convert": ["convert", "orbax-to-hf", str(bad), str(tmp_path / "o_hf")],
+        "convert": ["convert", "orbax-to-hf", str(bad), str(tmp_path / "o_hf"), "--no-tokenizer"],
         "merge": ["merge", str(bad), str(sealed / "ck"), "--out", str(tmp_path / "o_merged")],
         "sample": ["sample", "--ckpt", str(bad), "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl"),
                    "--max-new-tokens", "2"],
@@ -82,9 +82,9 @@ def test_a_truncated_file_is_one_clean_line_even_unverified(sealed, tmp_path, ca
     shutil.copytree(sealed / "ck", bad)
     victim = max((p for p in (bad / "params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 3])
-    assert main(["convert", "orbax-to-hf", str(bad), str(tmp_path / "a")]) == 2
+    assert main(["convert", "orbax-to-hf", str(bad), str(tmp_path / "a"), "--no-tokenizer"]) == 2
     assert f"{victim}: checksum mismatch" in capsys.readouterr().err
-    assert main(["convert", "orbax-to-hf", str(bad), str(tmp_path / "b"), "--trust-checkpoint"]) == 2
+    assert main(["convert", "orbax-to-hf", str(bad), str(tmp_path / "b"), "--trust-checkpoint", "--no-tokenizer"]) == 2
     err = capsys.readouterr().err.strip()
     assert "cannot restore" in err and "pybind11" not in err and len(err.splitlines()) == 1, err
 

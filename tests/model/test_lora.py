@@ -115,7 +115,7 @@ def test_merged_export_matches_transformers(trained_ckpt, tmp_path):
     from transformers import AutoModelForCausalLM
     from testutil import run_vt
     path, model = trained_ckpt
-    run_vt("convert", "orbax-to-hf", str(path), str(tmp_path / "hf"), check=True)
+    run_vt("convert", "orbax-to-hf", str(path), str(tmp_path / "hf"), "--no-tokenizer", check=True)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen2"
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     tokens = _tokens(model.cfg)
@@ -130,7 +130,7 @@ def test_peft_export_loads_in_peft_with_the_same_logits(trained_ckpt, tmp_path):
     from testutil import run_vt
     path, model = trained_ckpt
     out = tmp_path / "peft"
-    run_vt("convert", "orbax-to-hf", str(path), str(out), "--lora-format", "peft", check=True)
+    run_vt("convert", "orbax-to-hf", str(path), str(out), "--lora-format", "peft", "--no-tokenizer", check=True)
     assert json.loads((out / "adapter_config.json").read_text())["r"] == 4
     base = AutoModelForCausalLM.from_pretrained(out / "base_model", dtype=torch.float32).eval()
     tokens = _tokens(model.cfg)
@@ -144,7 +144,7 @@ def test_peft_export_loads_in_peft_with_the_same_logits(trained_ckpt, tmp_path):
 def test_peft_export_of_a_plain_checkpoint_is_refused(tmp_path):
     from testutil import run_vt
     save_model(tmp_path / "ck", create_model(preset("tiny"), seed=0))
-    r = run_vt("convert", "orbax-to-hf", str(tmp_path / "ck"), str(tmp_path / "out"), "--lora-format", "peft")
+    r = run_vt("convert", "orbax-to-hf", str(tmp_path / "ck"), str(tmp_path / "out"), "--lora-format", "peft", "--no-tokenizer")
     assert r.returncode != 0 and "no LoRA adapters" in r.stderr
 
 

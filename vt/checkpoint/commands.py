@@ -25,7 +25,14 @@ def register(subparsers) -> None:
     o2h.add_argument("hf_dir", type=Path)
     o2h.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                      help="safetensors dtype (default: the checkpoint's param_dtype, so nothing is lost)")
-    o2h.add_argument("--tokenizer", type=Path, default=None, help="tokenizer directory whose files to copy")
+    tok = o2h.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", type=Path, default=None,
+                     help="the model's tokenizer: an HF tokenizer directory or a SentencePiece .model file; written "
+                          "as HF tokenizer files (tokenizer.json, tokenizer_config.json with the chat template) and "
+                          "its eos / pad ids into config.json and generation_config.json")
+    tok.add_argument("--no-tokenizer", action="store_true",
+                     help="export the weights without a tokenizer (AutoTokenizer will not load the directory, and "
+                          "generate() will not know where a turn ends)")
     o2h.add_argument("--max-shard-gb", type=positive_float, default=2.0)
     o2h.add_argument("--lora-format", choices=["merged", "peft"], default="merged",
                      help="a LoRA checkpoint: merged = the adapters folded into the weights (a plain model, the "
@@ -33,7 +40,8 @@ def register(subparsers) -> None:
     add_trust_flag(o2h)
     o2h.set_defaults(func=_orbax_to_hf)
 
-    info = subparsers.add_parser("info", help="describe a vt checkpoint, HF model directory or training workdir")
+    info = subparsers.add_parser("info", help="describe a vt checkpoint, HF model directory, training workdir or "
+                                              "pipeline (vt demo) work directory")
     info.add_argument("path", type=Path)
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     add_trust_flag(info)
@@ -50,11 +58,20 @@ def _hf_to_orbax(args: argparse.Namespace) -> int:
 
 def _orbax_to_hf(args: argparse.Namespace) -> int:
     from vt.checkpoint.params import export_peft, export_to_hf, load_model
+    from vt.data.tokenizer import load_tokenizer
+    if args.tokenizer is None and not args.no_tokenizer:
+        raise VtError("vt convert orbax-to-hf: pass --tokenizer TOKENIZER (the model's: an HF tokenizer directory "
+                      "or a SentencePiece .model), or --no-tokenizer to export the weights alone")
+    tok = load_tokenizer(args.tokenizer) if args.tokenizer is not None else None  # before the model: fail fast
     model = load_model(args.ckpt_dir)
     export = export_peft if args.lora_format == "peft" else export_to_hf
-    export(model, args.hf_dir, dtype=args.dtype, tokenizer_dir=args.tokenizer,
-                 max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
-    print(f"wrote {args.hf_dir} ({args.dtype or model.cfg.param_dtype})")
+    export(model, args.hf_dir, dtype=args.dtype, tokenizer=tok, max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+    print(f"wrote {args.hf_dir} ({args.dtype or model.cfg.param_dtype}" +
+          (f", tokenizer from {args.tokenizer})" if tok is not None else ", no tokenizer)"))
+    if tok is not None and tok.kind == "spm":
+        print(f"note: a SentencePiece tokenizer is written as tokenizer.json, which transformers 4.x AutoTokenizer "
+              f"loads; transformers >= 5 builds any qwen2 model's tokenizer as Qwen2's byte-level BPE (other ids), so "
+              f"there load it with PreTrainedTokenizerFast.from_pretrained({str(args.hf_dir)!r})")
     return 0
 
 
@@ -116,10 +133,67 @@ def _print_run(d: dict) -> None:
           "vt eval --ckpt, vt convert orbax-to-hf)")
 
 
+PIPELINE_MANIFEST = "manifest.json"  # vt.recipe.stages.MANIFEST (not imported: that module imports the learners)
+
+
+def is_pipeline_dir(path: Path) -> bool:
+    """A `vt pipeline` / `vt demo` work directory: stage directories with manifests, or the run's summary.json."""
+    path = Path(path)
+    return path.is_dir() and ((path / "summary.json").is_file() and (path / "table.md").is_file()
+                              or any((d / PIPELINE_MANIFEST).is_file() for d in path.iterdir() if d.is_dir()))
+
+
+def describe_pipeline(path: Path) -> dict:
+    """A pipeline work directory: its finished stages in the order they finished (time, checkpoint, held-out
+    mean), stage directories without a manifest (running, or interrupted: a re-run resumes them), the final
+    checkpoint and the Hugging Face export."""
+    path = Path(path)
+    stages, unfinished = [], []
+    for d in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        try:
+            m = json.loads((d / PIPELINE_MANIFEST).read_text())
+        except FileNotFoundError:
+            if any(d.iterdir()) and d.name not in ("tb", "data", "final") and not (d / "config.json").exists():
+                unfinished.append(d.name)
+            continue
+        except ValueError as e:
+            raise VtError(f"{d / PIPELINE_MANIFEST}: not valid JSON ({e})") from None
+        heldout = m.get("heldout") or {}
+        stages.append({"stage": m.get("stage", d.name), "finished": m.get("finished"), "wall_s": m.get("wall_s"),
+                       "checkpoint": str(path / m["checkpoint"]) if m.get("checkpoint") else None,
+                       "heldout_mean": sum(heldout.values()) / len(heldout) if heldout else None,
+                       "metrics": {k: v for k, v in (m.get("metrics") or {}).items()
+                                   if k in ("hf_dir", "tokenizer_match", "greedy_match", "stopped_at_end_of_turn")}})
+    stages.sort(key=lambda m: m["finished"] or "")
+    final = next((m["checkpoint"] for m in reversed(stages) if m["checkpoint"]), None)
+    export = next((m["metrics"] for m in stages if m["stage"] == "export"), None)
+    return {"path": str(path), "format": "vt-pipeline", "stages": stages, "unfinished": unfinished,
+            "final_checkpoint": final, "hf_export": export.get("hf_dir") if export else None,
+            "hf_check": {k: v for k, v in export.items() if k != "hf_dir"} if export else None}
+
+
+def _print_pipeline(d: dict) -> None:
+    print(f"{d['path']}  [pipeline work directory, {len(d['stages'])} finished stage(s)]")
+    for m in d["stages"]:
+        mean = f"held-out mean {m['heldout_mean']:.3f}" if m["heldout_mean"] is not None else ""
+        print(f"  {m['stage']:13s} {m['wall_s'] or 0:7.0f} s  {mean:20s} {m['checkpoint'] or ''}")
+    for s in d["unfinished"]:
+        print(f"  {s:13s} not finished (a re-run resumes it)")
+    print(f"final checkpoint: {d['final_checkpoint'] or 'none yet'}" +
+          ("  (give it to vt info, vt sample, vt eval --ckpt, vt convert orbax-to-hf)" if d["final_checkpoint"] else ""))
+    if d["hf_export"]:
+        checks = ", ".join(f"{k} {v}" for k, v in (d["hf_check"] or {}).items())
+        print(f"Hugging Face export: {d['hf_export']}" + (f"  ({checks})" if checks else ""))
+
+
 def _info(args: argparse.Namespace) -> int:
     from vt.checkpoint.manager import is_run_dir
     if not args.path.exists():
         raise VtError(f"{args.path}: no such file or directory")
+    if is_pipeline_dir(args.path) and not (args.path / "model_config.json").is_file():
+        d = describe_pipeline(args.path)
+        print(json.dumps(d, indent=2)) if args.json else _print_pipeline(d)
+        return 0
     if args.path.is_dir() and is_run_dir(args.path):  # its config.json is the run's, not a model's
         d = describe_run(args.path)
         if args.json:

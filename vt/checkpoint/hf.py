@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,14 +22,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from vt import VtError
-from vt.checkpoint.io import atomic_output_dir
+from vt.checkpoint.io import atomic_output_dir, umask
 from vt.checkpoint.seal import write_seal
+from vt.data.tokenizer import Tokenizer, load_tokenizer, save_hf_tokenizer
 from vt.distributed import is_primary
 from vt.model.config import ModelConfig, from_hf_config, to_hf_config
 from vt.model.lora import PROJECTIONS, targets
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "added_tokens.json", "tokenizer.model", "generation_config.json")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,17 +223,27 @@ def iter_vt_to_hf(get_param: Callable[[tuple], np.ndarray], cfg: ModelConfig) ->
 
 
 def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, np.ndarray]], *,
-                 dtype: str = "float32", tokenizer_dir: Path | None = None, max_shard_bytes: int = 2 << 30) -> None:
-    """Write config.json, generation_config.json, sharded safetensors + index, and tokenizer files.
+                 dtype: str = "float32", tokenizer: Path | str | Tokenizer | None = None,
+                 max_shard_bytes: int = 2 << 30) -> None:
+    """Write config.json, generation_config.json, sharded safetensors + index, and the tokenizer: a Hugging Face
+    model directory as `AutoTokenizer` / `AutoModelForCausalLM.from_pretrained` load it.
+
+    `tokenizer`: an HF tokenizer directory or a SentencePiece `.model` (or a loaded vt Tokenizer), written as HF
+    tokenizer files (vt.data.tokenizer.save_hf_tokenizer: same ids, chat template, specials); its end-of-turn and
+    pad ids go into config.json and generation_config.json, so `generate` stops at the end of a turn. None writes
+    weights only (the CLI asks for --no-tokenizer to say so).
 
     Shards are flushed as soon as they fill, so peak host memory is one shard plus one tensor. The directory
-    appears only when complete (written under a temporary name, then renamed). Multi-process: every process
-    consumes `tensors` (gathering is collective) but only process 0 writes files."""
+    appears only when complete (written under a temporary name, then renamed), sealed over every file, with the
+    permissions the umask gives. Multi-process: every process consumes `tensors` (gathering is collective) but
+    only process 0 writes files."""
     np_dtype = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}.get(dtype)
     if np_dtype is None:
         raise VtError(f"--dtype {dtype!r}: expected float32, bfloat16 or float16")
-    if tokenizer_dir is not None and not Path(tokenizer_dir).is_dir():
-        raise VtError(f"{tokenizer_dir}: tokenizer directory does not exist")
+    tok = tokenizer if tokenizer is None or isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+    if tok is not None and tok.vocab_size > cfg.vocab_size:
+        raise VtError(f"{tok.path}: the tokenizer has {tok.vocab_size} tokens, more than the model's vocab_size "
+                      f"{cfg.vocab_size}: not this model's tokenizer")
 
     with atomic_output_dir(out_dir) as tmp:
         shards: list[list[str]] = []
@@ -269,18 +277,44 @@ def write_hf_dir(out_dir: Path, cfg: ModelConfig, tensors: Iterator[tuple[str, n
             weight_map.update({key: final for key in keys})
         index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items(), key=lambda kv: _sort_key(kv[0])))}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        (tmp / "config.json").write_text(json.dumps(to_hf_config(cfg, torch_dtype=dtype), indent=2))
-        eos = [t for t in (cfg.eos_token_id, 151645 if cfg.vocab_size > 151645 else None) if t is not None]
-        gen = {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos or None, "do_sample": True,
-               "temperature": 1.0, "top_p": 0.95, "top_k": 0}
+        ids = generation_ids(cfg, tok)
+        hf_config = to_hf_config(cfg, torch_dtype=dtype)
+        if tok is not None:  # one end-of-turn id, as Qwen2.5-Instruct's config.json
+            hf_config.update(eos_token_id=ids["eos_token_id"][0], pad_token_id=ids["pad_token_id"])
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
+        gen = {**{k: v for k, v in ids.items() if v is not None}, "do_sample": True, "temperature": 1.0,
+               "top_p": 0.95, "top_k": 0}
         (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
-        if tokenizer_dir is not None:
-            copied = [f for f in TOKENIZER_FILES if (Path(tokenizer_dir) / f).is_file() and f != "generation_config.json"]
-            if not copied:
-                raise VtError(f"{tokenizer_dir}: holds no tokenizer files (looked for {', '.join(TOKENIZER_FILES[:7])})")
-            for f in copied:
-                shutil.copyfile(Path(tokenizer_dir) / f, tmp / f)
-        write_seal(tmp)  # last: readers of vt's exports verify it (vt.checkpoint.seal)
+        if tok is not None:
+            save_hf_tokenizer(tok, tmp)
+        apply_umask(tmp)
+        write_seal(tmp)  # last, over every file: readers of vt's exports verify it (vt.checkpoint.seal)
+
+
+def generation_ids(cfg: ModelConfig, tok: Tokenizer | None) -> dict:
+    """bos / eos / pad ids for config.json and generation_config.json. With a tokenizer: eos is the end of a turn
+    (config.json, as Qwen2.5-Instruct's) and, for generation, every stop token vt's sampler stops on (end of turn
+    and end of text); pad is the tokenizer's. Without one: what the model config holds (Qwen2.5's <|im_end|>
+    where the vocabulary is Qwen's)."""
+    if tok is None:
+        eos = [t for t in (cfg.eos_token_id, 151645 if cfg.vocab_size > 151645 else None) if t is not None]
+        return {"bos_token_id": cfg.bos_token_id, "eos_token_id": eos or None, "pad_token_id": None}
+    turn_end = tok.token_to_id("<|im_end|>")
+    turn_end = turn_end if turn_end is not None else tok.eos_token_ids[0]
+    return {"bos_token_id": cfg.bos_token_id, "eos_token_id": [turn_end, *(i for i in tok.eos_token_ids if i != turn_end)],
+            "pad_token_id": tok.pad_token_id}
+
+
+def apply_umask(root: Path) -> None:
+    """Give `root` and everything under it the permissions a plain mkdir / open would (0755 / 0644 under the usual
+    umask 022): the temporary directory an atomic output starts as is 0700."""
+    mask = umask()
+    os.chmod(root, 0o777 & ~mask)
+    for d, dirs, files in os.walk(root):
+        for name in dirs:
+            os.chmod(Path(d) / name, 0o777 & ~mask)
+        for name in files:
+            os.chmod(Path(d) / name, 0o666 & ~mask)
 
 
 # --- PEFT LoRA adapters --------------------------------------------------------------------------------------------
@@ -319,4 +353,5 @@ def write_peft_adapter(out_dir: Path, cfg: ModelConfig, adapters: dict[str, np.n
               "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
               "init_lora_weights": True, "modules_to_save": None, "inference_mode": True}
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    apply_umask(out_dir)
     write_seal(out_dir)

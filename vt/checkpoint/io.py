@@ -78,6 +78,7 @@ def _atomic_output_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         if not multi:
             parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
+            os.chmod(tmp, 0o777 & ~umask())  # mkdtemp makes 0700; the output gets a plain mkdir's mode
         else:  # one name every process can compute: a random one would differ per process
             tmp = parent / f".{out_dir.name}.tmp-shared"
             if is_primary():
@@ -102,6 +103,18 @@ def _atomic_output_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         if is_primary():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def umask() -> int:
+    try:  # Linux: read it without setting it (os.umask sets and returns, racing other threads)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def reader_error(e: BaseException) -> str:

@@ -214,22 +214,23 @@ def merge_adapters(model: Qwen2) -> Qwen2:
     return _merge(graphdef, abstract_state, merged)
 
 
-def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str | None = None, tokenizer_dir: Path | str | None = None,
-                 max_shard_bytes: int = 2 << 30) -> None:
+def export_to_hf(model: Qwen2, hf_dir: Path | str, *, dtype: str | None = None, tokenizer: Path | str | None = None,
+                 max_shard_bytes: int = 2 << 30, tokenizer_dir: Path | str | None = None) -> None:
     """Write `model` as an HF directory, one tensor at a time (no second full copy on the host). A LoRA model
     is written merged (`merge_adapters`); `export_peft` writes its adapters for PEFT instead.
 
     `dtype` None keeps the model's `param_dtype`, so an export loses no precision unless a narrower dtype is
-    asked for."""
+    asked for. `tokenizer` (an HF tokenizer directory or a SentencePiece `.model`; `tokenizer_dir` is its old
+    name) is written as HF tokenizer files with its eos / pad ids (vt.checkpoint.hf.write_hf_dir)."""
+    tokenizer = tokenizer or tokenizer_dir
     model = merge_adapters(model)
     flat = flat_params(model)
     write_hf_dir(Path(hf_dir), model.cfg, iter_vt_to_hf(lambda path: _gather(flat[path_key(path)]), model.cfg),
-                 dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
-                 max_shard_bytes=max_shard_bytes)
+                 dtype=dtype or model.cfg.param_dtype, tokenizer=tokenizer or None, max_shard_bytes=max_shard_bytes)
 
 
 def export_peft(model: Qwen2, out_dir: Path | str, *, dtype: str | None = None,
-                tokenizer_dir: Path | str | None = None, max_shard_bytes: int = 2 << 30) -> None:
+                tokenizer: Path | str | None = None, max_shard_bytes: int = 2 << 30) -> None:
     """`vt convert orbax-to-hf --lora-format peft`: a LoRA model as a PEFT adapter directory (adapter_config.json,
     adapter_model.safetensors, float32) holding its frozen base model as an HF directory in `base_model/`, which
     adapter_config.json names (`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(OUT/base_model),
@@ -242,7 +243,6 @@ def export_peft(model: Qwen2, out_dir: Path | str, *, dtype: str | None = None,
     base = {k: v for k, v in flat.items() if not lora.is_adapter(k)}
     with atomic_output_dir(out_dir) as tmp:
         write_hf_dir(tmp / "base_model", base_cfg, iter_vt_to_hf(lambda path: _gather(base[path_key(path)]), base_cfg),
-                     dtype=dtype or model.cfg.param_dtype, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None,
-                     max_shard_bytes=max_shard_bytes)
+                     dtype=dtype or model.cfg.param_dtype, tokenizer=tokenizer or None, max_shard_bytes=max_shard_bytes)
         write_peft_adapter(tmp, model.cfg, {k: _gather(v) for k, v in flat.items() if lora.is_adapter(k)},
                            base_model=str(out_dir / "base_model"))

@@ -451,3 +451,85 @@ def build_tiny_sentencepiece(out_path: str | os.PathLike, texts: Iterable[str] |
     out.write_bytes(buf.getvalue())
     return load_tokenizer(out)
 
+
+
+# ---- writing a tokenizer as Hugging Face files (every vt export carries one) ------------------------------
+# Files of an HF tokenizer directory that travel with it (a `.model` only where the directory holds one).
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                      "merges.txt", "added_tokens.json", "chat_template.jinja", "tokenizer.model")
+SPM_SPACE = "\u2581"
+
+
+def _spm_to_hf_backend(sp: spm.SentencePieceProcessor) -> HFTokenizer:
+    """A SentencePiece BPE model as a `tokenizers` BPE with the same ids (LLaMA-style conversion): the vocabulary
+    by id, merges ranked by the merged piece's score (SentencePiece merges the pair whose piece scores highest),
+    spaces as U+2581, byte fallback, user-defined pieces as added tokens matched before the model."""
+    from sentencepiece import sentencepiece_model_pb2 as pb  # ships with sentencepiece (protobuf)
+    proto = pb.ModelProto()
+    proto.ParseFromString(sp.serialized_model_proto())
+    ts, ns = proto.trainer_spec, proto.normalizer_spec
+    if ts.model_type != pb.TrainerSpec.BPE:
+        raise VtError("only SentencePiece BPE models convert to tokenizer.json here (this one is "
+                      f"{pb.TrainerSpec.ModelType.Name(ts.model_type)})")
+    if ns.name not in ("identity", "") or ns.add_dummy_prefix or ns.remove_extra_whitespaces:
+        raise VtError(f"SentencePiece normalizer {ns.name!r} (add_dummy_prefix={ns.add_dummy_prefix}, "
+                      f"remove_extra_whitespaces={ns.remove_extra_whitespaces}) has no exact tokenizer.json form "
+                      "here: train with normalization_rule_name='identity', add_dummy_prefix=False, "
+                      "remove_extra_whitespaces=False (as vt's build_tiny_sentencepiece does)")
+    T = pb.ModelProto.SentencePiece
+    vocab = {p.piece: i for i, p in enumerate(proto.pieces)}
+    mergeable = {p.piece: (i, p.score) for i, p in enumerate(proto.pieces) if p.type == T.NORMAL}
+    merges = []
+    for piece, (i, score) in mergeable.items():
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                merges.append((-score, i, vocab[left], (left, right)))
+    merges = [m[-1] for m in sorted(merges)]
+    unk = next((p.piece for p in proto.pieces if p.type == T.UNKNOWN), None)
+    backend = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=ts.byte_fallback))
+    backend.normalizer = normalizers.Replace(" ", SPM_SPACE)
+    backend.pre_tokenizer = None
+    backend.decoder = decoders.Sequence([decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    added = [AddedToken(p.piece, special=p.type == T.CONTROL or p.piece in (ENDOFTEXT, IM_START, IM_END),
+                        normalized=False) for p in proto.pieces if p.type in (T.USER_DEFINED, T.CONTROL)]
+    backend.add_special_tokens([t for t in added if t.special])
+    backend.add_tokens([t for t in added if not t.special])
+    return backend
+
+
+def _tokenizer_config(backend: HFTokenizer, tok: "Tokenizer", tokenizer_class: str) -> dict:
+    name = lambda i: tok.id_to_token(i) if i is not None else None  # noqa: E731
+    eos_name = IM_END if tok.token_to_id(IM_END) is not None else name(tok.eos_token_ids[0])
+    decoder = {str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized, "rstrip": t.rstrip,
+                        "single_word": t.single_word, "special": t.special}
+               for i, t in sorted(backend.get_added_tokens_decoder().items())}
+    unk = next((t.content for t in backend.get_added_tokens_decoder().values() if t.content == "<unk>"), None)
+    return {"tokenizer_class": tokenizer_class, "added_tokens_decoder": decoder, "bos_token": None,
+            "eos_token": eos_name, "pad_token": name(tok.pad_token_id), "unk_token": unk,
+            "additional_special_tokens": [t for t in (IM_START, IM_END) if tok.token_to_id(t) is not None],
+            "chat_template": tok.chat_template_source, "clean_up_tokenization_spaces": False,
+            "add_bos_token": False, "add_eos_token": False, "model_max_length": 32768, "split_special_tokens": False}
+
+
+def save_hf_tokenizer(tok: "Tokenizer", out_dir: str | os.PathLike) -> list[str]:
+    """Write `tok` into `out_dir` as the files `transformers.AutoTokenizer.from_pretrained(out_dir)` loads with
+    the same ids, chat template and special tokens (and vt's `load_tokenizer(out_dir)` too). An HF directory's
+    files are copied as they are; a SentencePiece model becomes `tokenizer.json` (`tokenizers`' own form) plus
+    `tokenizer_config.json` and `special_tokens_map.json`. Returns the names written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tok.kind == "hf":
+        src = Path(tok.path)
+        names = [f for f in HF_TOKENIZER_FILES if (src / f).is_file()]
+        for f in names:
+            (out / f).write_bytes((src / f).read_bytes())
+        return names
+    backend = _spm_to_hf_backend(tok._backend)
+    backend.save(str(out / "tokenizer.json"))
+    config = _tokenizer_config(backend, tok, "PreTrainedTokenizerFast")
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    special_map = {k: config[k] for k in ("eos_token", "pad_token", "unk_token", "additional_special_tokens")
+                   if config[k] is not None}
+    (out / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2, ensure_ascii=False) + "\n")
+    return ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
