@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -247,6 +248,9 @@ def measure(program: Program, hbm: int) -> dict:
         msg = str(e).strip().splitlines()
         row.update(verdict="FAILED", error=f"{type(e).__name__}: {msg[0][:300] if msg else ''}",
                    compile_s=round(time.perf_counter() - t0, 1))
+        oom = _compile_time_oom(msg[0] if msg else "")
+        if oom is not None:  # the TPU compiler refuses a program that cannot fit: the verdict, not a failure
+            row.update(verdict="DOES NOT FIT", bytes=oom, fix=f"lower {program.fix}")
         return row
     row["compile_s"] = round(time.perf_counter() - t0, 1)
     mem = compiled.memory_analysis()
@@ -263,6 +267,19 @@ def measure(program: Program, hbm: int) -> dict:
     return row
 
 
+_OOM = re.compile(r"CompileTimeHbmOom.*?required for .*? \(([\d.]+)([KMGT]?)\) exceeds available HBM")
+
+
+def _compile_time_oom(message: str) -> int | None:
+    """The bytes the TPU compiler found a program needs, from its refusal ("E1000: CompileTimeHbmOom: Ran out of
+    memory on HBM, the total memory required for HLO temporaries (1.00T) exceeds available HBM (95.73G)"; its
+    units are powers of 1024); None for any other error."""
+    m = _OOM.search(message)
+    if m is None:
+        return None
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+
+
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f}"
 
@@ -271,7 +288,7 @@ def table(rows: list[dict]) -> str:
     head = ("stage", "program", "shape", "GB / device", "HBM GB", "compile s", "kernels", "verdict")
     body = [(r["stage"], r["program"], r.get("shape", ""), _gb(r["bytes"]) if "bytes" in r else "-",
              _gb(r["hbm_bytes"]), f"{r['compile_s']:.1f}", str(r.get("kernels", "-")),
-             r["verdict"] + (f": {r['error']}" if r.get("error") else "")) for r in rows]
+             r["verdict"] + (f": {r['error']}" if r["verdict"] == "FAILED" else "")) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head) - 1)] + [0]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     return "\n".join([fmt(head), fmt(["-" * w for w in widths[:-1]] + ["-" * 7]), *map(fmt, body)])
@@ -306,6 +323,7 @@ def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | 
         if r["verdict"] == "FAILED":
             echo(f"{r['stage']}/{r['program']}: does not compile for {topo.name}: {r['error']}")
         else:
-            echo(f"{r['stage']}/{r['program']}: {_gb(r['bytes'])} GB a device, more than the {_gb(hbm)} GB of "
-                 f"{topo.name}; {r['fix']}")
+            refused = " (the TPU compiler refused it: out of HBM)" if r.get("error") else ""
+            echo(f"{r['stage']}/{r['program']}: {_gb(r['bytes'])} GB a device{refused}, more than the {_gb(hbm)} "
+                 f"GB of {topo.name}; {r['fix']}")
     return 1 if bad else 0
