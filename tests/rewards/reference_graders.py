@@ -1,7 +1,11 @@
-"""Run LiveCodeBench's and verl's (PRIME's) own stdin/stdout graders on printed outputs.
+"""Run LiveCodeBench's and verl's (PRIME's) own graders: stdin/stdout on printed outputs, call-based on
+returned values.
 
 Usage: python reference_graders.py {livecodebench|prime} < JSON [[printed, expected], ...]
-Prints a JSON list of verdicts (true = the reference grader passes the program that prints ``printed``).
+       python reference_graders.py {livecodebench_call|prime_call} < JSON [[returned, expected], ...]
+Prints a JSON list of verdicts (true = the reference grader passes the program that prints ``printed``;
+for the call-based graders, the function that returns the value of the JSON text ``returned``, called on
+one argument, against the JSON text ``expected``).
 A separate process: verl's run_test disables os functions (reliability_guard) in the process that runs it.
 The packages are installed with --no-deps (the Makefile); only their grader modules are loaded, by path,
 so that neither package's __init__ (and its heavy imports) runs.
@@ -45,8 +49,34 @@ def prime(pairs):
     return verdicts
 
 
+def function(returned: str) -> str:
+    return "import json\ndef f(x):\n    return json.loads(%r)\n" % returned
+
+
+def livecodebench_call(pairs):
+    grader = load("livecodebench", "evaluation/testing_util.py")
+    verdicts = []
+    for returned, expected in pairs:
+        results, _ = grader.grade_call_based(function(returned), ["0"], [expected], "f", timeout=10)
+        verdicts.append(results == [True])
+    return verdicts
+
+
+def prime_call(pairs):
+    grader = load("verl", "utils/reward_score/prime_code/testing_util.py")
+    grader.reliability_guard = lambda *args, **kwargs: None  # as in prime()
+    verdicts = []
+    for returned, expected in pairs:
+        case = {"inputs": ["0"], "outputs": [expected], "fn_name": "f"}
+        results, _ = grader.run_test(case, test=function(returned), timeout=10)
+        verdicts.append(results == [True])
+    return verdicts
+
+
 if __name__ == "__main__":
     pairs = json.load(sys.stdin)
-    verdicts = {"livecodebench": livecodebench, "prime": prime}[sys.argv[1]](pairs)
+    graders = {"livecodebench": livecodebench, "prime": prime, "livecodebench_call": livecodebench_call,
+               "prime_call": prime_call}  # fmt: skip
+    verdicts = graders[sys.argv[1]](pairs)
     sys.stdout = sys.__stdout__
     print(json.dumps(verdicts))

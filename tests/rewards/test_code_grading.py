@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vt.rewards.code import CodeReward, StdioTest, code_tests, stdout_matches
+from vt.rewards.code import CodeReward, StdioTest, code_tests, judge_call_result, stdout_matches, values_equal
 
 pytest.importorskip("numpy")
 REFERENCE = Path(__file__).with_name("reference_graders.py")
@@ -108,3 +109,146 @@ def test_correct_solutions_with_another_spelling_score_1_on_livecodebench_record
     with CodeReward(workers=2) as reward:
         scores = [r.score for r in reward([record] * 3 + [own], [block(c) for c in (leading_spaces, float_spelling, wrong, leading_spaces)])]
     assert scores == [1.0, 1.0, 0.0, 0.0]  # vt's own rule keeps leading spaces significant
+
+
+# ---- call-based tests: the returned value against the expected one ---------------------------------
+
+INTS = [0, 1, -1, 7, 10**9 + 5, 10**9 + 6, 999999999000000000, 999999999999999999, 2**53, 2**53 + 1, 10**30,
+        10**30 + 1, -(10**18)]  # fmt: skip
+FLOATS = [0.0, -0.0, 0.1, 0.3, 0.1 + 0.2, 1.0, 7.0, 2.5, 1e-10, 1e-9, 1e300, 5e-324, 1e16, 1000000005.0,
+          1000000006.0, float(2**53)]  # fmt: skip
+OTHER = [True, False, None, "a", "1", "", "True"]
+
+
+def random_value(rng: random.Random, depth: int = 0):
+    kind = rng.random()
+    if depth < 2 and kind < 0.25:
+        return [random_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if depth < 2 and kind < 0.32:
+        return {rng.choice("abc"): random_value(rng, depth + 1) for _ in range(rng.randint(1, 2))}
+    return rng.choice(INTS if kind < 0.6 else FLOATS if kind < 0.9 else OTHER)
+
+
+def near(value, rng: random.Random):
+    """Another value that may or may not pass for ``value``: a neighbour of a number, a number's other
+    type, a changed element."""
+    if isinstance(value, bool):
+        return rng.choice([int(value), float(value), not value, value])
+    if isinstance(value, int):
+        return rng.choice([value + 1, value - 1, float(value), value, rng.choice(INTS)])
+    if isinstance(value, float):
+        return rng.choice([math.nextafter(value, math.inf), value * (1 + 1e-10), value * (1 + 1e-8), value + 1e-12,
+                           int(value) if value.is_integer() else value, value, rng.choice(FLOATS)])  # fmt: skip
+    if isinstance(value, list) and value:
+        i = rng.randrange(len(value))
+        return rng.choice([value[:i] + [near(value[i], rng)] + value[i + 1 :], value[:i], value[0], [value]])
+    if isinstance(value, dict):
+        k = rng.choice(sorted(value))
+        return {**value, k: near(value[k], rng)}
+    return rng.choice([value, random_value(rng)])
+
+
+def call_cases(seed: int, n: int) -> list[tuple[str, str]]:
+    """(returned, expected) as JSON texts."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        expected = random_value(rng)
+        got = near(expected, rng) if rng.random() < 0.85 else random_value(rng)
+        pairs.append((json.dumps(got), json.dumps(expected)))
+    return pairs
+
+
+def vt_call_verdicts(source: str, pairs: list) -> list[bool]:
+    """vt's verdict on each returned value, as the host judges a harness that printed it, for a record of
+    ``source``'s shape with that expected value."""
+    verdicts = []
+    for returned, expected in pairs:
+        if source == "livecodebench":
+            record = {"public_test_cases": json.dumps([{"input": "0", "output": expected, "testtype": "functional"}]),
+                      "metadata": json.dumps({"func_name": "f"})}  # fmt: skip
+        else:  # APPS's list form; verl's checker reads the same values from JSON text
+            record = {"reward_model": {"ground_truth": json.dumps({"fn_name": "f", "inputs": [[0]], "outputs": [json.loads(expected)]})}}
+        (test,) = code_tests(record, 0)
+        assert test.grader == source
+        stdout = b"printed\n" + NONCE.encode() + json.dumps({"ok": json.loads(returned)}, allow_nan=False).encode() + b"\n"
+        verdicts.append(judge_call_result(stdout, NONCE, (test.expected, *test.alternatives), test.grader) is None)
+    return verdicts
+
+
+NONCE = "0123456789abcdef0123456789abcdef"
+
+
+def verl_first_element_quirk(returned: str, expected: str) -> bool:
+    """verl's checker also passes a value equal to the first element of any expected list ([3, 7] accepts
+    3); vt accepts the element only of a one-element list (APPS's wrapping), on purpose."""
+    e = json.loads(expected)
+    return isinstance(e, list) and len(e) > 1 and json.loads(returned) == e[0]
+
+
+@pytest.mark.parametrize("grader, package", [("livecodebench", "livecodebench"), ("prime", "verl")])
+def test_call_results_agree_with_the_source_checker(grader, package):
+    """Integers exactly, floats exactly (both checkers compare with Python's ==), 1 == 1.0, True == 1."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} not installed (the Makefile installs it with --no-deps)")
+    pairs = call_cases(seed={"livecodebench": 3, "prime": 4}[grader], n=600)
+    pairs += [("1000000005", "1000000006"), ("999999999000000000", "999999999999999999"), ("0.30000000000000004", "0.3"),
+              ("[1000000005]", "[1000000006]"), ("3", "3.0"), ("true", "1")]  # fmt: skip
+    want = reference(grader + "_call", pairs)
+    got = vt_call_verdicts(grader, pairs)
+    disagree = [(r, e, w) for (r, e), w, g in zip(pairs, want, got) if w != g]
+    if grader == "prime":
+        assert all(w and verl_first_element_quirk(r, e) for r, e, w in disagree), disagree[:10]
+        disagree = []
+    assert not disagree, disagree[:10]
+    assert want[-6:] == [False, False, False, False, True, True]
+    assert 100 <= sum(want) <= 500, sum(want)  # both verdicts are well represented
+
+
+def test_vt_call_rule_integers_exact_floats_within_1e_9():
+    pairs = call_cases(seed=5, n=2000)
+    for returned, expected in pairs:
+        got, want = json.loads(returned), json.loads(expected)
+        assert values_equal(want, got, "vt") == vt_rule(want, got), (returned, expected)
+    assert not values_equal(1000000006, 1000000005) and not values_equal(999999999999999999, 999999999000000000)
+    assert not values_equal([2**53 + 1], [2**53]) and values_equal(1000000006, 1000000006.0000001)
+    assert values_equal(0.3, 0.1 + 0.2) and not values_equal(0.3, 0.3 + 1e-9) and not values_equal(1, True)
+    assert values_equal(2**1024, 2**1024) and not values_equal(2**1024, 1.7976931348623157e308 * 0.999)
+    assert values_equal(1.7976931348623157e308, 2**1024)  # within 1e-9: the rule, in exact arithmetic
+    assert not values_equal(10**400, 1e300) and not values_equal(1e300, 10**400) and not values_equal(10**400, math.inf)
+
+
+def vt_rule(e, g) -> bool:
+    """vt's documented rule, written out recursively (the values here are shallow)."""
+    if isinstance(e, bool) or isinstance(g, bool):
+        return type(e) is type(g) and e == g
+    if type(e) is int and type(g) is int:
+        return e == g
+    if isinstance(e, (int, float)) and isinstance(g, (int, float)):
+        return abs(e - g) <= max(1e-9 * max(abs(e), abs(g)), 1e-9)
+    if isinstance(e, list):
+        return isinstance(g, list) and len(e) == len(g) and all(vt_rule(x, y) for x, y in zip(e, g))
+    if isinstance(e, dict):
+        return isinstance(g, dict) and e.keys() == g.keys() and all(vt_rule(e[k], g[k]) for k in e)
+    return type(e) is type(g) and e == g
+
+
+def test_records_choose_the_call_rule():
+    """The same answers through the sandbox: an integer off by one fails everywhere; 0.1 + 0.2 for 0.3
+    passes vt's own records only (LiveCodeBench's and verl's checkers compare floats exactly)."""
+    def records(expected: str) -> list[dict]:
+        return [{"tests": [{"fn_name": "f", "args": [0], "expected": json.loads(expected)}]},
+                {"public_test_cases": json.dumps([{"input": "0", "output": expected, "testtype": "functional"}]),
+                 "metadata": json.dumps({"func_name": "f"})},
+                {"reward_model": {"ground_truth": json.dumps({"fn_name": "f", "inputs": [[0]], "outputs": [[json.loads(expected)]]})}}]  # fmt: skip
+
+    cases = [("1000000006", "1000000005", [0.0] * 3), ("1000000006", "1000000006", [1.0] * 3),
+             ("999999999999999999", "999999999000000000", [0.0] * 3), ("0.3", "0.1 + 0.2", [1.0, 0.0, 0.0]),
+             ("0.5", "0.5", [1.0] * 3), ("3", "3.0", [1.0] * 3)]  # fmt: skip
+    recs, comps, want = [], [], []
+    for expected, returned, scores in cases:
+        recs += records(expected)
+        comps += [block(f"def f(x):\n    return {returned}")] * 3
+        want += scores
+    with CodeReward(workers=2) as reward:
+        assert [r.score for r in reward(recs, comps)] == want

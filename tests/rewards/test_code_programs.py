@@ -179,9 +179,10 @@ VERL_CALL = {  # APPS call-based: arguments as a list, the expected value wrappe
 def test_livecodebench_and_verl_records_become_vt_tests():
     lcb = "livecodebench"
     assert code_tests(LCB_STDIN, 0) == [StdioTest("1 2\n", "3\n", lcb), StdioTest("5 7\n", "12\n", lcb)]
-    assert code_tests(LCB_FUNCTIONAL, 0) == [CallTest("scale", [[1, 2, 3], 2], [2, 4, 6]), CallTest("scale", [[], 5], [])]
+    assert code_tests(LCB_FUNCTIONAL, 0) == [CallTest("scale", [[1, 2, 3], 2], [2, 4, 6], grader=lcb),
+                                             CallTest("scale", [[], 5], [], grader=lcb)]  # fmt: skip
     assert code_tests(VERL_STDIO, 0) == [StdioTest("1 2\n", "3\n", "prime"), StdioTest("3 4\n", "7\n", "prime")]
-    assert code_tests(VERL_CALL, 0) == [CallTest("add", [1, 2], [3], (3,)), CallTest("add", [3, 4], [7], (7,))]
+    assert code_tests(VERL_CALL, 0) == [CallTest("add", [1, 2], [3], (3,), "prime"), CallTest("add", [3, 4], [7], (7,), "prime")]
 
 
 def test_livecodebench_and_verl_records_score(reward):

@@ -37,6 +37,7 @@ import base64
 import builtins
 import dataclasses
 import decimal
+import fractions
 import functools
 import io
 import json
@@ -46,6 +47,7 @@ import queue
 import re
 import secrets
 import signal
+import sys
 import tempfile
 import time
 import zlib
@@ -100,6 +102,9 @@ class CallTest:
     # Other accepted return values: APPS/PRIME data often wraps a call's expected value in a list, and
     # their checker accepts either the list or its single element.
     alternatives: tuple = ()
+    # How the returned value is compared with ``expected``: as the record's source compares it (see
+    # ``values_equal``).
+    grader: str = "vt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +365,7 @@ def ground_truth_tests(truth: Any, index: int) -> list[CodeTest]:
                 raise RewardSpecError(f"{where}.fn_name: must be a Python identifier")
             args = inp if isinstance(inp, list) else [inp]
             also = (out[0],) if isinstance(out, list) and len(out) == 1 else ()
-            tests.append(CallTest(fn_name, args, out, also))
+            tests.append(CallTest(fn_name, args, out, also, grader="prime"))
         else:
             inp, out = _lines(inp, f"{at} input"), _lines(out, f"{at} output")
             tests.append(StdioTest(inp, out, grader="prime"))
@@ -411,7 +416,7 @@ def _lcb_cases(cases: list, fn_name: str | None, where: str) -> list[CodeTest]:
                 expected = json.loads(c["output"])
             except json.JSONDecodeError as e:
                 raise RewardSpecError(f"{at}: functional input/output is not JSON ({e})") from e
-            tests.append(CallTest(name, args, expected))
+            tests.append(CallTest(name, args, expected, grader="livecodebench"))
         else:
             tests.append(StdioTest(c["input"], c["output"], grader="livecodebench"))
     return tests
@@ -499,20 +504,147 @@ def _prime_match(got: str, expected: str) -> bool:
         got_f, want_f = [float(x) for x in lines], [float(x) for x in want_lines]
     except ValueError:
         return False
-    return len(got_f) == len(want_f) and bool(np.allclose(got_f, want_f))
+    if len(got_f) != len(want_f):
+        return False
+    with np.errstate(all="ignore"):  # 1e308 - -1e308 overflows to inf: not close, and no warning
+        return bool(np.allclose(got_f, want_f))
+
+
+def values_equal(expected: Any, got: Any, grader: str = "vt") -> bool:
+    """Whether a call's returned value ``got`` (as the host decoded it from JSON: see ``loads_result``)
+    passes for ``expected``, by the rule of the record's source:
+
+    - "vt" (vt's own ``tests``): structurally equal; two integers (never a bool) exactly; where either
+      side is a float, within 1e-9 relative or 1e-9 absolute; a bool equals only a bool;
+    - "livecodebench" (LiveCodeBench's grade_call_based) and "prime" (verl's prime_code / APPS checker):
+      Python's ``==`` on the values, as both checkers compare: integers and floats exactly, ``1 == 1.0``,
+      ``True == 1``. (Their checkers see the value itself; here it has crossed JSON, so a tuple anywhere
+      reads as a list, where they turn only a returned tuple into a list.)
+
+    Never raises, whatever ``got`` is (iterative, so no depth is too deep; an integer past float's range
+    compares in exact arithmetic).
+    """
+    scalar_equal = _vt_scalar_equal if grader == "vt" else _python_scalar_equal
+    stack = [(expected, got)]
+    while stack:
+        e, g = stack.pop()
+        if isinstance(e, (list, tuple)):
+            if type(g) is not list or len(e) != len(g):
+                return False
+            stack.extend(zip(e, g))
+        elif isinstance(e, dict):
+            if type(g) is not dict or e.keys() != g.keys():
+                return False
+            stack.extend((e[k], g[k]) for k in e)
+        elif type(g) in (list, dict) or not scalar_equal(e, g):
+            return False
+    return True
 
 
 def json_equal(expected: Any, got: Any) -> bool:
-    """Structural equality of JSON values; floats within 1e-9 relative; a bool never equals a number."""
-    if isinstance(expected, bool) or isinstance(got, bool):
-        return type(expected) is type(got) and expected == got
-    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        return math.isclose(expected, got, rel_tol=1e-9, abs_tol=1e-9)
-    if isinstance(expected, (list, tuple)) and isinstance(got, list):
-        return len(expected) == len(got) and all(json_equal(e, g) for e, g in zip(expected, got))
-    if isinstance(expected, dict) and isinstance(got, dict):
-        return expected.keys() == got.keys() and all(json_equal(expected[k], got[k]) for k in expected)
-    return type(expected) is type(got) and expected == got
+    """vt's own rule (``values_equal``'s "vt")."""
+    return values_equal(expected, got, "vt")
+
+
+_SCALARS = (type(None), bool, int, float, str)
+
+
+def _python_scalar_equal(e: Any, g: Any) -> bool:
+    return type(g) in _SCALARS and type(e) in _SCALARS and e == g
+
+
+def _vt_scalar_equal(e: Any, g: Any) -> bool:
+    if isinstance(e, bool) or isinstance(g, bool):
+        return type(e) is type(g) and e == g
+    if type(e) is int and type(g) is int:
+        return e == g
+    if isinstance(e, (int, float)) and isinstance(g, (int, float)):
+        return _close(e, g)
+    return type(g) in _SCALARS and type(e) is type(g) and e == g
+
+
+_REL_TOL = _ABS_TOL = 1e-9
+
+
+def _close(a: int | float, b: int | float) -> bool:
+    """math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), also where an integer is past float's range."""
+    try:
+        return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=_ABS_TOL)
+    except OverflowError:
+        if any(isinstance(x, float) and not math.isfinite(x) for x in (a, b)):
+            return False  # an infinity is close only to itself, and the other side is an integer
+        fa, fb = fractions.Fraction(a), fractions.Fraction(b)
+        return abs(fa - fb) <= max(fractions.Fraction(_REL_TOL) * max(abs(fa), abs(fb)), fractions.Fraction(_ABS_TOL))
+
+
+class _TooLong:
+    """An integer literal with more digits than any accepted value's integers (and than any finite float
+    has): it can equal none of them, so it is never converted (the host's int() refuses over 4,300 digits,
+    and converting a megabyte of digits takes seconds). Equals nothing under either rule."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<integer too long>"
+
+
+_TOO_LONG = _TooLong()
+_FLOAT_DIGITS = 311  # an integer of more digits is over 1e310: no finite float is within 1e-9 of it
+
+
+def _max_int_digits(values: Any) -> int:
+    """The most decimal digits of any integer in ``values`` (an upper bound; iterative)."""
+    most, stack = 0, [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, int) and not isinstance(v, bool):
+            most = max(most, v.bit_length() * 30103 // 100000 + 2)
+    return most
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads_result(data: bytes, int_digits: int = 0) -> Any:
+    """JSON the solution may control, decoded for comparison: ValueError for anything the honest harness
+    (``json.dumps(..., allow_nan=False)``) cannot have written (not UTF-8, NaN, Infinity, a number that
+    overflows to infinity, nesting past the parser's depth); an integer of more than
+    max(``int_digits``, 311) digits decodes as a value that equals nothing (see ``_TooLong``)."""
+    cap = max(int_digits, _FLOAT_DIGITS)
+
+    def parse_int(text: str) -> Any:
+        digits = len(text) - text.startswith("-")
+        if digits > cap:
+            return _TOO_LONG
+        if digits <= sys.int_info.default_max_str_digits:
+            return int(text)
+        return int(decimal.Decimal(text))  # an accepted value this long: exact, and not limited
+
+    def parse_float(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            raise ValueError("a number out of float's range")
+        return value
+
+    try:
+        text = data.decode("utf-8")
+        return json.loads(text, parse_int=parse_int, parse_float=parse_float, parse_constant=_refuse_constant)
+    except RecursionError as e:
+        raise ValueError("nested too deeply") from e
+
+
+def _printable(text: str) -> str:
+    """Text any writer can encode: a lone surrogate (a solution's ``ValueError('\\ud800')``) is escaped."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _detail(text: str) -> str:
+    return clip(_printable(text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -616,7 +748,7 @@ class CodeReward(RewardFunction):
                 return bad
             got = run.stdout.decode("utf-8", errors="replace")
             if not stdout_matches(got, test.output, test.grader):
-                return "wrong", {"reason": "output differs", "stdout": clip("\n".join(normalise_stdout(got)))}
+                return "wrong", {"reason": "output differs", "stdout": _detail("\n".join(normalise_stdout(got)))}
             return None
         nonce = secrets.token_hex(16)
         if isinstance(test, ProgramTest):
@@ -629,7 +761,7 @@ class CodeReward(RewardFunction):
         bad = classify_run(run)
         if bad is not None:
             return bad
-        return judge_call_result(run.stdout, nonce, (test.expected, *test.alternatives))
+        return judge_call_result(run.stdout, nonce, (test.expected, *test.alternatives), test.grader)
 
 
 
@@ -638,7 +770,7 @@ def classify_run(run: RunResult) -> tuple[str, dict] | None:
     info: dict[str, Any] = {"wall_s": round(run.wall_s, 3)}
     stderr = run.stderr_tail.decode("utf-8", errors="replace")
     if run.status == "sandbox_error":
-        return "verifier_error", {**info, "reason": "sandbox failed to start: " + clip(stderr)}
+        return "verifier_error", {**info, "reason": "sandbox failed to start: " + _detail(stderr)}
     if run.status in ("timeout", "output_limit"):
         return run.status, info
     sig = run.signal
@@ -651,39 +783,44 @@ def classify_run(run: RunResult) -> tuple[str, dict] | None:
         return "output_limit", {**info, "reason": "file size limit"}
     if run.returncode != 0:
         kind = "memory" if "MemoryError" in stderr or run.oom_killed else "runtime_error"
-        return kind, {**info, "returncode": run.returncode, "stderr": clip(stderr)}
+        return kind, {**info, "returncode": run.returncode, "stderr": _detail(stderr)}
     return None
 
 
-def _marked_result(stdout: bytes, nonce: str) -> dict | tuple[str, dict]:
-    """The harness's last line after the nonce, as a dict, or a failure verdict."""
+def _marked_result(stdout: bytes, nonce: str, int_digits: int = 0) -> dict | tuple[str, dict]:
+    """The harness's last line after the nonce, as a dict, or a failure verdict. In call mode the solution
+    shares the harness's process and can write that line itself: whatever the line holds ends here in a
+    dict or a failure, never in an exception."""
     pos = stdout.rfind(b"\n" + nonce.encode())
     if pos < 0:
         return "runtime_error", {"reason": "no result: the program exited before the harness reported"}
     line = stdout[pos + 1 + len(nonce) :].split(b"\n", 1)[0]
     try:
-        result = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return "runtime_error", {"reason": "unparseable result line"}
+        result = loads_result(line, int_digits)
+    except ValueError as e:
+        return "runtime_error", {"reason": _detail(f"unparseable result line ({e})")}
     if not isinstance(result, dict):
         return "runtime_error", {"reason": "malformed result"}
     return result
 
 
 def _harness_error(result: dict, kinds: tuple[str, ...]) -> tuple[str, dict]:
-    kind = result.get("error") if result.get("error") in kinds else "runtime_error"
-    return kind, {"reason": clip(str(result.get("message", "")))}
+    error, message = result.get("error"), result.get("message")
+    kind = error if type(error) is str and error in kinds else "runtime_error"
+    return kind, {"reason": _detail(message if type(message) is str else "")}
 
 
-def judge_call_result(stdout: bytes, nonce: str, accepted: tuple) -> tuple[str, dict] | None:
-    """Find the harness's marked line and compare its value to the ``accepted`` values here, on the host."""
-    result = _marked_result(stdout, nonce)
+def judge_call_result(stdout: bytes, nonce: str, accepted: tuple, grader: str = "vt") -> tuple[str, dict] | None:
+    """Find the harness's marked line and compare its value to the ``accepted`` values here, on the host,
+    by the record's rule (``values_equal``)."""
+    result = _marked_result(stdout, nonce, _max_int_digits(accepted))
     if not isinstance(result, dict):
         return result
     if "ok" not in result:
         return _harness_error(result, ("memory", "runtime_error"))
-    if not any(json_equal(expected, result["ok"]) for expected in accepted):
-        return "wrong", {"reason": "return value differs", "got": clip(json.dumps(result["ok"]))}
+    if not any(values_equal(expected, result["ok"], grader) for expected in accepted):
+        line = stdout[stdout.rfind(b"\n" + nonce.encode()) + 1 + len(nonce) :].split(b"\n", 1)[0]
+        return "wrong", {"reason": "return value differs", "got": _detail(line.decode("utf-8", errors="replace"))}
     return None
 
 
