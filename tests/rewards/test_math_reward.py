@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from vt.rewards.base import RewardSpecError, scores_and_mask
-from vt.rewards.math_reward import MathReward, boxed_answers, hedge_reason, top_level_items
+from vt.rewards.math_reward import MathReward, boxed_answers, top_level_items
 from vt.rewards.workers import WorkerError, WorkerPool
 
 from .conftest import ASSETS
@@ -51,20 +51,26 @@ def test_boxed_answers_balanced_braces():
     [
         (["3", "5"], "3", True),
         (["3", " 3 "], "3", False),  # the same answer twice is a commitment, not a hedge
+        (["6/2", "3"], "3", False),  # the same value twice, written two ways
         (["3, 5"], "3", True),
         (["3 \\text{ or } 5"], "3", True),
         (["3 or 5"], "3", True),
         (["3; 5"], "3", True),
         (["3 \\quad 5"], "3", True),
+        (["3 \\text{ or } 3"], "3", False),  # a repeated value names one value
         (["3, 5"], "3, 5", False),  # a set-valued answer: math-verify compares sets
+        (["1, 2"], "\\{1, 2\\}", False),  # the ground truth is a set however it is written
         (["(1, 2)"], "(1, 2)", False),  # an interval is one item
         (["1,000"], "1000", False),  # a thousands separator is not a list
         (["f(1, 2)"], "3", False),
         (["\\text{forty}"], "40", False),
+        (["1", "2"], "1, 2", True),  # two different boxes for a set are still two answers
     ],
 )
-def test_hedging_policy(boxes, gold, hedged):
-    assert (hedge_reason(boxes, gold) is not None) == hedged
+def test_hedging_policy(reward, boxes, gold, hedged):
+    r = reward.score_one(gold, " and ".join(f"\\boxed{{{b}}}" for b in boxes))
+    assert bool(r.details.get("hedged")) == hedged, r
+    assert r.score == 0.0 or not hedged
 
 
 def test_top_level_items():
@@ -153,7 +159,7 @@ def _check_adversarial(reward, caplog, capfd):
     results = reward([{"ground_truth": 70}] * len(ADVERSARIAL), list(ADVERSARIAL.values()))
     elapsed = time.monotonic() - t0
     for name, r in zip(ADVERSARIAL, results):
-        assert r.score == 0.0 or r.is_verifier_error, (name, r)
+        assert r.score == 0.0, (name, r)  # a verdict, never a verifier error (issue 46)
         assert len(repr(r.details)) < 2000, name  # details never echo a megabyte
     # Two workers, five items, each bounded by the deadline (plus scheduling slack on a shared box).
     assert elapsed < 3 * DEADLINE_S + 10
@@ -174,11 +180,100 @@ def test_adversarial_inputs_return_in_time_from_a_worker_thread(reward, caplog, 
     assert not t.is_alive() and len(box["r"]) == len(ADVERSARIAL)
 
 
-def test_verifier_errors_are_not_zeros(reward):
-    res = reward([{"ground_truth": 70}, {"ground_truth": 70}], ["\\boxed{70}", ADVERSARIAL["tower"]])
+# issue 46 item 3: answers that made the check time out (or raise) were verifier errors, left out of RL's group
+# statistics and eval's pass@k; a wrong answer chose a verifier error at will.
+HOSTILE = {
+    "tower9": "\\boxed{9^{9^{9^{9}}}}",
+    "factorial": "\\boxed{10000000!}",
+    "parentheses300": "\\boxed{" + "(" * 300 + "1" + ")" * 300 + "}",
+    "tower10": ADVERSARIAL["tower"],
+    "factorial_tower": ADVERSARIAL["factorial_tower"],
+    "deep_nesting": ADVERSARIAL["deep_nesting"],
+    "power": "\\boxed{2^{2^{40}}}",
+}
+
+
+def test_an_answer_the_check_cannot_finish_is_wrong_not_a_verifier_error(reward):
+    res = reward([{"ground_truth": 70}] * len(HOSTILE), list(HOSTILE.values()))
+    for name, r in zip(HOSTILE, res):
+        assert r.score == 0.0 and r.failure in ("timeout", "wrong", "format"), (name, r)
+    assert sum(r.failure == "timeout" for r in res) >= 5, res  # counted apart from wrong answers and errors
+    scores, valid = scores_and_mask(res + reward([{"ground_truth": 70}], ["\\boxed{70}"]))
+    assert valid.all() and scores.tolist() == [0.0] * len(HOSTILE) + [1.0]
+
+
+def test_an_answer_that_outlasts_the_deadline_is_a_timeout():
+    """math-verify's own timeout off (30 s): the worker is killed at the host's deadline; the ground truth alone
+    checks in a fresh worker, so the answer did it: 0, failure timeout."""
+    with MathReward(workers=1, deadline_s=2.0, verify_timeout_s=30) as r:
+        res = r.score_one("70", HOSTILE["tower9"])
+        assert res.score == 0.0 and res.failure == "timeout" and "deadline" in res.details["reason"], res
+        assert r.pool.replaced == 1
+        assert r.score_one("70", "\\boxed{70}").score == 1.0  # the slot works again
+
+
+FAKE_WORKER = """
+import json, os, sys, time
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    if os.environ.get("FAKE_MODE") == "hang" or (req["pred"] or "").startswith("hang"):
+        time.sleep(60)
+    if req["pred"] is None:
+        print(json.dumps({"gold_ok": True}), flush=True)
+        continue
+    if req["pred"] == "die" or (req["pred"] == "die once" and not os.path.exists(os.environ["FAKE_MARK"])):
+        open(os.environ["FAKE_MARK"], "w").close()
+        os._exit(9)
+    print(json.dumps({"verified": True, "gold_parsed": req["gold"], "pred_parsed": req["pred"]}), flush=True)
+"""
+
+
+@pytest.fixture()
+def fake_math(tmp_path, monkeypatch):
+    """A MathReward whose workers run FAKE_WORKER: the host's handling of deaths and deadlines, exactly."""
+    (tmp_path / "vt_test_fake_math_worker.py").write_text(FAKE_WORKER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("FAKE_MARK", str(tmp_path / "died"))
+    r = MathReward(workers=1, deadline_s=1.0)
+    r.pool.close()
+    r.pool = WorkerPool("vt_test_fake_math_worker", size=1, startup_timeout_s=30)
+    yield r
+    r.close()
+
+
+def test_a_worker_that_dies_on_the_answer_twice_is_a_wrong_answer(fake_math):
+    res = fake_math.score_one("1", "\\boxed{die}")
+    assert res.score == 0.0 and res.failure == "wrong" and "killed its worker" in res.details["reason"], res
+
+
+def test_a_worker_that_dies_once_gets_its_verdict_from_the_retry(fake_math):
+    assert fake_math.score_one("1", "\\boxed{die once}").score == 1.0
+
+
+def test_a_deadline_missed_on_the_answer_is_a_timeout(fake_math):
+    res = fake_math.score_one("1", "\\boxed{hang}")
+    assert res.score == 0.0 and res.failure == "timeout", res
+
+
+def test_verifier_errors_only_when_the_verifier_cannot_run(fake_math, monkeypatch, reward):
+    """None only where the answer is not the cause: the ground truth alone misses the deadline too, workers that
+    cannot start, a ground truth math-verify extracts nothing from."""
+    monkeypatch.setenv("FAKE_MODE", "hang")
+    res = fake_math.score_one("1", "\\boxed{1}")
+    assert res.is_verifier_error and res.score is None and "ground truth alone" in res.details["reason"], res
+    broken = MathReward(workers=1)
+    broken.pool.close()
+    broken.pool = WorkerPool("vt_test_no_such_module", size=1, startup_timeout_s=30)
+    try:
+        res = broken.score_one("1", HOSTILE["tower9"])
+        assert res.is_verifier_error and "exited" in res.details["reason"], res
+    finally:
+        broken.close()
+    res = reward([{"ground_truth": "}{"}, {"ground_truth": 70}], ["\\boxed{1}", "\\boxed{70}"])
     scores, valid = scores_and_mask(res)
-    assert res[1].is_verifier_error and res[1].score is None
-    assert valid.tolist() == [True, False] and scores.tolist() == [1.0, 0.0]
+    assert res[0].is_verifier_error and res[0].score is None and "gold_unparseable" in res[0].details["reason"]
+    assert valid.tolist() == [False, True] and scores.tolist() == [0.0, 1.0]
 
 
 # ---- the worker pool's hard deadline -------------------------------------------------------------
@@ -229,3 +324,33 @@ def test_math_verify_runs_in_worker_processes(reward):
     pids = {w.proc.pid for w in reward.pool._all}
     assert pids and os.getpid() not in pids
     assert all(w.proc.poll() is None for w in reward.pool._all)
+
+
+# issue 46 item 8: an answer naming two different values was scored by one of them (math-verify reads the last
+# of "2 \lor 3", "2 \\ 3", the right side of "2 = 3").
+HEDGES = ["\\boxed{3} \\boxed{5}", "\\boxed{3 \\text{ or } 5}", "\\boxed{3 = 5}", "\\boxed{3 \\lor 5}",
+          "\\boxed{3 \\vee 5}", "\\boxed{3 \\\\ 5}", "\\boxed{3 \\\\[2pt] 5}", "\\boxed{\\begin{cases}3\\\\5\\end{cases}}",
+          "\\boxed{\\begin{aligned}3\\\\5\\end{aligned}}", "\\boxed{3 \\newline 5}", "\\boxed{3 \\cup 5}",
+          "\\boxed{3 \\text{, } 5}", "\\boxed{3 \\textbf{ or } 5}", "\\boxed{3 \\text{or} 5}", "\\boxed{(3 \\lor 5)}",
+          "\\boxed{3 \\text{ cm or } 5 \\text{ cm}}", "\\boxed{x = 3 = 5}", "\\boxed{3 \\text{ or } \\boxed{5}}",
+          "\\boxed{3 \\; 5}", "\\boxed{3 \\land 5}"]
+
+
+@pytest.mark.parametrize("gold", ["3", "5"])
+def test_an_answer_naming_two_values_is_a_hedge(reward, gold):
+    res = reward([{"ground_truth": gold}] * len(HEDGES), [f"</think>{h}" for h in HEDGES])
+    bad = [(h, r) for h, r in zip(HEDGES, res) if not (r.score == 0.0 and r.failure == "format" and r.details["hedged"])]
+    assert bad == []
+
+
+@pytest.mark.parametrize("gold, answer", [
+    ("3", "x = 3"), ("3", "6/2 = 3"), ("3", "3 \\text{ or } 3"), ("3", "\\frac{6}{2}, 3"), ("5", "2 + 3 = 5"),
+    ("\\frac{1}{2}", "0.5 = \\frac{1}{2}"), ("3, 5", "5 \\text{ or } 3"), ("(1, 2)", "(1, 2)"),
+    ("x = 3", "x = 3"), ("2x + 1", "f(x) = 2x + 1"), ("1000", "1,000"),
+])
+def test_one_value_named_in_several_ways_is_not_a_hedge(reward, gold, answer):
+    from math_verify import parse, verify
+
+    assert verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{answer}}}"))  # the oracle agrees it is right
+    r = reward.score_one(gold, f"\\boxed{{{answer}}}")
+    assert r.score == 1.0, r

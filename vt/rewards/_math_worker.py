@@ -4,9 +4,13 @@ Runs in its own process so the host can SIGKILL it at a deadline (see workers.py
 per line on stdin, writes one JSON reply per line on a private copy of stdout; fd 1 itself is pointed at
 /dev/null so nothing sympy or math-verify prints can corrupt the protocol.
 
-Request: {"gold": str, "pred": str, "timeout_s": int}  (gold and pred are LaTeX answer strings)
-Reply:   {"verified": bool, "gold_parsed": str, "pred_parsed": str}
-      or {"error": "gold_unparseable" | "pred_unparseable" | "exception", "message": str}
+Request: {"gold": str, "pred": str | null, "timeout_s": int, "candidates"?: [str], "boxes"?: int}
+         (gold and pred are LaTeX answer strings; see ``check``)
+Reply:   {"verified": bool, "hedged"?: str, "gold_parsed": str, "pred_parsed": str}
+      or {"gold_ok": true}  (pred null: the ground truth alone parsed)
+      or {"error": "answer_timeout" | "answer_error": the answer's (a verdict: 0),
+                   "timeout" | "gold_unparseable" | "exception": the verifier's or the data's,
+                   "pred_unparseable", "message": str}
 """
 from __future__ import annotations
 
@@ -48,10 +52,46 @@ class _TimeoutLog(logging.Handler):
 _TIMEOUTS = _TimeoutLog()
 
 
-def check(gold: str, pred: str, timeout_s: int) -> dict:
-    """math-verify's verdict with its default semantics (errors count as no match / no parse), except
-    that any of its internal timeouts is reported: a timeout means "unknown", not "wrong"."""
-    from math_verify import parse, verify
+def _single_valued(expr) -> bool:
+    """True when a parsed ground truth is one value (a number or an expression), not a set, tuple, interval,
+    matrix, relation or text: only then can an answer that names several values be a hedge."""
+    import sympy
+
+    return isinstance(expr, sympy.Expr)
+
+
+def _values(parsed: list) -> list:
+    """The values a parsed answer names: the sides of an equation chain (``2 = 3``, ``6/2 = 3``) past an
+    assignment's target (``x`` in ``x = 3``); else the parse itself (its text fallback kept, as math-verify
+    compares it)."""
+    from math_verify.grader import is_equation, is_expr_of_only_symbols
+    from sympy import And
+
+    if not parsed or not is_equation(parsed[0]):
+        return [parsed]
+    relations = list(parsed[0]._unsorted_args) if isinstance(parsed[0], And) else [parsed[0]]
+    sides = [relations[0].lhs] + [r.rhs for r in relations]
+    if is_expr_of_only_symbols(sides[0]):
+        sides = sides[1:]
+    return [[side] for side in sides]
+
+
+def check(gold: str, pred: str | None, timeout_s: int, candidates: list[str] | None = None, boxes: int = 1) -> dict:
+    """math-verify's verdict with its default semantics (errors count as no match / no parse), with its internal
+    timeouts reported, and answers that name several values judged as hedges.
+
+    The ground truth is the data's: a timeout or error on it is the verifier's (the host makes it a verifier
+    error). The answer is the sample's: whatever it makes math-verify do (a timeout, RecursionError, any
+    exception) is an ``answer_timeout`` / ``answer_error`` reply, which the host scores 0, as math-verify's own
+    verdict on a timeout is False. ``pred=None`` checks the ground truth alone (the host's probe after a worker
+    missed its deadline: was it the answer?).
+
+    ``candidates`` (the host's split of the answer at "or", ``\\lor``, ``\\\\``, commas, ..., one entry per
+    distinct box) and ``boxes`` (how many different boxes) decide hedges: when the ground truth is a single value,
+    every value the answer names (the equation sides of each candidate) must equal it: some but not all is a
+    hedge, none is wrong; one value is math-verify's verdict on the answer as it is. Otherwise (a set, an
+    interval, ...) the answer is compared whole, as math-verify does, and two different boxes are a hedge."""
+    from math_verify import parse
 
     _TIMEOUTS.timeouts.clear()
     gold_p = parse(_wrap(gold), parsing_timeout=timeout_s)
@@ -59,18 +99,66 @@ def check(gold: str, pred: str, timeout_s: int) -> dict:
         return {"error": "timeout", "message": "parsing the ground truth: " + _TIMEOUTS.timeouts[0]}
     if not gold_p:
         return {"error": "gold_unparseable", "message": _clip(f"math-verify extracted nothing from {gold!r}")}
-    pred_p = parse(_wrap(pred), parsing_timeout=timeout_s)
+    if pred is None:
+        return {"gold_ok": True}
+    try:
+        return _check_answer(gold_p, pred, timeout_s, candidates, boxes)
+    except BaseException as e:  # noqa: BLE001 - math-verify's TimeoutException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return {"error": "answer_error", "message": _clip(f"{type(e).__name__}: {e}")}
+
+
+class _AnswerTimeout(Exception):
+    pass
+
+
+def _parse_answer(text: str, timeout_s: int, what: str) -> list:
+    from math_verify import parse
+
+    parsed = parse(_wrap(text), parsing_timeout=timeout_s)
     if _TIMEOUTS.timeouts:
-        return {"error": "timeout", "message": "parsing the answer: " + _TIMEOUTS.timeouts[0]}
-    if not pred_p:
-        return {"error": "pred_unparseable", "message": "math-verify extracted nothing"}
+        raise _AnswerTimeout(f"parsing the {what}: " + _TIMEOUTS.timeouts[0])
+    return parsed
+
+
+def _verify(gold_p: list, pred_p: list, timeout_s: int) -> bool:
+    from math_verify import verify
+
     # Gold first: math-verify's comparison is not symmetric (e.g. intervals vs. sets).
     ok = verify(gold_p, pred_p, timeout_seconds=timeout_s)
     if _TIMEOUTS.timeouts:
-        return {"error": "timeout", "message": "verify: " + _TIMEOUTS.timeouts[0]}
-    # The string forms (index 1) are what the model wrote, normalised; never str() the sympy objects,
-    # printing can itself hang on pathological expressions.
-    return {"verified": bool(ok), "gold_parsed": _clip(str(gold_p[-1])), "pred_parsed": _clip(str(pred_p[-1]))}
+        raise _AnswerTimeout("verify: " + _TIMEOUTS.timeouts[0])
+    return bool(ok)
+
+
+def _check_answer(gold_p: list, pred: str, timeout_s: int, candidates: list[str] | None, boxes: int) -> dict:
+    try:
+        pred_p = _parse_answer(pred, timeout_s, "answer")
+        if not pred_p:
+            return {"error": "pred_unparseable", "message": "math-verify extracted nothing"}
+        # The string forms (index 1) are what the model wrote, normalised; never str() the sympy objects,
+        # printing can itself hang on pathological expressions.
+        shown = {"gold_parsed": _clip(str(gold_p[-1])), "pred_parsed": _clip(str(pred_p[-1]))}
+        if not _single_valued(gold_p[0]):
+            if boxes > 1:
+                return {"verified": False, "hedged": f"{boxes} different boxed answers", **shown}
+            return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
+        if candidates:
+            parsed = [_parse_answer(c, timeout_s, "answer") for c in candidates]
+            values = [v for p in parsed if p for v in _values(p)]
+        else:
+            values = _values(pred_p)
+        if len(values) <= 1:
+            return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
+        oks = [_verify(gold_p, v, timeout_s) for v in values]
+        if all(oks):
+            return {"verified": True, **shown}
+        if any(oks):
+            return {"verified": False, "hedged": f"the answer names {len(values)} values, not all equal", **shown}
+        return {"verified": False, **shown}
+    except _AnswerTimeout as e:
+        return {"error": "answer_timeout", "message": _clip(str(e))}
 
 
 def _cpu_backstop(budget_s: int) -> None:
@@ -108,7 +196,8 @@ def main() -> None:
         req = json.loads(line)
         _cpu_backstop(4 * int(req["timeout_s"]) + 5)
         try:
-            reply = check(req["gold"], req["pred"], int(req["timeout_s"]))
+            reply = check(req["gold"], req.get("pred"), int(req["timeout_s"]), req.get("candidates"),
+                          int(req.get("boxes", 1)))
         except BaseException as e:  # noqa: BLE001 - math-verify's TimeoutException is a BaseException
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise

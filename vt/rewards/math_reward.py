@@ -3,15 +3,24 @@
 Pipeline per item (host side, cheap and bounded):
   1. the answer region: text after the last ``</think>``, then only its last ``tail_chars`` characters;
   2. every complete ``\\boxed{...}`` in it, by balanced-brace scan (``\\{``/``\\}`` are literal braces);
-  3. the hedging policy (below);
-  4. ``verify(gold, pred)`` (gold first) in a worker process with a hard deadline (workers.py).
+  3. the values the boxes name (``top_level_items``: split at "or", commas, ``\\lor``, ``\\\\``, ...);
+  4. ``verify(gold, pred)`` (gold first) in a worker process with a hard deadline (workers.py), with the
+     hedging policy below (the worker knows what the ground truth parses to).
 
-Hedging policy (explicit, scores 0 with failure "format" and ``details["hedged"]``):
-  - two or more *different* boxed answers in the answer region (``\\boxed{3} or \\boxed{5}``); the same
-    answer boxed twice is fine;
-  - one box listing several candidates at top level (``3, 5``, ``3; 5``, ``3 or 5``, ``3 \\text{ or } 5``,
-    ``3 and 5``) while the ground truth is a single value. When the ground truth is itself a list (a set
-    of solutions), the comparison is left to math-verify, which compares sets.
+Hedging policy (explicit, scores 0 with failure "format" and ``details["hedged"]``): an answer that names two
+different values. When the ground truth is one value (a number or an expression), every value the answer names
+must equal it: the values of every different box, each box split at top-level commas and semicolons, "or" /
+"and" (words or ``\\text{ or }``), ``\\lor``, ``\\vee``, ``\\land``, ``\\cup``, ``\\quad``, line breaks
+(``\\\\``, the rows of ``cases`` / ``aligned``), and the sides of an equation chain past an assignment's target
+(``2 = 3`` names two values, ``x = 3`` one). Some equal and some not is a hedge; the same value named twice
+(``3 \\text{ or } 3``, ``6/2 = 3``, ``\\boxed{3} ... \\boxed{3}``) is not. When the ground truth is a set, tuple,
+interval or relation, the answer is compared whole as math-verify compares it, and two different boxes are a
+hedge.
+
+Every answer gets a verdict: a check that times out on the answer (math-verify's own timeout, or the worker
+killed at the deadline) is failure "timeout", one the answer makes raise or kill its worker "wrong", both 0, as
+math-verify itself says False on a timeout. A verifier error (score None) is left for what the answer cannot
+cause (``MathReward.verify``).
 """
 from __future__ import annotations
 
@@ -76,16 +85,29 @@ def _matching_brace(text: str, start: int) -> int | None:
 
 
 _OPEN, _CLOSE = "([{", ")]}"
-_SEPARATOR_RE = re.compile(r"\s*(?:,|;|\\text\{\s*(?:or|and)\s*\}|\\(?:q)?quad|\bor\b|\band\b)\s*")
+# Between two values of one answer: a comma or semicolon (not a thousands separator: "1,000"), a word or a \text
+# group saying "or" / "and" ("3 \text{ or } 5", "3 \text{, } 5"), logical or set operators, a line break
+# ("3 \\ 5", rows of cases / aligned), wide spaces.
+_TEXT_SEPARATOR = (r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{"
+                   r"(?:[^{}]*\b(?:or|and|either|otherwise|alternatively)\b[^{}]*|[\s:()\[\]]*[,;][\s,;:()\[\]]*|\s*)\}")
+_SEPARATOR_RE = re.compile(
+    r"\s*(?:" + _TEXT_SEPARATOR + r"|(?<!\d),|,(?!\d{3}(?!\d))|;|\\(?:lor|vee|land|wedge|cup|quad|qquad|newline|cr)"
+    r"(?![A-Za-z])|\\[;:]|\\\\(?:\s*\[[^\]]*\])?|\n|\bor\b|\band\b)\s*")
 _THOUSANDS_RE = re.compile(r"^\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?$")
+# Environments whose rows are alternatives: cases, aligned, ...; matrices are one value and stay whole.
+_ROWS_ENV_RE = re.compile(r"\\(?:begin|end)\s*\{(?:cases|dcases|rcases|array|aligned|align\*?|alignat\*?|gathered|"
+                          r"gather\*?|split|eqnarray\*?)\}(?:\s*\{[lcr|\s]*\})?")
+_WORDS_RE = re.compile(r"^(?:\\text\s*\{[^{}]*\}|[A-Za-z.\s]*[A-Za-z]{2,}[A-Za-z.\s]*)$")  # "done", \text{...}
+_WRAPPERS = (("\\left(", "\\right)"), ("\\left[", "\\right]"), ("(", ")"), ("[", "]"), ("{", "}"))
 
 
-def top_level_items(answer: str) -> list[str]:
-    """Split an answer at top-level separators (commas, semicolons, "or"/"and", \\quad) outside brackets.
-
-    ``(1, 2)``, ``\\{1, 2\\}``, ``f(1, 2)`` and ``1,000`` stay one item.
-    """
-    s = answer.strip()
+def top_level_items(answer: str, commas: bool = True) -> list[str]:
+    r"""Split an answer into the values it names, at separators outside brackets: commas and semicolons, "or" /
+    "and" (as words or in ``\text{}``), ``\lor``, ``\vee``, ``\cup``, ``\quad``, line breaks (``\\``,
+    ``\begin{cases}`` rows). ``(1, 2)``, ``\{1, 2\}``, ``f(1, 2)`` and ``1,000`` stay one item; an answer wrapped
+    whole in brackets, ``(3 \lor 5)``, is split inside at everything but commas (the brackets' own).
+    Items that are only words (``\text{done}``, "approximately") name no value and are left out."""
+    s = _ROWS_ENV_RE.sub(" \\\\\\\\ ", answer).replace("&", " ").strip()
     if _THOUSANDS_RE.match(s):  # "1,000" is a number; "469, 468" (with a space) is a list
         return [s]
     items, depth, last, i = [], 0, 0, 0
@@ -101,26 +123,52 @@ def top_level_items(answer: str) -> list[str]:
             depth -= 1
         elif depth == 0:
             m = _SEPARATOR_RE.match(s, i)
-            if m:
+            if m and (commas or m.group().strip() not in (",", ";")):
                 if s[last:i].strip():
                     items.append(s[last:i].strip())
                 last = i = m.end()
                 continue
+            if c == "\\":  # a command's name is not a word "or" / "and" ("\land" is matched above), "\," no comma
+                m = re.match(r"\\(?:[A-Za-z]+|.)", s[i:], re.S)
+                i += m.end()
+                continue
         i += 1
     if s[last:].strip():
         items.append(s[last:].strip())
-    return items
+    if len(items) == 1:
+        for left, right in _WRAPPERS:
+            inner = items[0]
+            if inner.startswith(left) and inner.endswith(right) and _matching(inner, len(left) - 1, left, right):
+                inside = top_level_items(inner[len(left) : -len(right)], commas=False)
+                if len(inside) > 1:
+                    return inside
+                break
+    values = [x for x in items if not _WORDS_RE.match(x)]
+    return values or items[-1:]
 
 
-def hedge_reason(boxes: list[str], gold: str) -> str | None:
-    """Why this set of boxed answers is a hedge, or None if it is a single committed answer."""
-    distinct = list(dict.fromkeys(re.sub(r"\s+", "", b) for b in boxes))
-    if len(distinct) > 1:
-        return f"{len(distinct)} different boxed answers"
-    items = top_level_items(boxes[-1])
-    if len(items) > 1 and len(top_level_items(gold)) == 1:
-        return f"one box lists {len(items)} candidates for a single-valued answer"
-    return None
+def _matching(s: str, open_at: int, left: str, right: str) -> bool:
+    """Whether the bracket at ``open_at`` closes at the very end of ``s`` (so it wraps the whole of it)."""
+    depth, i = 0, open_at
+    while i < len(s):
+        c = s[i]
+        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+            i += 2
+            continue
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+            if depth == 0:
+                return i == len(s) - 1
+        i += 1
+    return False
+
+
+def hedge_candidates(boxes: list[str]) -> tuple[list[str], list[str]]:
+    """(the distinct boxed answers, in order, ignoring whitespace; the values they name, box by box)."""
+    distinct = list({re.sub(r"\s+", "", b): b for b in boxes}.values())
+    return distinct, [item for b in distinct for item in top_level_items(b)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,26 +221,68 @@ class MathReward(RewardFunction):
         boxes = boxed_answers(answer_region(completion, self.config.tail_chars))
         if not boxes:
             return failed("format", reason="no complete \\boxed{} in the answer region")
-        answer = boxes[-1]
-        reason = hedge_reason(boxes, gold)
-        if reason is not None:
-            return failed("format", reason=reason, hedged=True, answer=clip(answer))
-        return self.verify(gold, answer)
+        return self.verify(gold, boxes[-1], boxes)
 
-    def verify(self, gold: str, answer: str) -> RewardResult:
-        """math-verify on one (gold, predicted answer) pair in a worker, with the hard deadline."""
-        request = {"gold": gold, "pred": answer, "timeout_s": self.config.verify_timeout_s}
+    def verify(self, gold: str, answer: str, boxes: list[str] | None = None) -> RewardResult:
+        """math-verify on one (gold, predicted answer) pair in a worker, with the hard deadline; ``boxes`` (every
+        box of the answer region, ``answer`` the last) for the hedging policy (module docstring).
+
+        Whatever the answer makes the check do ends in a verdict: a timeout (math-verify's own, or the worker
+        killed at the deadline) is failure "timeout", an exception or a crashed worker "wrong", both 0. A
+        verifier error (None) is left for what the answer cannot cause: a ground truth that does not parse or
+        times out, workers that cannot start, a deadline missed on the ground truth alone."""
+        distinct, candidates = hedge_candidates(boxes or [answer])
+        request: dict[str, Any] = {"gold": gold, "pred": answer, "timeout_s": self.config.verify_timeout_s}
+        if len(distinct) > 1 or len(candidates) > 1:
+            request.update(candidates=candidates, boxes=len(distinct))
+        shown = clip(answer)
         try:
             reply = self.pool.call(request, self.config.deadline_s)
         except WorkerError as e:
-            return verifier_error(str(e), answer=clip(answer), deadline_s=self.config.deadline_s)
+            return self._after_worker_error(e, request, shown)
+        return self._verdict(reply, gold, shown)
+
+    @staticmethod
+    def _verdict(reply: dict, gold: str, shown: str) -> RewardResult:
         error = reply.get("error")
         if error == "pred_unparseable":
-            return failed("format", reason="math-verify could not parse the answer", answer=clip(answer))
-        if error is not None:  # timeout, gold_unparseable, exception: correctness unknown
-            return verifier_error(f"{error}: {reply.get('message', '')}", answer=clip(answer))
-        details = {"answer": reply.get("pred_parsed", clip(answer)), "ground_truth": reply.get("gold_parsed", gold)}
+            return failed("format", reason="math-verify could not parse the answer", answer=shown)
+        if error == "answer_timeout":
+            return failed("timeout", reason=clip(f"math-verify timed out on the answer ({reply.get('message', '')})"),
+                          answer=shown)
+        if error == "answer_error":
+            return failed("wrong", reason=clip(f"math-verify failed on the answer: {reply.get('message', '')}"),
+                          answer=shown)
+        if error is not None:  # the ground truth's timeout, gold_unparseable, exception: correctness unknown
+            return verifier_error(f"{error}: {reply.get('message', '')}", answer=shown)
+        details = {"answer": reply.get("pred_parsed", shown), "ground_truth": reply.get("gold_parsed", gold)}
+        if reply.get("hedged"):
+            return failed("format", reason=str(reply["hedged"]), hedged=True, **details)
         return passed(**details) if reply.get("verified") is True else failed("wrong", **details)
+
+    def _after_worker_error(self, error: WorkerError, request: dict, shown: str) -> RewardResult:
+        """A worker that missed the deadline or died on this request. The ground truth alone is checked in a
+        fresh worker: if that fails too, the verifier cannot run on this record (a verifier error); else the
+        answer did it: a deadline is a timeout (0), a worker that died on the request twice a wrong answer (0)."""
+        if error.kind not in ("deadline", "died"):  # start-up failed, garbage replies: the verifier's
+            return verifier_error(str(error), answer=shown, deadline_s=self.config.deadline_s)
+        if error.kind == "died":  # maybe not the answer's doing (a kill from outside): once more
+            try:
+                return self._verdict(self.pool.call(request, self.config.deadline_s), request["gold"], shown)
+            except WorkerError as again:
+                error = again
+        try:
+            probe = self.pool.call({"gold": request["gold"], "pred": None, "timeout_s": request["timeout_s"]},
+                                   self.config.deadline_s)
+        except WorkerError as e:
+            return verifier_error(f"{error}; the ground truth alone: {e}", answer=shown)
+        if not probe.get("gold_ok"):
+            return verifier_error(f"{error}; the ground truth alone: {probe.get('error')}: "
+                                  f"{probe.get('message', '')}", answer=shown)
+        if error.kind == "deadline":
+            return failed("timeout", reason=f"the check of the answer ran past its {self.config.deadline_s:g} s "
+                                            "deadline", answer=shown)
+        return failed("wrong", reason=f"the check of the answer killed its worker ({error})", answer=shown)
 
     def close(self) -> None:
         self.pool.close()

@@ -31,7 +31,13 @@ MAX_REPLY_BYTES = 1 << 20
 
 
 class WorkerError(Exception):
-    """The worker missed its deadline, died, or replied with something unparseable."""
+    """The worker missed its deadline, died, or replied with something unparseable. ``kind`` says which:
+    "deadline" (a request's), "died" (exited or closed its pipe), "startup" (never became ready) or "garbage"
+    (a reply that is not one JSON object per line): a caller tells the answer's doing from the verifier's by it."""
+
+    def __init__(self, message: str, kind: str = "garbage"):
+        super().__init__(message)
+        self.kind = kind
 
 
 class _Worker:
@@ -54,15 +60,18 @@ class _Worker:
 
     def request(self, payload: dict[str, Any], deadline_s: float) -> dict[str, Any]:
         if not self.ready:
-            hello = self._read_line(time.monotonic() + self.startup_timeout_s, "start-up")
+            try:
+                hello = self._read_line(time.monotonic() + self.startup_timeout_s, "startup")
+            except WorkerError as e:  # died or missed: either way it never started
+                raise WorkerError(str(e), "startup") from e
             if not hello.get("ready"):
-                raise WorkerError(f"worker sent {hello!r} instead of ready")
+                raise WorkerError(f"worker sent {hello!r} instead of ready", "startup")
             self.ready = True
         try:
             self.proc.stdin.write(json.dumps(payload).encode() + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
-            raise WorkerError(f"worker pipe closed: {e}") from e
+            raise WorkerError(f"worker pipe closed: {e}", "died") from e
         return self._read_line(time.monotonic() + deadline_s, "deadline")
 
     def _read_line(self, deadline: float, what: str) -> dict[str, Any]:
@@ -72,14 +81,14 @@ class _Worker:
             while b"\n" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    raise WorkerError(f"worker missed its {what} ({self.module})")
+                    raise WorkerError(f"worker missed its {what} ({self.module})", what)
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     try:
                         code = self.proc.wait(timeout=1)
                     except subprocess.TimeoutExpired:
                         code = None
-                    raise WorkerError(f"worker exited with code {code}")
+                    raise WorkerError(f"worker exited with code {code}", "died")
                 self._buf += chunk
                 if len(self._buf) > MAX_REPLY_BYTES:
                     raise WorkerError("worker reply exceeds 1 MiB")
