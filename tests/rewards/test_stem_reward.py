@@ -87,3 +87,37 @@ def test_tolerances_are_configurable():
 def test_expression_answers_go_to_math_verify(reward):
     res = reward([{"ground_truth": "\\sqrt{2}"}] * 2, ["\\boxed{2^{1/2}}", "\\boxed{\\sqrt{3}}"])
     assert [r.score for r in res] == [1.0, 0.0]
+
+
+# issue 46 item 8: hedges were scored by one of their values (the last box, the phrase's first letter, the box's
+# first number).
+OPTION_HEDGES = ["\\boxed{A} \\boxed{C}", "\\boxed{A}\\boxed{C}", "The answer is A or C", "The answer is C or A.",
+                 "Answer: A, C", "Answer: A and C", "Answer: (A) (C)", "**Answer:** C OR A", "\\boxed{A \\lor C}"]
+NUMBER_HEDGES = ["\\boxed{10 \\text{ or } 20}", "\\boxed{10} \\boxed{20}", "\\boxed{10, 20}", "\\boxed{10 = 20}",
+                 "\\boxed{10 \\lor 20}", "\\boxed{10 \\\\ 20}", "\\boxed{\\begin{cases}10\\\\20\\end{cases}}",
+                 "\\boxed{10 \\text{ m or } 20 \\text{ m}}", "The answer is 10 or 20", "The answer is 10; 20"]
+
+
+@pytest.mark.parametrize("gold", ["A", "C"])
+def test_naming_two_options_is_a_hedge(reward, gold):
+    res = reward([{"ground_truth": gold}] * len(OPTION_HEDGES), OPTION_HEDGES)
+    bad = [(h, r) for h, r in zip(OPTION_HEDGES, res) if not (r.score == 0 and r.details.get("hedged"))]
+    assert bad == []
+
+
+@pytest.mark.parametrize("gold", ["10", "20"])
+def test_naming_two_numbers_is_a_hedge(reward, gold):
+    res = reward([{"ground_truth": gold}] * len(NUMBER_HEDGES), NUMBER_HEDGES)
+    bad = [(h, r) for h, r in zip(NUMBER_HEDGES, res) if not (r.score == 0 and r.details.get("hedged"))]
+    assert bad == []
+
+
+@pytest.mark.parametrize("gold, completion", [
+    ("C", "\\boxed{C} so the answer is \\boxed{C}"), ("C", "The answer is (C) and I am sure."),
+    ("C", "The answer is C, a classic."), ("C", "The answer is B, no wait. Answer: C"),
+    ("9.81", "\\boxed{g = 9.81}"), ("10", "\\boxed{2 \\times 5 = 10}"), ("10", "\\boxed{10} \\boxed{10.0}"),
+    ("1000", "\\boxed{1,000}"), ("10", "\\boxed{10 \\text{ m}}"), ("9.81", "The answer is 9.81 m/s^2."),
+])
+def test_one_answer_stated_twice_or_with_its_name_is_not_a_hedge(reward, gold, completion):
+    r = reward.score_one(gold, completion)
+    assert r.score == 1.0, r

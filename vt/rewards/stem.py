@@ -30,7 +30,7 @@ from vt.rewards.base import (
     map_bounded,
     passed,
 )
-from vt.rewards.math_reward import MathConfig, MathReward, boxed_answers, ground_truth_text
+from vt.rewards.math_reward import MathConfig, MathReward, boxed_answers, ground_truth_text, top_level_items
 
 OPTIONS = "ABCDEFGHIJ"
 _OPTION_ONLY_RE = re.compile(r"^\s*[\(\[]?\s*([A-J])\s*[\)\]]?\s*[.:]?\s*$")
@@ -50,25 +50,63 @@ def option_letter(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+# After an "answer is C" phrase: another option joined to it ("C or A", "C, A", "(C) (A)", "C and D"); a bare "I"
+# followed by a word is the pronoun ("C and I think ..."), not option I.
+_MORE_OPTIONS_RE = re.compile(
+    r"(?:\s*(?:,|;|/|&|\bor\b|\band\b|\\lor\b|\\vee\b)\s*(?:option\s*)?(?:[\(\[]\s*(?-i:[A-J])\s*[\)\]]"
+    r"|(?-i:[A-J])(?![A-Za-z])(?<!I(?=\s+[a-z])))|\s+[\(\[]\s*(?-i:[A-J])\s*[\)\]])", re.IGNORECASE)
+
+
+def _box_options(box: str) -> list[str]:
+    box = box.strip()
+    letters = re.findall(r"(?<![A-Za-z\\])([A-J])(?![A-Za-z])", box)
+    lead = _OPTION_LEAD_RE.match(box)
+    if lead and len(set(letters)) <= 1:
+        return [lead.group(1)]
+    return sorted(set(letters))
+
+
 def chosen_options(region: str) -> list[str]:
-    """The option(s) the answer region commits to, by the precedence in the module docstring."""
+    """The option(s) the answer region commits to, by the precedence in the module docstring: every box counts
+    (``\\boxed{A} ... \\boxed{C}`` chooses two), an answer phrase with the options it joins ("A or C")."""
     boxes = boxed_answers(region)
     if boxes:
-        box = boxes[-1].strip()
-        letters = re.findall(r"(?<![A-Za-z\\])([A-J])(?![A-Za-z])", box)
-        lead = _OPTION_LEAD_RE.match(box)
-        if lead and len(set(letters)) <= 1:
-            return [lead.group(1)]
-        return sorted(set(letters))
-    phrases = _ANSWER_PHRASE_RE.findall(region)
+        return sorted({o for box in boxes for o in _box_options(box)})
+    phrases = list(_ANSWER_PHRASE_RE.finditer(region))
     if phrases:
         last = phrases[-1]
-        return chosen_options(last) if last.startswith("\\boxed") else [last.upper()]
+        if last.group(1).startswith("\\boxed"):
+            return chosen_options(last.group(1))
+        chosen, pos = {last.group(1).upper()}, last.end()
+        while m := _MORE_OPTIONS_RE.match(region, pos):
+            chosen.add(re.findall(r"[A-J]", m.group())[-1])  # the option is the match's last capital A-J
+            pos = m.end()
+        return sorted(chosen)
     letter = option_letter(region)
     return [letter] if letter else []
 
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
+
+
+_PLAIN_NUMBER_RE = re.compile(r"\s*[-+−]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s*")
+_MORE_NUMBERS_RE = re.compile(
+    r"(?:\s*[A-Za-zµΩ°%/^]{1,6})?\s*(?:,|;|\bor\b)\s*([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)",
+    re.I)
+
+
+def _number_values(text: str) -> list[float]:
+    """The finite numbers an answer item names: an equation chain's last side, and each other side that is a
+    plain number ("2 = 3" names two; "v = 9.8" and "2 \\times 5 = 10" one)."""
+    sides = re.split(r"(?<![<>!\\])=", text)
+    out = []
+    for i, side in enumerate(sides):
+        if i < len(sides) - 1 and not _PLAIN_NUMBER_RE.fullmatch(side):
+            continue
+        value = parse_number(side)
+        if value is not None and math.isfinite(value):
+            out.append(value)
+    return out
 
 
 def parse_number(text: str) -> float | None:
@@ -144,18 +182,26 @@ class StemReward(RewardFunction):
 
     def _score_number(self, gold: float, region: str) -> RewardResult:
         boxes = boxed_answers(region)
-        candidates = [boxes[-1]] if boxes else _NUMBER_PHRASE_RE.findall(region)[-1:]
-        if not candidates:
-            return failed("format", reason="no boxed or stated answer")
-        if len({re.sub(r"\s+", "", b) for b in boxes}) > 1:
-            return failed("format", reason="several different boxed answers", hedged=True)
-        value = parse_number(candidates[-1])
-        if value is None or not math.isfinite(value):
-            return failed("format", reason="answer is not a number", answer=clip(candidates[-1]))
-        ok = abs(value - gold) <= max(self.config.abs_tol, self.config.rel_tol * abs(gold))
-        details = {"answer": value, "ground_truth": gold}
-        return passed(**details) if ok else failed("wrong", **details)
-
+        if boxes:  # every different box, each split into the values it names ("10 \\text{ or } 20", "2 = 3")
+            distinct = list({re.sub(r"\s+", "", b): b for b in boxes}.values())
+            texts = [item for b in distinct for item in top_level_items(b)]
+        else:
+            phrases = list(_NUMBER_PHRASE_RE.finditer(region))
+            if not phrases:
+                return failed("format", reason="no boxed or stated answer")
+            texts, pos = [phrases[-1].group(1)], phrases[-1].end()
+            while m := _MORE_NUMBERS_RE.match(region, pos):  # "the answer is 10 or 20"
+                texts.append(m.group(1))
+                pos = m.end()
+        values = [v for t in texts for v in _number_values(t)]
+        if not values:
+            return failed("format", reason="answer is not a number", answer=clip(texts[-1]))
+        oks = [abs(v - gold) <= max(self.config.abs_tol, self.config.rel_tol * abs(gold)) for v in values]
+        details = {"answer": values[-1], "ground_truth": gold}
+        if len(set(oks)) > 1:
+            return failed("format", reason=f"the answer names {len(values)} values, not all equal", hedged=True,
+                          **details)
+        return passed(**details) if all(oks) else failed("wrong", **details)
     def _math_reward(self) -> MathReward:
         with self._math_lock:
             if self._math is None:
