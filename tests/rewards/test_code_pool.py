@@ -3,9 +3,11 @@
 A worker serves run after run, so a run could try to leave something for the next one, or turn on the
 server it was forked from. Each attack goes through CodeReward (the path training takes); then:
   - a *probe* run in the same worker prints a fingerprint of everything a run can observe (scratch
-    files and their directories' mode, times and attributes; modules, builtins, the server module's
-    globals; environment; signal dispositions and mask; umask, cwd; other processes; System V IPC
-    objects; a lock on the solution; rlimits) and it must equal the fingerprint taken before the attack;
+    files and their directories' mode and attributes; modules, builtins, the server module's globals;
+    environment; signal dispositions and mask; umask, cwd; other processes; System V IPC objects; a lock
+    on the solution; rlimits; and the counters that carried state from run to run before each run had
+    namespaces of its own: its pids, the inode numbers of new files in /tmp and /dev/shm, System V IPC
+    ids) and it must equal the fingerprint taken before the attack;
   - the next honest run scores 1;
   - no process of the sandbox uid is left but the idle workers', and none at all once the reward is
     closed.
@@ -40,8 +42,24 @@ def keyring(ring):
     n = libc.syscall({"x86_64": 250, "aarch64": 219}[platform.machine()], 11, ring, buf, 4096)  # KEYCTL_READ
     return buf.raw[:n].hex() if n >= 0 else -ctypes.get_errno()
 def scratch(d):
-    st = os.stat(d)
-    return [oct(st.st_mode), st.st_atime_ns, st.st_mtime_ns, sorted(os.listxattr(d)), sorted(os.listdir(d))]
+    st = os.stat(d)  # (its times are the run's own: a fresh tmpfs, mounted as the run starts)
+    listing = sorted(os.listdir(d))
+    with open(os.path.join(d, "probe"), "w"):
+        pass
+    return [oct(st.st_mode), st.st_uid, sorted(os.listxattr(d)), listing, os.stat(os.path.join(d, "probe")).st_ino]
+def ipc_ids():
+    libc = ctypes.CDLL(None, use_errno=True)
+    shm = libc.shmget(0, 4096, 0o1000 | 0o600)
+    sem = libc.semget(0, 1, 0o1000 | 0o600)
+    msg = libc.msgget(0, 0o1000 | 0o600)
+    libc.shmctl(shm, 0, None), libc.semctl(sem, 0, 0), libc.msgctl(msg, 0, None)  # IPC_RMID
+    return [shm, sem, msg]
+def pids():
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+    return [os.getpid(), os.getppid(), child, sorted(int(p) for p in os.listdir("/proc") if p.isdigit())]
 lock = open("/code/solution.py")
 try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -49,7 +67,7 @@ try:
 except OSError:
     locked = "held"
 print(json.dumps({
-    "scratch": [scratch("/tmp"), scratch("/dev/shm")],
+    "scratch": [scratch("/tmp"), scratch("/dev/shm")], "pids": pids(), "ipc_ids": ipc_ids(),
     "modules": sorted(sys.modules),
     "builtins": sorted(dir(builtins)), "print": repr(builtins.print), "len": len([1, 2]),
     "main": sorted(vars(sys.modules["__main__"])),
@@ -57,8 +75,7 @@ print(json.dumps({
     "signals": [repr(signal.getsignal(s)) for s in range(1, signal.NSIG) if s not in (9, 19, 32, 33)],
     "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
     "umask": os.umask(0o22), "cwd": os.getcwd(),
-    "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())
-               and open("/proc/%s/comm" % p).read() != "vt-tester\\n"],  # the server's, a pool process too
+    "others": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())],
     "sysv": [open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")],
     "lock": locked,
     "limits": [resource.getrlimit(getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")],
@@ -72,6 +89,26 @@ print(json.dumps({
 
 # What a run may leave behind, one attack per kind of state; each ends by printing "done".
 STATE_ATTACKS = {
+    # The counters a run could advance to tell the next run something (the issue's warm-pool channel: the
+    # next pid and the next inode number of /tmp survived the server's wipe; System V ids count up too).
+    "counters": """
+        import ctypes, os
+        for _ in range(300):
+            child = os.fork()
+            if child == 0:
+                os._exit(0)
+            os.waitpid(child, 0)
+        for d in ("/tmp", "/dev/shm"):
+            for i in range(300):
+                open(os.path.join(d, str(i)), "w").close()
+                os.unlink(os.path.join(d, str(i)))
+        libc = ctypes.CDLL(None, use_errno=True)
+        for _ in range(50):
+            libc.shmctl(libc.shmget(0, 4096, 0o1000 | 0o600), 0, None)
+            libc.semctl(libc.semget(0, 1, 0o1000 | 0o600), 0, 0)
+            libc.msgctl(libc.msgget(0, 0o1000 | 0o600), 0, None)
+        shm = libc.shmget(0, 4096, 0o1000 | 0o600)  # and one left in place
+    """,
     "files": """
         import os
         open("/tmp/left", "w").write("for the next run")
@@ -174,31 +211,33 @@ STATE_ATTACKS = {
 }
 
 
-# A run has its server's uid: the kernel lets it change the server's nice value, scheduling policy and
-# rlimits from outside (setpriority, sched_setscheduler, prlimit: not being dumpable does not stop them), and
-# every later run would inherit them. None can be undone by an unprivileged server: it gets replaced.
+# A run has its server's uid. Before runs had PID namespaces of their own, the kernel let a run change the
+# server's nice value, scheduling policy and rlimits from outside (setpriority, sched_setscheduler, prlimit:
+# not being dumpable does not stop them), and every later run would have inherited them. Now the run's
+# parent is its own namespace's init, and no pid of the server's can be named from the run: the attacks
+# reach the run's own processes only.
 SCHEDULING_ATTACKS = {
     "priority": """
         import os
-        os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)  # the server and every run after it: nice 19
+        os.setpriority(os.PRIO_PROCESS, os.getppid(), 19)  # was: the server and every run after it
         assert os.getpriority(os.PRIO_PROCESS, os.getppid()) == 19
     """,
     "priority-of-the-uid": """
         import os
-        os.setpriority(os.PRIO_USER, os.getuid(), 19)  # every process of the uid in the namespace
+        os.setpriority(os.PRIO_USER, os.getuid(), 19)  # every process of the uid the run can see
     """,
     "scheduler": """
         import os
-        os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))  # runs only when nothing else does
+        os.sched_setscheduler(os.getppid(), os.SCHED_IDLE, os.sched_param(0))
         assert os.sched_getscheduler(os.getppid()) == os.SCHED_IDLE
     """,
     "rlimits": """
         import os, resource
-        server = os.getppid()
+        parent = os.getppid()
         for name, value in (("RLIMIT_STACK", 1 << 16), ("RLIMIT_NOFILE", 32), ("RLIMIT_CORE", 0),
                             ("RLIMIT_SIGPENDING", 4), ("RLIMIT_MEMLOCK", 0), ("RLIMIT_CPU", 600)):
-            resource.prlimit(server, getattr(resource, name), (value, value))  # hard limits: no way back up
-        assert resource.prlimit(server, resource.RLIMIT_STACK) == (1 << 16, 1 << 16)
+            resource.prlimit(parent, getattr(resource, name), (value, value))  # hard limits: no way back up
+        assert resource.prlimit(parent, resource.RLIMIT_STACK) == (1 << 16, 1 << 16)
     """,
 }
 
@@ -253,18 +292,18 @@ def test_nothing_a_run_leaves_reaches_the_next_run(reward, attack):
 
 
 @pytest.mark.parametrize("attack", sorted(SCHEDULING_ATTACKS))
-def test_a_run_that_lowers_its_servers_priority_or_limits_gets_it_replaced(reward, attack):
-    """The run itself keeps its verdict (it is a correct program); the server reports itself unclean and the
-    next run gets a fresh one with the priority, policy and limits the first one had."""
-    before, replaced = json.loads(fingerprint(reward)), reward.pool.replaced
+def test_a_run_cannot_lower_its_servers_priority_or_limits(reward, attack):
+    """The run itself keeps its verdict (it is a correct program); what it changed was its own init's
+    (or its own processes'): the server keeps serving (not replaced), and the next run sees what the
+    first one saw."""
+    before, replaced = fingerprint(reward), reward.pool.replaced
+    pids = reward.pool.pids()
+    assert pids
     src = textwrap.dedent(SCHEDULING_ATTACKS[attack]) + "\nprint('done')\n"
     r = reward([stdio("done")], [block(src)])[0]
     assert r.score == 1.0, r
-    assert reward.pool.replaced == replaced + 1
-    after = json.loads(fingerprint(reward))
-    for print_ in (before, after):  # a fresh server's /tmp and /dev/shm are new mounts: other times only
-        print_["scratch"] = [[mode, *rest] for mode, _atime, _mtime, *rest in print_["scratch"]]
-    assert after == before
+    assert reward.pool.replaced == replaced and reward.pool.pids() == pids
+    assert fingerprint(reward) == before
     assert_next_run_clean(reward)
 
 
@@ -375,27 +414,28 @@ def test_the_pool_is_warm(reward):
 @pytest.mark.parametrize(
     "src, kinds",
     [
-        # print the right answer, then kill the server before it can report the run
-        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)", ("runtime_error",)),
+        # print the right answer, then kill the run's parent: its namespace's init, which the kernel shields
+        # from every signal sent from inside its namespace (SIGKILL included): the run ends as it would
+        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGKILL)", (None,)),
+        # every process the run may signal: its own (init is spared by the kernel), itself included
         ("import os, signal\nprint('7', flush=True)\nos.kill(-1, signal.SIGKILL)", ("runtime_error",)),
-        # stop it: no reply ever comes
-        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGSTOP)", ("timeout",)),
+        # stop its parent: an init ignores SIGSTOP from its own namespace, so the run just ends (and passes)
+        ("import os, signal\nprint('7', flush=True)\nos.kill(os.getppid(), signal.SIGSTOP)", (None,)),
         # from a daemon, after the run's main process has exited
         ("import os, signal, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(0.05)\n"
          "    os.kill(1, signal.SIGKILL)\n    os.kill(2, signal.SIGKILL)\n    os._exit(0)\nprint('7')", ("runtime_error", None)),
     ],
-    ids=["kill-parent", "kill-all", "stop-parent", "daemon-kills-server"],
+    ids=["kill-parent", "kill-all", "stop-parent", "daemon-kills-init"],
 )
-def test_a_run_that_kills_or_stops_its_server_fails_and_the_worker_is_replaced(reward, src, kinds):
-    replaced = reward.pool.replaced
+def test_a_run_can_kill_only_its_own_processes_never_the_server(reward, src, kinds):
+    """What a run signals is its own run (its parent is the init of its namespace): it may kill itself, never
+    the server, which stays (not replaced); a pass only for its own correct output."""
+    assert_next_run_clean(reward)  # a warm server to begin with
+    replaced, pids = reward.pool.replaced, reward.pool.pids()
     t0 = time.monotonic()
     r = reward([HONEST[0]], [block(src)])[0]
-    if None in kinds and r.score == 1.0:
-        # The server may kill the daemon before it acts (the run ended): then nothing happened.
-        assert reward.pool.replaced == replaced
-    else:
-        assert r.score == 0.0 and r.failure in kinds, r
-        assert reward.pool.replaced == replaced + 1
+    assert (r.failure if r.score == 0.0 else None) in kinds, r
+    assert reward.pool.replaced == replaced and reward.pool.pids() == pids
     assert time.monotonic() - t0 < TEST_LIMIT_S + pool_mod.REPLY_GRACE_S + 5
     assert_next_run_clean(reward)
 
@@ -456,15 +496,18 @@ def test_the_server_cannot_be_traced_or_read(reward):
 @pytest.mark.parametrize("pool", [True, False], ids=["warm", "cold"])
 def test_a_program_tests_process_cannot_be_traced_or_read_by_the_solution(pool):
     """Program mode: the test process, which holds the nonce and writes the verdict (cold: the solution's
-    parent; warm: the server's tester, beside the server), is not dumpable, nor is any other process the
-    solution's can see in its namespace. (A ptrace that worked would stop it: the test then reads as a
-    timeout.)"""
+    parent, not dumpable; warm: the server's tester, in the server's PID namespace, which the run cannot
+    even see), is out of the solution's reach, and so is every other process it can see in its namespace.
+    (A ptrace that worked would stop it: the test then reads as a timeout.)"""
     with CodeReward(workers=1, pool=pool, test_time_limit_s=TEST_LIMIT_S) as r:
         test = "assert probe(everyone=True) == 'blocked', probe(everyone=True)\n"
         got = r([{"tests": [{"program": test}]}], [block(PROBE_PARENT + SEES_TESTER)])[0]
         assert got.score == 1.0, got
-        # The probe did reach the tester (warm) or the test process (cold): it is there to be probed.
-        got = r([{"tests": [{"program": f"assert sees_tester() == {pool}\n"}]}], [block(SEES_TESTER)])[0]
+        # What the solution sees: its parent and itself (warm: its init), never the tester.
+        # (cold: bwrap's init, the test process, the solution's; warm: the run's init, the solution's)
+        seen = [1, 2] if pool else [1, 2, 3]
+        test = f"assert not sees_tester() and visible() == {seen}, visible()\n"
+        got = r([{"tests": [{"program": test}]}], [block(SEES_TESTER)])[0]
     assert got.score == 1.0, got
 
 
@@ -485,64 +528,45 @@ def tester():
     return None
 def sees_tester():
     return tester() is not None
+def visible():
+    return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
 """
-TESTER_STATE = SEES_TESTER + """
-import resource
-def pristine():
-    # As the server (its parent, which it was forked from): priority, policy, CPU affinity, rlimits, running.
-    pid, server = tester(), os.getppid()
-    def state(p):
-        limits = [resource.prlimit(p, getattr(resource, r)) for r in sorted(dir(resource)) if r.startswith("RLIMIT_")]
-        return [os.getpriority(os.PRIO_PROCESS, p), os.sched_getscheduler(p), sorted(os.sched_getaffinity(p)), limits]
-    with open("/proc/%d/stat" % pid) as f:
-        running = f.read().rsplit(")", 1)[1].split()[0] in "RS"
-    return running and state(pid) == state(server)
-def add(a, b):
-    return a + b
-"""
+# A run's attempts on every process it could reach: before runs had PID namespaces of their own, the
+# solution's process found the tester (same uid, same namespace) and could kill, stop, renice, starve or
+# limit it. Now it finds nothing but its own run; each attack ends in a test that is honest.
 TESTER_ATTACKS = {
-    "kill": "os.kill(tester(), 9)",
-    "stop": "os.kill(tester(), 19)",
-    "priority": "os.setpriority(os.PRIO_PROCESS, tester(), 19)",
-    "scheduler": "os.sched_setscheduler(tester(), os.SCHED_IDLE, os.sched_param(0))",
-    "rlimits": "[resource.prlimit(tester(), getattr(resource, n), (v, v)) for n, v in "
-               "(('RLIMIT_NOFILE', 8), ('RLIMIT_STACK', 1 << 16), ('RLIMIT_AS', 1 << 24))]",
-    # Elsewhere, or onto one of its CPUs when it may run on all (its worker found no CPU of its own to claim).
-    "affinity": "os.sched_setaffinity(tester(), (set(range(os.cpu_count())) - os.sched_getaffinity(tester())) "
-                "or {min(os.sched_getaffinity(tester()))}) if os.cpu_count() > 1 "
-                "else os.setpriority(os.PRIO_PROCESS, tester(), 19)",
-    # A daemon that outlives the run and goes for the tester of the next one: it dies with its run.
-    "daemon": "os.fork() == 0 and (os.setsid(), __import__('time').sleep(0.3), os.kill(tester() or 1, 19))",
+    "kill-all": "os.fork() == 0 and (os.kill(-1, 9), os._exit(0))",
+    "stop-all": "os.fork() == 0 and (os.kill(-1, 19), os._exit(0))",
+    "priority-of-the-uid": "os.setpriority(os.PRIO_USER, os.getuid(), 19)",
+    "every-pid": "for p in range(1, 400):\n    try:\n        p != os.getpid() and os.kill(p, 19)\n    except OSError:\n        pass",
+    # A daemon that outlives the run and goes for the next run's processes: it dies with its run.
+    "daemon": "os.fork() == 0 and (os.setsid(), __import__('time').sleep(0.3), os.kill(-1, 19))",
 }
-PROGRAM = {"tests": [{"program": "assert pristine()\nassert add(3, 4) == 7\n"}]}
+PROGRAM = {"tests": [{"program": "assert add(3, 4) == 7\n"}]}
+ADD = "import os, resource\ndef add(a, b):\n    return a + b\n"
 
 
 @pytest.mark.parametrize("attack", sorted(TESTER_ATTACKS))
-def test_a_run_that_attacks_the_tester_never_passes_by_it_and_the_next_run_gets_a_pristine_one(reward, attack):
-    """The solution's process can find the tester (same uid, same namespace) and kill, stop, renice, starve or
-    limit it. A run that does so never gets a pass it did not earn (here its test also asserts the tester was
-    pristine, so a pass means the attack did nothing: the tester is not dumpable, so there is nothing else
-    to gain); the next program run's tester is pristine again, the server is not replaced and nothing of the
-    run is left."""
-    assert reward([PROGRAM], [block(TESTER_STATE)])[0].score == 1.0  # a tester exists, pristine
-    replaced = reward.pool.replaced
-    src = TESTER_STATE + "\nimport os, resource\n" + TESTER_ATTACKS[attack] + "\n"
-    r = reward([PROGRAM], [block(src)])[0]
-    if attack == "daemon":  # it acts once the run is over (if it lives that long): the run itself is honest
-        assert r.failure != "verifier_error", r
-    else:
-        assert r.score == 0.0 and r.failure in ("runtime_error", "timeout", "wrong"), r
-    again = reward([PROGRAM], [block(TESTER_STATE)])[0]
+def test_a_run_that_attacks_every_process_it_can_reach_leaves_the_tester_and_server_untouched(reward, attack):
+    """The run's honest verdict stands or it fails; the tester and the server are the same processes after
+    it (not replaced), the next program run passes, and nothing of the run is left."""
+    assert reward([PROGRAM], [block(ADD)])[0].score == 1.0  # a tester exists
+    replaced, pids = reward.pool.replaced, reward.pool.pids()
+    r = reward([PROGRAM], [block(ADD + TESTER_ATTACKS[attack] + "\n")])[0]
+    assert r.failure != "verifier_error", r
+    again = reward([PROGRAM], [block(ADD)])[0]
     assert again.score == 1.0, (attack, r, again)
     assert reward.pool.replaced == replaced
+    if r.failure != "timeout":  # a run cut off mid-test gets its tester replaced (it may be mid-run): by design
+        assert reward.pool.pids() == pids
     assert_next_run_clean(reward)
 
 
 def test_the_tester_serves_run_after_run(reward):
     """Honest program runs keep one tester (and one server): no run pays for a fresh one."""
-    assert reward([PROGRAM], [block(TESTER_STATE)])[0].score == 1.0
+    assert reward([PROGRAM], [block(ADD)])[0].score == 1.0
     pids = reward.pool.pids()
-    res = reward([PROGRAM] * 6, [block(TESTER_STATE)] * 6)
+    res = reward([PROGRAM] * 6, [block(ADD)] * 6)
     assert [x.score for x in res] == [1.0] * 6
     assert reward.pool.pids() == pids
 
@@ -667,8 +691,11 @@ FAKE_SERVERS = {
 @pytest.mark.parametrize("how", sorted(FAKE_SERVERS))
 def test_a_misbehaving_server_fails_the_run_and_is_replaced(tmp_path, monkeypatch, how):
     fake = tmp_path / "fake_server.py"
-    fake.write_text(
+    fake.write_text(  # the protocol's pipes are the fds its first argument names, as the real server's
         "import json, os, sys, time\n"
+        "requests, replies = (int(fd) for fd in sys.argv[1].split(','))\n"
+        "os.dup2(requests, 0)\n"
+        "os.dup2(replies, 1)\n"
         "h = json.dumps({'ready': True}).encode()\n"
         "os.write(1, len(h).to_bytes(8, 'big') + h)\n"
         "os.read(0, 1 << 16)\n" + FAKE_SERVERS[how] + "\ntime.sleep(100)\n"
@@ -691,10 +718,10 @@ def test_concurrent_slots_never_share_a_uid_and_close_leaves_nothing():
     with CodeReward(workers=2, test_time_limit_s=5) as r:
         if not r.sandbox_uids:
             pytest.skip("per-sandbox uids exist only when the grader runs as root (CI does)")
-        src = block("import os, time\ntime.sleep(0.5)\nprint(os.getuid(), os.getppid() == 2)")
+        src = block("import os, time\ntime.sleep(0.5)\nprint(os.getuid(), os.getpid(), os.getppid())")
         res = r([stdio("never")] * 2, [src] * 2)
         seen = [x.details["stdout"] for x in res]
-        assert sorted(seen) == sorted(f"{u} True" for u in r.sandbox_uids), seen  # each run forked by its server
+        assert sorted(seen) == sorted(f"{u} 2 1" for u in r.sandbox_uids), seen  # each under its own run's init
         uids = r.sandbox_uids
         assert processes_matching(uids)  # the warm workers
     assert processes_matching(uids) == []

@@ -1,6 +1,8 @@
 """Runs inside the sandbox, with the untrusted solution. Python stdlib only; it never imports vt.
 
-Usage (by sandbox.py): python3 -I /code/_harness.py LIMITS_JSON MODE   (solution.py sits next to it)
+Usage (by sandbox.py): python3 -I /code/_harness.py LIMITS_JSON MODE [IN_FD,OUT_FD]   (solution.py next to it)
+  IN_FD,OUT_FD: inherited fds that carry the run's stdin and stdout; they are moved onto fds 0 and 1 before
+                anything else (bwrap's own stdio is /dev/null: see sandbox.channel_arg).
   LIMITS_JSON: {"cpu_s": int, "as_bytes": int, "fsize_bytes": int, "nproc": int|null, "nofile": int}
   MODE "stdin": run /code/solution.py as __main__ on the given stdin; the host compares stdout.
   MODE "call":  stdin is {"nonce": str, "fn_name": str, "args": [...]}; import the solution, call the
@@ -20,6 +22,7 @@ raised again.
 import builtins
 import collections
 import importlib
+import io
 import json
 import os
 import resource
@@ -422,7 +425,34 @@ def _where(e, name):
     return (text + (" (test line %d)" % line if line else ""))[:300]
 
 
+def take_stdio(arg):
+    """Move the run's channels (inherited as the fds "IN,OUT") onto stdin and stdout, and give Python the
+    stdio objects it makes for a fresh process on them."""
+    fd_in, fd_out = (int(x) for x in arg.split(","))
+    for fd, std in ((fd_in, 0), (fd_out, 1)):
+        if fd != std:
+            os.dup2(fd, std)
+            os.close(fd)
+    sys.stdin, sys.stdout = fresh_stdio(0), fresh_stdio(1)
+    sys.__stdin__, sys.__stdout__ = sys.stdin, sys.stdout
+
+
+def fresh_stdio(fd):
+    """sys.stdin / stdout / stderr as the interpreter makes them at start-up (create_stdio), on fd 0, 1 or 2."""
+    like = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
+    encoding = getattr(like, "encoding", "utf-8")
+    errors = getattr(like, "errors", "backslashreplace" if fd == 2 else "strict")
+    buffered = io.open(fd, "rb" if fd == 0 else "wb", -1, closefd=False)
+    buffered.raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+    line_buffering = fd == 2 or os.isatty(fd)
+    text = io.TextIOWrapper(buffered, encoding, errors, "\n", line_buffering, False)
+    text.mode = "r" if fd == 0 else "w"
+    return text
+
+
 def main():
+    if len(sys.argv) > 3:
+        take_stdio(sys.argv[3])
     set_limits(json.loads(sys.argv[1]))
     if sys.argv[2] == "call":
         run_call()

@@ -1,12 +1,22 @@
 """The warm sandbox server: one per worker slot, inside that slot's bwrap sandbox (see sandbox.py's
 SandboxPool). Python stdlib only; it never imports vt and never runs candidate code itself.
 
-Usage (by sandbox.py): python3 -I /code/_pool_server.py     (next to /code/_harness.py and solution.py)
+Usage (by pool.py): python3 -I /code/_pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
+  (next to /code/_harness.py and solution.py). The protocol's two pipes are inherited fds (bwrap's own stdio
+  is /dev/null: see sandbox.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes", "proc_covered",
+  "proc_masked"}, what each run's namespace is made with (see Server.run_init).
 
 It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time: each run
 is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE`` would be in a fresh
 sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only that child ever sees the
-solution. A program test's child is the solution's process of the harness's program mode; its test program
+solution. Each run starts in namespaces of its own, as a fresh sandbox does (Server.run_init): the child is
+PID 2 of a new PID namespace under an init of the server's (PID 1), with a new mount namespace (a fresh
+size-capped tmpfs at /tmp and /dev/shm, a /proc of its own PID namespace, covered and masked as bwrap's) and
+a new IPC namespace. So what a run can observe starts the same for every run: its pids, the inode numbers of
+its files, System V IPC ids, the processes /proc lists (the server and the tester are not among them, and no
+pid of theirs can be named from a run, so no run can signal, renice or move them). The server holds
+CAP_SYS_ADMIN in the sandbox's user namespace for this alone; each run's init drops every capability (and
+the bounding set) before the run's process exists. A program test's child is the solution's process of the harness's program mode; its test program
 runs in the Tester, a process forked once beside the server that serves program test after program test (one
 fork a run where the cold harness makes two; see Tester). When the run ends (exit, wall clock, output cap),
 the server kills every process in the PID namespace but the namespace's init and itself, until none is left
@@ -17,10 +27,10 @@ it), and only then replies. So nothing a run leaves (files, processes, locks, IP
 affinity, priority and limits; modules, globals, environment, signal handlers: those live in the child's own
 copy of the interpreter) reaches the next run.
 
-The server is not dumpable (PR_SET_DUMPABLE 0): a child of the same uid can neither ptrace it nor open
-its /proc files (memory, fds). It blocks the signals a child could send it except SIGKILL and SIGSTOP,
-which cannot be blocked: a server killed or stopped by a run stops replying, and the host then kills
-the whole namespace and starts a fresh one.
+The server is not dumpable (PR_SET_DUMPABLE 0): a process of the same uid can neither ptrace it nor open
+its /proc files (memory, fds). It blocks the signals a process could send it except SIGKILL and SIGSTOP,
+which cannot be blocked: a server killed or stopped stops replying, and the host then kills the whole
+namespace and starts a fresh one.
 
 Protocol, on the server's original stdin (requests) and stdout (replies), moved to private fds: each
 message is an 8-byte big-endian length, a JSON header, then the raw payloads the header announces.
@@ -37,7 +47,6 @@ import atexit
 import ctypes
 import gc
 import importlib.util
-import io
 import json
 import mmap
 import os
@@ -55,6 +64,10 @@ SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
 PR_SET_NAME, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 15, 4, 36, 0
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's)
 TESTER_GROWTH = 64 << 20  # resident bytes a tester may gain over its start before it is replaced
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
@@ -160,20 +173,23 @@ class Output:
 
 
 class Server:
-    def __init__(self):
-        # The protocol moves to private fds; 0 and 1 become /dev/null until a child takes them over.
-        self.requests, self.replies = os.dup(0), os.dup(1)
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(null, 1)
-        os.close(null)
+    def __init__(self, channels, config):
+        # The protocol's pipes are inherited fds; 0 and 1 stay /dev/null until a child takes them over.
+        self.requests, self.replies = (int(fd) for fd in channels.split(","))
+        self.config = json.loads(config)
+        # A mount namespace of our own with a /proc of our PID namespace (bwrap's shows its own): our pids
+        # and those of /proc agree (others, kill_all), as they will in each run's.
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount_proc(self.config)
+        # Our own PID namespace, to return to after each run's fork into a new one (fork_run).
+        self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.me = os.getpid()
         self.umask = os.umask(0o022)
         os.umask(self.umask)
-        if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
-        # Orphans of a run (a daemon's parent exited) are re-parented to us, so we can reap them.
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # Not dumpable (main, before the fork that made us): a process of our uid can neither trace us nor
+        # open our /proc files. PID 1 of our namespace: orphans of every run's init are re-parented to us.
         signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
         self.harness = load_harness()
         self.harness.warm_up()  # what the harness would otherwise look up in every run
@@ -220,9 +236,9 @@ class Server:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
-        pid = os.fork()
+        pid = self.fork_run()
         if pid == 0:
-            self.child(stdin_fd, out_w, err_w, request, self.harness.main)  # never returns
+            self.run_init(lambda: self.child(stdin_fd, out_w, err_w, request, self.harness.main))  # never returns
         for fd in (stdin_fd, out_w, err_w):
             os.close(fd)
         return self.supervise(pid, start, request, out, err, out_r, err_r)
@@ -239,10 +255,11 @@ class Server:
         call_r, call_w = os.pipe()  # tester -> solution: calls
         reply_r, reply_w = os.pipe()  # solution -> tester: ready, replies
         start = time.monotonic()
-        pid = os.fork()
+        pid = self.fork_run()
         if pid == 0:
-            self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
-                       lambda: self.serve_solution(request, call_r, reply_w), keep=(call_r, reply_w))
+            self.run_init(lambda: self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
+                                             lambda: self.serve_solution(request, call_r, reply_w),
+                                             keep=(call_r, reply_w)))
         for fd in (err_w, call_r, reply_w):
             os.close(fd)
         try:
@@ -338,6 +355,64 @@ class Server:
                 returncode = 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
         return {"status": status, "returncode": returncode, "wall_s": wall}
 
+    # ---- a run's namespaces ---------------------------------------------------------------------
+
+    def fork_run(self):
+        """fork() into a new PID namespace, whose PID 1 the child is (then run_init); the server stays in
+        its own, and its next children (the tester) are born there again."""
+        if _libc.unshare(CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
+        try:
+            pid = os.fork()
+        except BaseException:
+            self.restore_pidns()
+            raise
+        if pid != 0:
+            self.restore_pidns()
+        return pid
+
+    def restore_pidns(self):
+        if _libc.setns(self.pidns, CLONE_NEWPID) != 0:
+            raise OSError(ctypes.get_errno(), "setns(own PID namespace) failed")
+
+    def run_init(self, start_run):
+        """PID 1 of a run's own namespaces (in the forked child of fork_run); never returns.
+
+        A new mount namespace with a fresh tmpfs at /tmp and /dev/shm (their sizes, modes as the sandbox's)
+        and a /proc of the run's PID namespace, covered and masked as bwrap covers and masks the
+        sandbox's (sandbox.PROC_COVERED, PROC_MASKED); a new IPC namespace. Then every capability goes
+        (effective, permitted, inheritable, ambient, bounding set; no new privileges), and the run's
+        process is forked (PID 2, as the harness is in a fresh sandbox), reaped with every orphan of the
+        run, and its status becomes ours: when we exit the kernel kills whatever of the run is left."""
+        try:
+            if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
+                raise OSError(ctypes.get_errno(), "unshare")
+            c = self.config
+            mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount reaches the server's view
+            for d, size in (("/tmp", c["tmp_bytes"]), ("/dev/shm", c["shm_bytes"])):
+                mode = self.scratch[d][0]
+                mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=%o" % (size, mode))
+            mount_proc(c)
+            drop_capabilities()
+            if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+            pid = os.fork()
+        except BaseException:  # noqa: BLE001 - a run whose namespaces could not be made runs nothing
+            _exit(125)
+        if pid == 0:
+            start_run()  # never returns
+        close_all_but(())  # the run's fds are the run's process's alone
+        while True:
+            try:
+                done, status = os.wait()
+            except ChildProcessError:
+                _exit(125)
+            except InterruptedError:
+                continue
+            if done == pid:
+                code = os.waitstatus_to_exitcode(status)
+                _exit(128 - code if code < 0 else code)  # a signal death reads as bwrap reports it
+
     def child(self, stdin_fd, out_w, err_w, request, body, keep=()):
         """Become a fresh ``python3 -I /code/_harness.py LIMITS MODE`` on this run's stdio (and the fds in
         ``keep``) and run ``body``; never returns."""
@@ -357,7 +432,8 @@ class Server:
                     os.close(fd)
             except OSError:
                 pass
-            sys.stdin, sys.stdout, sys.stderr = fresh_stdio(0), fresh_stdio(1), fresh_stdio(2)
+            fresh = self.harness.fresh_stdio
+            sys.stdin, sys.stdout, sys.stderr = fresh(0), fresh(1), fresh(2)
             sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
             os.umask(self.umask)
             os.chdir("/tmp")
@@ -484,6 +560,8 @@ class Tester:
                 ours.close()
                 os.close(server.requests)
                 os.close(server.replies)
+                os.close(server.pidns)
+                drop_capabilities()  # the server's CAP_SYS_ADMIN is for making runs' namespaces alone
                 os.dup2(0, 2)  # /dev/null: what tests print is nobody's output
                 _libc.prctl(PR_SET_NAME, TESTER_NAME, 0, 0, 0)
                 tester_loop(theirs, server.harness)
@@ -539,6 +617,53 @@ def tester_loop(sock, harness):
         sock.send(b"done")
 
 
+def mount(source, target, fstype, flags, data=None):
+    enc = lambda x: None if x is None else x.encode()  # noqa: E731
+    if _libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        raise OSError(ctypes.get_errno(), "mount %s" % target)
+
+
+_RO = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+
+
+def mount_proc(config):
+    """A /proc of the caller's PID namespace over /proc, covered (read-only) and masked as bwrap's is."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in config["proc_covered"]:
+        path = "/proc/" + name
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | _RO)
+    for name in config["proc_masked"]:
+        path = "/proc/" + name
+        if os.path.isdir(path):  # an empty read-only tmpfs
+            mount("tmpfs", path, "tmpfs", _RO, "size=4k,mode=555")
+        elif os.path.exists(path):  # an empty read-only file (a device node would not open on /proc: nodev)
+            mount(config["empty_file"], path, None, MS_BIND)
+            mount(None, path, None, MS_REMOUNT | MS_BIND | _RO)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities():
+    """No capability left in any set: the bounding set (needs CAP_SETPCAP, dropped last), then effective,
+    permitted and inheritable (the ambient set empties with them)."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22:  # EINVAL: past the kernel's last capability
+                break
+            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP %d" % cap)
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def close_all_but(keep):
     """Close every fd but those in ``keep`` (one close_range call for each gap, not one close per fd)."""
     low = 0
@@ -571,20 +696,6 @@ def open_pidfd(pid):
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def fresh_stdio(fd):
-    """sys.stdin / stdout / stderr as the interpreter makes them at start-up (create_stdio): the server's
-    were made for the protocol pipes (e.g. stdin marked not seekable); the run's fd 0 is a memfd."""
-    like = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]
-    encoding = getattr(like, "encoding", "utf-8")
-    errors = getattr(like, "errors", "backslashreplace" if fd == 2 else "strict")
-    buffered = io.open(fd, "rb" if fd == 0 else "wb", -1, closefd=False)
-    buffered.raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
-    line_buffering = fd == 2 or os.isatty(fd)
-    text = io.TextIOWrapper(buffered, encoding, errors, "\n", line_buffering, False)
-    text.mode = "r" if fd == 0 else "w"
-    return text
 
 
 def exit_code(code):
@@ -706,11 +817,33 @@ def remove_tree(path):
 
 
 def main():
-    # kill(-1) between runs must only ever reach a sandbox's own PID namespace: under bwrap this server
-    # is pid 2 (bwrap's init is 1); anywhere else (a host, where pid 2 is the kernel's kthreadd) refuse.
+    # kill(-1) between runs must only ever reach a sandbox's own PID namespace: under bwrap this process is
+    # pid 2 (bwrap's init is 1); anywhere else (a host, where pid 2 is the kernel's kthreadd) refuse.
     if os.getpid() != 2:
         sys.exit("_pool_server.py runs only as the first process of a fresh PID namespace (bwrap)")
-    Server().serve()
+    if _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        sys.exit("prctl(PR_SET_DUMPABLE, 0) failed")
+    # The server is PID 1 of a PID namespace of its own making: only over a namespace that the sandbox's user
+    # namespace owns (bwrap's is not) may it return to its own after forking each run into a new one
+    # (Server.fork_run: setns needs CAP_SYS_ADMIN there). This process stays as the server's parent and
+    # ends with it, so bwrap's init sees its command end when the server does.
+    if _libc.unshare(CLONE_NEWPID) != 0:
+        sys.exit("unshare(CLONE_NEWPID) failed: errno %d" % ctypes.get_errno())
+    pid = os.fork()
+    if pid == 0:
+        try:
+            Server(sys.argv[1], sys.argv[2]).serve()
+        except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, status 1
+            sys.excepthook(*sys.exc_info())
+            _exit(1)
+        _exit(0)
+    close_all_but((2,))
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except InterruptedError:
+            continue
+        _exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 if __name__ == "__main__":

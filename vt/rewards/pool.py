@@ -61,8 +61,12 @@ from vt.rewards.sandbox import (
     _child_pid,
     _clean_env,
     _launcher,
+    EMPTY_FILE,
+    PROC_COVERED,
+    PROC_MASKED,
     _wait_dead,
     bwrap_argv,
+    channel_arg,
     force_rmtree,
     kill_tree,
     launch_fds,
@@ -76,6 +80,10 @@ SERVER_SOURCE = Path(__file__).with_name("_pool_server.py")
 # The server's share of its worker's memory cgroup, on top of the run's budget: the warm interpreter
 # (~15 MiB resident), the two bwrap processes, page tables and kernel memory of the namespace.
 SERVER_MEMORY = 48 << 20
+# Processes of a worker's uid besides a run's own and the two bwrap processes: the server, its parent (see
+# _pool_server.main), its tester and the run's init. Without a memory cgroup they count against the run's
+# RLIMIT_NPROC but hold none of its address-space budget (Limits.harness_json).
+STANDING_PROCS = 4
 REPLY_GRACE_S = 5.0  # beyond a run's wall clock: the server's kill-all, wipe (of up to tmp_bytes of files) and reply
 START_TIMEOUT_S = 60.0  # bwrap + interpreter + warm imports, on a loaded machine
 MAX_HEADER = 1 << 16
@@ -162,6 +170,8 @@ class PoolWorker:
         os.chmod(self.code_dir / "_pool_server.py", 0o644)
         self._solution, self._solution_tmp = str(self.code_dir / "solution.py"), str(self.code_dir / ".solution.tmp")
         self.proc: subprocess.Popen | None = None
+        self.requests: int | None = None  # our ends of the protocol's pipes (the server's: channel_arg)
+        self.replies: int | None = None
         self.key: tuple | None = None  # the sandbox-level limits this server was started with
         self.ns_init: int | None = None
         self.cgroup: Path | None = None
@@ -195,7 +205,8 @@ class PoolWorker:
                 return RunResult("sandbox_error", None, b"", problem.encode(), 0.0)
         request = {
             "mode": mode,
-            "limits": limits.harness_json(with_nproc=True, memory_cgroup=self.cgroup is not None),
+            "limits": limits.harness_json(with_nproc=True, memory_cgroup=self.cgroup is not None,
+                                          standing=STANDING_PROCS),
             "wall_s": limits.wall_s,
             "output_bytes": limits.output_bytes,
             "stdin": len(stdin),
@@ -239,9 +250,14 @@ class PoolWorker:
         self._oom_seen = 0
         self.stderr = tempfile.TemporaryFile()  # bwrap's and the server's own errors; runs have their own
         info_r, info_w = os.pipe()
+        req_r, self.requests = os.pipe()
+        self.replies, rep_w = os.pipe()
         seccomp = seccomp_fd()
-        argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp)
-        argv += [sb.python, "-I", "/code/_pool_server.py"]
+        argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp,
+                          admin=True)
+        config = {"tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes, "proc_covered": PROC_COVERED,
+                  "proc_masked": PROC_MASKED, "empty_file": f"/code/{EMPTY_FILE}"}
+        argv += [sb.python, "-I", "/code/_pool_server.py", channel_arg((req_r, rep_w)), json.dumps(config)]
         prefix, ids = _launcher(sb.cgroups.procs(self.cgroup) if self.cgroup is not None else [], self.uid)
         if not self._cpu_claimed:
             self._cpu_claimed = True
@@ -251,13 +267,13 @@ class PoolWorker:
                 self.cpu,
                 lambda: subprocess.Popen(
                     prefix + argv,
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
                     stderr=self.stderr,
                     env=_clean_env(),
                     cwd="/",
                     start_new_session=True,
-                    pass_fds=launch_fds(info_w, seccomp),
+                    pass_fds=launch_fds(info_w, seccomp, req_r, rep_w),
                     close_fds=True,
                     **ids,
                 )
@@ -268,8 +284,9 @@ class PoolWorker:
             self.stop()
             return f"could not start bwrap: {e}"
         finally:
-            if seccomp is not None:
-                os.close(seccomp)
+            for fd in (seccomp, req_r, rep_w):
+                if fd is not None:
+                    os.close(fd)
         os.close(info_w)
         self.key = (limits.memory_bytes, limits.tmp_bytes, limits.shm_bytes)
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -296,10 +313,12 @@ class PoolWorker:
             kill_tree(self.proc, self.ns_init)
             if self.ns_init is not None:
                 _wait_dead(self.ns_init)
-            for f in (self.proc.stdin, self.proc.stdout):
-                with contextlib.suppress(OSError):
-                    f.close()
             self.proc = None
+        for fd in (self.requests, self.replies):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.requests = self.replies = None
         self.ns_init = None
         if self.cgroup is not None:
             self.sandbox.cgroups.remove(self.cgroup)
@@ -336,10 +355,10 @@ class PoolWorker:
 
     def _send(self, header: dict, payload: bytes, deadline: float) -> None:
         head = json.dumps(header).encode()
-        _write_all(self.proc.stdin.fileno(), len(head).to_bytes(8, "big") + head + payload, deadline)
+        _write_all(self.requests, len(head).to_bytes(8, "big") + head + payload, deadline)
 
     def _read_message(self, deadline: float) -> dict:
-        fd = self.proc.stdout.fileno()
+        fd = self.replies
         size = int.from_bytes(_read_exactly(fd, 8, deadline, self._stderr_tail), "big")
         if size > MAX_HEADER:
             raise WorkerLost(f"reply header of {size} bytes")
@@ -365,7 +384,7 @@ class PoolWorker:
         )
         if not ok:
             raise WorkerLost(f"malformed reply {str(reply)[:200]!r}")
-        fd = self.proc.stdout.fileno()
+        fd = self.replies
         out = _read_exactly(fd, reply["stdout"], deadline, self._stderr_tail)
         err = _read_exactly(fd, reply["stderr"], deadline, self._stderr_tail)
         return reply, out, err
@@ -451,8 +470,8 @@ class SandboxPool:
         return sum(w.lost for w in self.workers)
 
     def pids(self) -> set[int]:
-        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, server, the server's
-        program-test tester): everything of the sandbox uids that may exist between runs."""
+        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, the server's parent, the
+        server, its program-test tester): everything of the sandbox uids that may exist between runs."""
         def children(pid):
             with contextlib.suppress(OSError):
                 return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -462,11 +481,11 @@ class SandboxPool:
         for w in self.workers:
             if w.proc is not None and w.proc.poll() is None:
                 found.add(w.proc.pid)
-                if w.ns_init is not None:
-                    found.add(w.ns_init)
-                    for server in children(w.ns_init):
-                        found.add(server)
-                        found.update(children(server))  # between runs: the tester, if there is one
+                todo = [w.ns_init] if w.ns_init is not None else []
+                while todo:  # the namespace's init and every process under it
+                    pid = todo.pop()
+                    found.add(pid)
+                    todo += children(pid)
         return found
 
     def close(self) -> None:

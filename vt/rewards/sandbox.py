@@ -84,12 +84,15 @@ class Limits:
     tmp_bytes: int = 64 << 20  # size of the sandbox's private /tmp (tmpfs): bounds all writes together
     shm_bytes: int = 8 << 20  # size of its /dev/shm (tmpfs): multiprocessing's semaphores, not bulk data
 
-    def harness_json(self, with_nproc: bool, memory_cgroup: bool) -> str:
+    def harness_json(self, with_nproc: bool, memory_cgroup: bool, standing: int = 0) -> str:
+        """``standing``: processes of the sandbox's uid that are not the run's and hold no part of its budget
+        (the warm pool's server, its parent, its tester and the run's init: pool.STANDING_PROCS)."""
         as_bytes, nproc = self.memory_bytes, self.nproc
         if not memory_cgroup and with_nproc:
             # No cgroup to bound the sum: bound it by (process count) x (address space per process).
             nproc = min(nproc, FALLBACK_PROCS)
             as_bytes = self.memory_bytes // (nproc - 2)
+            nproc += standing
         # CPU soft limit just above the wall limit: SIGXCPU (a timeout) if a busy loop somehow outlived it.
         return json.dumps(
             {
@@ -446,15 +449,19 @@ class Sandbox:
         cgroup = self.cgroups.create(limits.memory_bytes) if self.cgroups is not None else None
         limits_json = limits.harness_json(with_nproc=self.isolated, memory_cgroup=cgroup is not None)
         info_r, info_w = os.pipe()
+        out_r, out_w = os.pipe()
         seccomp = seccomp_fd() if self.isolated else None
+        # The run's stdin and stdout reach the harness on fds of their own (see channel_fds), never as the
+        # stdio of bwrap, whose init would hold them for the whole run.
+        channels = (stdin_f.fileno(), out_w)
         try:
             if self.isolated:
                 argv = bwrap_argv(self.bwrap, self.python, code_dir, limits.tmp_bytes, info_w, limits.shm_bytes,
                                   seccomp)
-                argv += [self.python, "-I", "/code/_harness.py", limits_json, mode]
+                argv += [self.python, "-I", "/code/_harness.py", limits_json, mode, channel_arg(channels)]
                 cwd = "/"
             else:  # allow_unsandboxed: a plain process in a scratch directory
-                argv = [self.python, "-I", str(code_dir / "_harness.py"), limits_json, mode]
+                argv = [self.python, "-I", str(code_dir / "_harness.py"), limits_json, mode, channel_arg(channels)]
                 cwd = str(work)
                 if uid is not None:
                     os.chown(work, uid, uid)
@@ -462,34 +469,46 @@ class Sandbox:
             start = time.monotonic()
             proc = subprocess.Popen(
                 prefix + argv,
-                stdin=stdin_f,
-                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env=_clean_env(),
                 cwd=cwd,
                 start_new_session=True,
-                pass_fds=launch_fds(info_w, seccomp) if self.isolated else (),
+                pass_fds=launch_fds(info_w, seccomp, *channels) if self.isolated else channels,
                 close_fds=True,
                 **ids,
             )
             os.close(info_w)
             info_w = -1
+            os.close(out_w)
+            out_w = -1
             status, out, err, started = _pump(
-                proc, start + limits.wall_s, limits.output_bytes, info_r if self.isolated else None
+                proc, out_r, start + limits.wall_s, limits.output_bytes, info_r if self.isolated else None
             )
             wall = time.monotonic() - start
             oom = cgroup is not None and self.cgroups.oom_kills(cgroup) > 0
         finally:
-            if info_w >= 0:
-                os.close(info_w)
-            if seccomp is not None:
-                os.close(seccomp)
+            for fd in (info_w, out_w, seccomp):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
             os.close(info_r)
+            os.close(out_r)
             if cgroup is not None:
                 self.cgroups.remove(cgroup)
         if status == "exited" and not started:
             status = "sandbox_error"
         return RunResult(status, proc.returncode, out, err, wall, oom)
+
+
+def channel_arg(fds: tuple[int, ...]) -> str:
+    """The argument that tells the harness (or the pool's server) which inherited fds are its channels.
+
+    bwrap's own stdin and stdout are /dev/null: its init (the sandbox's PID 1) keeps the stdio it was
+    started with for the whole run, and a program of the same uid (vt running as an ordinary user) may
+    open /proc/1/fd/N. The channels are passed as extra fds instead, which the init closes at once
+    (bubblewrap closes every fd but stdio in PID 1) and the harness moves onto its stdin and stdout."""
+    return ",".join(str(fd) for fd in fds)
 
 
 # The seccomp filter (classic BPF over struct seccomp_data: nr at offset 0, arch at 4), per architecture:
@@ -536,13 +555,48 @@ def seccomp_fd() -> int | None:
     return fd
 
 
-def launch_fds(info_fd: int, seccomp: int | None) -> tuple[int, ...]:
-    """The fds a bwrap launch inherits: its info fd and, where there is one, the seccomp filter's."""
-    return (info_fd,) if seccomp is None else (info_fd, seccomp)
+def launch_fds(info_fd: int, seccomp: int | None, *channels: int) -> tuple[int, ...]:
+    """The fds a bwrap launch inherits: its info fd, the seccomp filter's where there is one, and the run's
+    channels (see channel_arg)."""
+    return (info_fd, *channels) if seccomp is None else (info_fd, seccomp, *channels)
+
+
+# bwrap covers these read-only in every /proc it mounts; the warm pool's per-run /proc does the same.
+PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
+# Host-wide counters a run can move and a later (or concurrent) run could read back: CPU ticks and the
+# count of forks since boot (stat), page faults (vmstat), load, idle time, memory, dentries and inodes
+# (sys/fs), pressure stall times, interrupts, disk I/O, file locks, key and cgroup counts. Hidden in every
+# sandbox (empty files and directories): a run's own view of itself (/proc/self, its pid namespace's
+# processes) stays.
+PROC_MASKED = (
+    "stat", "vmstat", "loadavg", "uptime", "meminfo", "schedstat", "interrupts", "softirqs", "diskstats",
+    "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo", "locks", "key-users", "cgroups", "timer_list",
+    "pressure", "sys/fs",
+)  # fmt: skip
+
+
+EMPTY_FILE = ".empty"  # in every code directory: what masks a /proc file (see prepare_code_dir)
+
+
+def _proc_masks(code_dir: Path) -> list[str]:
+    """bwrap arguments that mask PROC_MASKED (those this kernel has) in the sandbox's /proc: an empty
+    read-only tmpfs over a directory, an empty read-only file over a file (/dev/null would not open there:
+    /proc is mounted nodev)."""
+    args = []
+    for name in PROC_MASKED:
+        path = f"/proc/{name}"
+        if os.path.isdir(path):
+            args += ["--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", str(code_dir / EMPTY_FILE), path]
+    return args
 
 
 def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd: int,
-               shm_bytes: int = Limits.shm_bytes, seccomp: int | None = None) -> list[str]:
+               shm_bytes: int = Limits.shm_bytes, seccomp: int | None = None, admin: bool = False) -> list[str]:
+    """``admin``: the command keeps CAP_SYS_ADMIN and CAP_SETPCAP in the sandbox's own user namespace (the
+    warm pool's server, which makes each run's namespaces and /proc, and drops both before any run code
+    exists)."""
     return [
         bwrap,
         "--unshare-all",
@@ -551,9 +605,13 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--die-with-parent",
         "--new-session",  # no TIOCSTI into the host's terminal
         "--cap-drop", "ALL",
+        *(["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"] if admin else []),
         "--hostname", "sandbox",
         *_root_layout(python),
         "--proc", "/proc",
+        # The warm pool's server mounts a /proc of its own, masked the same (_pool_server.mount_proc): the
+        # kernel lets it mount one only while the /proc above it has no mounts over its files.
+        *(_proc_masks(code_dir) if not admin else []),
         "--dev", "/dev",  # null, zero, full, random, urandom, tty, pts: no host devices
         "--size", str(shm_bytes), "--tmpfs", "/dev/shm",  # size-capped: not a way into host memory
         "--remount-ro", "/dev",  # no files in /dev (the device nodes themselves stay usable)
@@ -576,8 +634,10 @@ def _clean_env() -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp"}
 
 
-def _pump(proc: subprocess.Popen, deadline: float, cap: int, info_fd: int | None) -> tuple[str, bytes, bytes, bool]:
-    """Read stdout (up to cap + 1 bytes) and stderr (keep the tail) until EOF or the deadline.
+def _pump(proc: subprocess.Popen, out_fd: int, deadline: float, cap: int,
+          info_fd: int | None) -> tuple[str, bytes, bytes, bool]:
+    """Read the run's stdout (``out_fd``, up to cap + 1 bytes) and stderr (keep the tail) until EOF or the
+    deadline.
 
     Also reads bwrap's info fd, whose ``child-pid`` is the sandbox's PID-namespace init: killing that
     process makes the kernel kill everything in the namespace *before* the init itself is reaped, so
@@ -588,7 +648,7 @@ def _pump(proc: subprocess.Popen, deadline: float, cap: int, info_fd: int | None
     out, err, info = bytearray(), bytearray(), bytearray()
     status = "exited"
     with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(out_fd, selectors.EVENT_READ, out)
         sel.register(proc.stderr, selectors.EVENT_READ, err)
         if info_fd is not None:
             sel.register(info_fd, selectors.EVENT_READ, info)
@@ -626,7 +686,6 @@ def _pump(proc: subprocess.Popen, deadline: float, cap: int, info_fd: int | None
         kill_tree(proc, ns_init)
     if ns_init is not None:
         _wait_dead(ns_init)
-    proc.stdout.close()
     proc.stderr.close()
     return status, bytes(out), bytes(err), ns_init is not None or info_fd is None
 
@@ -692,6 +751,7 @@ def prepare_code_dir(root: Path, source: str) -> Path:
     code.mkdir(mode=0o755)
     (code / "solution.py").write_text(source, encoding="utf-8", errors="surrogatepass")
     shutil.copyfile(HARNESS_SOURCE, code / "_harness.py")
+    (code / EMPTY_FILE).touch()
     for f in code.iterdir():
         os.chmod(f, 0o644)
     return code
