@@ -2,13 +2,17 @@
 
 The ground truth decides the mode:
   - a single option letter A-J (``"C"``, ``"(C)"``): the completion's chosen option must match. The choice
-    is read from the answer region, first hit wins: the last ``\\boxed{...}`` (``\\boxed{C}``,
+    is read from the answer region, first hit wins: its ``\\boxed{...}`` (``\\boxed{C}``,
     ``\\boxed{(C)}``, ``\\boxed{\\text{C}}``, ``\\boxed{C. 42 m}``), then the last "answer: C" /
-    "answer is (C)" phrase, then a region that is just an option (``"(B)"``, ``"B."``). A box naming
-    several options (``\\boxed{A, C}``) is a hedge: 0, failure "format";
-  - a number (``"9.81"``, ``"-3e-5"``, ``"\\frac{1}{3}"``): the last boxed answer (else the last "answer:"
-    phrase) parsed as a number (decimals, scientific notation, ``\\times 10^{k}``, simple fractions,
-    a percent sign is a unit; trailing units ignored) must satisfy ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``;
+    "answer is (C)" phrase, then a region that is just an option (``"(B)"``, ``"B."``). Naming several
+    options is a hedge: 0, failure "format" (``\\boxed{A, C}``, ``\\boxed{A} ... \\boxed{C}``, "the answer
+    is A or C", "Answer: (A) (C)"); a later phrase replaces an earlier one ("B, no wait. Answer: D");
+  - a number (``"9.81"``, ``"-3e-5"``, ``"\\frac{1}{3}"``): every boxed answer (else the last "answer:"
+    phrase and the numbers it joins with "or", ",", ";") split into the values it names as the math reward
+    splits them (``10 \\text{ or } 20``, ``10 = 20``, rows; of an equation chain the last side and the plain
+    numbers: ``g = 9.81`` names one), each parsed as a number (decimals, scientific notation,
+    ``\\times 10^{k}``, simple fractions, a percent sign is a unit; trailing units ignored), must satisfy
+    ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``: all of them is right, some a hedge, none wrong;
   - anything else (an expression): delegated to the math reward (math-verify in worker processes).
 """
 from __future__ import annotations
