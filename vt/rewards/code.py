@@ -7,7 +7,11 @@ Tests (LiveCodeBench style), per record under ``tests``:
     a method of ``class Solution``. Its return value is JSON-serialised inside the sandbox, with a random
     per-run marker, and compared *here* to ``expected``: the expected value never enters the sandbox, so
     patched builtins, an always-true ``__eq__`` (not JSON-serialisable: rejected) or a printed "PASSED"
-    cannot fake a pass, and a program that exits before the harness prints its result fails;
+    cannot fake a pass, and a program that exits before the harness prints its result fails. Compared as
+    the record's source compares (``values_equal``): integers exactly; floats within 1e-9 relative for
+    vt's own records, exactly (Python's ``==``) for LiveCodeBench's and verl/APPS's. The solution can
+    write the marked line itself (it shares the harness's process): whatever the line holds is read
+    strictly (``loads_result``) and ends in a verdict, never in an exception;
   - program: ``{"program": str, "setup": str (optional), "entry": [str] (optional)}``: Python test code
     (asserts, HumanEval's ``check(candidate)``) run against the solution's top-level names; a builtin's
     name reaches the test only when it is one of the record's ``entry`` points (HumanEval's
@@ -28,7 +32,8 @@ A sample's tests run one after another in one warm sandbox of the pool (pool.py)
 forked child with the per-test limits; tests stop at the first failure and when the per-problem time
 budget is spent. ``pool=False`` (and unsandboxed mode) runs each test in a cold sandbox of its own
 (sandbox.py), as before the pool: same verdicts, slower. Failure kinds: wrong, timeout, runtime_error,
-output_limit, memory, format (no Python code block); a sandbox that could not start is a verifier error.
+output_limit, memory, format (no Python code block); a sandbox that could not start is a verifier error,
+and nothing a solution prints, returns or raises is (tests/rewards/test_code_verdicts.py).
 """
 from __future__ import annotations
 
