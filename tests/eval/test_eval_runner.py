@@ -161,3 +161,18 @@ def test_wandb_run_holds_the_summary_and_logging_is_not_a_result_setting(tmp_pat
     assert run["summary"]["pass@4"] == summary["pass@4"] and run["summary"]["problems"] == 30
     # W&B off again: the same output directory resumes (logging is not one of the settings results depend on)
     assert run_eval(config(), tmp_path / "o", generator=StandIn(aime_rows), reward=math_reward) == summary
+
+
+def test_wrong_by_timeout_counts_in_pass_at_k_and_apart_from_verifier_errors():
+    """issue 46: an answer whose check timed out is a 0 that stays in pass@k (a verifier error is left out), and
+    the summary counts both kinds."""
+    from vt.eval.runner import summarize
+
+    def sample(failure, correct):
+        return {"failure": failure, "correct": correct, "answer": "a", "finish": "stop", "tokens": 3}
+
+    rows = [{"samples": [sample("timeout", False), sample(None, True), sample("verifier_error", False),
+                         sample("timeout", False)], "clusters": [None] * 4}]
+    summary = summarize(config(ks=(1,), maj_ks=()), rows)
+    assert summary["timeouts"] == 2 and summary["verifier_errors"] == 1
+    assert summary["pass@1"] == pytest.approx(1 / 3)

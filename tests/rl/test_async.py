@@ -217,3 +217,20 @@ def test_sampler_devices_must_leave_the_learner_some():
     assert split_devices(0) == (None, None)
     with pytest.raises(VtError, match=r"rollout.sampler_devices=1: must leave the learner at least one of the 1"):
         split_devices(1)
+
+
+def test_wrong_by_timeout_is_counted_apart_and_survives_the_buffer():
+    """issue 46: a check that ran out of time is a verdict of 0 (valid), counted in `wrong_timeouts`, apart from
+    `verifier_errors`; the flags travel with their groups (select, concat, the async buffer's checkpoint state)."""
+    s = _groups([0, 0])
+    s.valid[1, 1] = False
+    s.timeouts = np.array([[True, False], [False, False]])
+    m = rollout_metrics(s, ["math"])
+    assert m["wrong_timeouts"] == 0.25 and m["verifier_errors"] == 0.25
+    assert Scored.concat([s.select([1]), s.select([0])]).timeouts.tolist() == [[False, False], [True, False]]
+    buf = RolloutBuffer(max_staleness=1)
+    buf.put(s, version=0)
+    again = RolloutBuffer(max_staleness=1)
+    again.set_state(buf.get_state())
+    assert again.take(2, 1)[0].timeouts.tolist() == [[True, False], [False, False]]
+    assert rollout_metrics(_groups([0]), ["math"])["wrong_timeouts"] == 0.0  # not recorded: none counted

@@ -19,7 +19,8 @@ Resumable: problems are cut into fixed chunks of ``chunk_problems``; chunk c is 
 regenerates an unfinished chunk exactly and writes only its missing problems.
 
 Verifier errors (a checker that failed: score None) are never counted as wrong: those samples are left
-out of their problem's metrics and counted in the summary (``verifier_errors``).
+out of their problem's metrics and counted in the summary (``verifier_errors``); answers scored 0 because their check
+or program ran out of time stay in the metrics and are counted too (``timeouts``).
 """
 from __future__ import annotations
 
@@ -266,7 +267,8 @@ def vote_clusters(cfg: EvalConfig, samples: list[dict], equivalent) -> list[int 
 def sample_metrics(cfg: EvalConfig, samples: list[dict], clusters: list[int | None]) -> dict:
     """Per-problem metrics over the samples whose verdict is known (verifier errors left out, counted)."""
     keep = [i for i, s in enumerate(samples) if s["failure"] != "verifier_error"]
-    out: dict[str, Any] = {"n": len(samples), "verifier_errors": len(samples) - len(keep)}
+    out: dict[str, Any] = {"n": len(samples), "verifier_errors": len(samples) - len(keep),
+                           "timeouts": sum(s["failure"] == "timeout" for s in samples)}  # wrong (0) by timeout
     if not keep:
         return out
     valid = [samples[i] for i in keep]
@@ -345,12 +347,13 @@ def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | N
 
 def summarize(cfg: EvalConfig, rows: list[dict]) -> dict:
     recomputed = [sample_metrics(cfg, r["samples"], r["clusters"]) for r in rows]  # ks may differ from the run's
-    per_problem = [{k: v for k, v in m.items() if k not in ("n", "verifier_errors")} for m in recomputed]
+    per_problem = [{k: v for k, v in m.items() if k not in ("n", "verifier_errors", "timeouts")} for m in recomputed]
     scored = [m for m in per_problem if m]
     summary: dict[str, Any] = {"name": cfg.name, "data": cfg.data, "n": cfg.sampling.n, **M.mean_over_problems(scored)}
     summary["problems"] = len(rows)
     summary["problems_unscored"] = len(rows) - len(scored)
     summary["verifier_errors"] = sum(m["verifier_errors"] for m in recomputed)
+    summary["timeouts"] = sum(m["timeouts"] for m in recomputed)  # samples scored 0 because their check timed out
     if cfg.domain == "instruct":
         summary.update(ifeval_scores([s for r in rows for s in r["samples"] if "strict" in s]))
     if cfg.clr.enabled:

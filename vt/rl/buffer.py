@@ -32,14 +32,16 @@ def _group_state(s: Scored, version: int) -> dict:
     return {"version": int(version), "prompt": [int(t) for t in s.prompts[0]], "domain": s.domains[0],
             "samples": [{"ids": [int(t) for t in x.completion_ids], "logprobs": [float(p) for p in x.logprobs],
                          "finish": x.finish_reason, "text": x.text} for x in s.samples[0]],
-            **{k: np.asarray(getattr(s, k))[0].tolist() for k in _ARRAYS}}
+            **{k: np.asarray(getattr(s, k))[0].tolist() for k in _ARRAYS},
+            **({"timeouts": np.asarray(s.timeouts)[0].tolist()} if s.timeouts is not None else {})}
 
 
 def _group_from_state(g: dict) -> tuple[Scored, int]:
     samples = [Sample(completion_ids=list(x["ids"]), logprobs=list(x["logprobs"]), finish_reason=x["finish"],
                       text=x["text"]) for x in g["samples"]]
     arrays = {k: np.asarray([g[k]], dtype) for k, dtype in _ARRAYS.items()}
-    return Scored([list(g["prompt"])], [samples], domains=[g["domain"]], **arrays), int(g["version"])
+    timeouts = np.asarray([g["timeouts"]], bool) if "timeouts" in g else None  # older checkpoints: not recorded
+    return Scored([list(g["prompt"])], [samples], domains=[g["domain"]], **arrays, timeouts=timeouts), int(g["version"])
 
 
 class RolloutBuffer:

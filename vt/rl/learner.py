@@ -739,6 +739,7 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
 
     local = {"correct": s.correct, "rewards": s.rewards, "valid": s.valid, "lengths": s.lengths,
              "truncated": s.truncated, "domain": np.array([domains.index(d) for d in s.domains], np.int32),
+             "timeouts": s.timeouts if s.timeouts is not None else np.zeros_like(s.valid),
              "digest": np.stack([digest(g) for g in s.samples])}
     g = {k: (lambda a: a.reshape(-1, *a.shape[2:]))(allgather(v)) for k, v in local.items()}
     p = np.asarray(obj.group_accuracy(g["correct"], g["valid"]))
@@ -749,6 +750,8 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
             "reward_mean": float(rewards[valid].mean()) if valid.any() else float("nan"),
             "accuracy": float(p.mean()), "groups_all_correct": float((p == 1).mean()),
             "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~valid).mean()),
+            # wrong answers whose check or program ran out of time (a verdict of 0, not a verifier error)
+            "wrong_timeouts": float(g["timeouts"].mean()),
             "response_len_mean": float(g["lengths"].mean()), "response_len_max": float(g["lengths"].max()),
             "truncated_fraction": float(g["truncated"].mean())}
     for i in sorted(set(g["domain"].tolist())):

@@ -61,6 +61,9 @@ class Scored:
     time_reward_s: float = 0.0
     time_verify_s: float = 0.0
     time_overlap_s: float = 0.0
+    # bool: the verdict is 0 because the check or the program ran out of time (failure "timeout": counted apart
+    # from other wrong answers and from verifier errors); None where not recorded
+    timeouts: np.ndarray | None = None
 
     def informative(self) -> np.ndarray:
         """[E] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
@@ -74,14 +77,16 @@ class Scored:
         g = list(groups)
         return Scored([self.prompts[q] for q in g], [self.samples[q] for q in g], self.correct[g], self.rewards[g],
                       self.valid[g], self.lengths[g], self.truncated[g], [self.domains[q] for q in g],
-                      **{t: getattr(self, t) for t in TIMES})
+                      **{t: getattr(self, t) for t in TIMES},
+                      timeouts=None if self.timeouts is None else self.timeouts[g])
 
     @staticmethod
     def concat(parts: Sequence["Scored"]) -> "Scored":
         cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         return Scored([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples], cat("correct"),
                       cat("rewards"), cat("valid"), cat("lengths"), cat("truncated"),
-                      [d for p in parts for d in p.domains], **{t: sum(getattr(p, t) for p in parts) for t in TIMES})
+                      [d for p in parts for d in p.domains], **{t: sum(getattr(p, t) for p in parts) for t in TIMES},
+                      timeouts=cat("timeouts") if all(p.timeouts is not None for p in parts) else None)
 
 
 def completion_text(sample: Sample, tokenizer) -> str:
@@ -153,15 +158,18 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
     t2 = time.perf_counter()
     scores = np.zeros((E, C), np.float32)
     valid = np.zeros((E, C), bool)
+    timeouts = np.zeros((E, C), bool)
     for d, qs in rows.items():
         s, v = scores_and_mask(results[d])
         scores[qs] = s.reshape(len(qs), C)
         valid[qs] = v.reshape(len(qs), C)
+        timeouts[qs] = np.array([r.failure == "timeout" for r in results[d]], bool).reshape(len(qs), C)
     lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
     truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
                   lengths=lengths, truncated=truncated, domains=domains, time_sample_s=t1 - t0,
-                  time_reward_s=t2 - t1, time_verify_s=busy_seconds(spans), time_overlap_s=busy_seconds(spans, t1))
+                  time_reward_s=t2 - t1, time_verify_s=busy_seconds(spans), time_overlap_s=busy_seconds(spans, t1),
+                  timeouts=timeouts)
 
 
 def bucket_length(n: int, lo: int = 16) -> int:
