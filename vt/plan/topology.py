@@ -2,9 +2,10 @@
 JAX topology each maps to, its per-chip HBM, and compile-only devices for it (libtpu, no TPU needed).
 
 Cloud TPU names count TensorCores for v4 and v5p (two a chip: v5p-8 is 4 chips) and chips for v5e and v6e
-(v6e-8 is 8 chips). JAX names the chip grid: v5p:2x2x1, v6e:2x4. A slice of more chips than one host holds
-(4 for v4/v5p, 8 for v5e/v6e) is a multi-host slice; its compile-only devices carry their process indices, and a
-program compiled over all of them is the one each host runs in the multi-process job.
+(v6e-8 is 8 chips). JAX names the chip grid: v5p:2x2x1, v6e:2x4. Hosts hold 4 chips (2x2), except v5e-8 and
+v6e-8 (and smaller), single hosts of up to 8; a larger slice is a multi-host slice: its compile-only devices carry
+their process indices, and a program compiled over all of them is the one each host runs in the multi-process
+job.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Generation:
     hbm_bytes: int  # per chip
     cores_per_chip: int  # what the user's count counts: 2 = TensorCores (v4, v5p), 1 = chips (v5e, v6e)
     grids: dict  # chips -> JAX's grid of that many chips
+    single_host_chips: int = 4  # the largest slice one host holds
 
 
 _CUBES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
@@ -30,8 +32,8 @@ _PLANES = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "
 GENERATIONS = {
     "v4": Generation("v4", 32 * GB, 2, _CUBES),
     "v5p": Generation("v5p", 95 * GB, 2, _CUBES),
-    "v5e": Generation("v5e", 16 * GB, 1, _PLANES),
-    "v6e": Generation("v6e", 32 * GB, 1, _PLANES),
+    "v5e": Generation("v5e", 16 * GB, 1, _PLANES, single_host_chips=8),
+    "v6e": Generation("v6e", 32 * GB, 1, _PLANES, single_host_chips=8),
 }
 ALIASES = {"v5litepod": "v5e"}
 
@@ -42,6 +44,7 @@ class Topology:
     jax_name: str  # e.g. v5p:2x2x1
     chips: int
     hbm_bytes: int  # per chip
+    single_host: bool
 
 
 def names() -> list[str]:
@@ -62,7 +65,7 @@ def parse(name: str) -> Topology:
         raise VtError(f"--topology {name!r}: unknown TPU topology; one of {', '.join(names())} "
                       "(v5litepod-N = v5e-N)")
     chips = int(count) // gen.cores_per_chip
-    return Topology(name, f"{gen.jax_name}:{gen.grids[chips]}", chips, gen.hbm_bytes)
+    return Topology(name, f"{gen.jax_name}:{gen.grids[chips]}", chips, gen.hbm_bytes, chips <= gen.single_host_chips)
 
 
 def devices(topology: Topology) -> list:
@@ -75,8 +78,11 @@ def devices(topology: Topology) -> list:
     except ImportError:
         raise VtError("compiling for a TPU topology needs libtpu: pip install 'vt[tpu]' "
                       "(or pip install 'jax[tpu]')") from None
+    grid = [int(x) for x in topology.jax_name.partition(":")[2].split("x")]
+    # libtpu's default host is 2x2 chips: a single-host slice of 8 (v5e-8, v6e-8) says so
+    kw = dict(chips_per_host_bounds=(grid + [1])[:3]) if topology.single_host and topology.chips > 4 else {}
     try:
-        return list(topologies.get_topology_desc(topology_name=topology.jax_name, platform="tpu").devices)
+        return list(topologies.get_topology_desc(topology_name=topology.jax_name, platform="tpu", **kw).devices)
     except Exception as e:  # libtpu's errors (a lockfile held by another process, an unknown grid)
         raise VtError(f"--topology {topology.name}: libtpu could not describe {topology.jax_name}: "
                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
