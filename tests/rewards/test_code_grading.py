@@ -29,16 +29,16 @@ WORDS = ["YES", "yes", "No", "a b", "x", "", "1 2", "1  2", "1\t2"]
 PADS = ["", " ", "  ", "\t"]
 
 
-def random_output(rng: random.Random) -> str:
+def random_output(rng: random.Random, numbers: list[str] = NUMBERS) -> str:
     lines = []
     for _ in range(rng.randint(1, 3)):
         k = rng.randint(1, 3)
-        tokens = [rng.choice(NUMBERS if rng.random() < 0.75 else WORDS) for _ in range(k)]
+        tokens = [rng.choice(numbers if rng.random() < 0.75 else WORDS) for _ in range(k)]
         lines.append(rng.choice(PADS) + rng.choice([" ", "  "]).join(tokens) + rng.choice(PADS))
     return "\n".join(lines) + rng.choice(["", "\n", "\n\n", " \n"])
 
 
-def perturb(text: str, rng: random.Random) -> str:
+def perturb(text: str, rng: random.Random, numbers: list[str] = NUMBERS) -> str:
     """Another spelling of the same output, or a near miss."""
     lines = text.split("\n")
     i = rng.randrange(len(lines))
@@ -46,7 +46,7 @@ def perturb(text: str, rng: random.Random) -> str:
     choice = rng.random()
     if tokens and choice < 0.5:
         j = rng.randrange(len(tokens))
-        tokens[j] = rng.choice(NUMBERS)
+        tokens[j] = rng.choice(numbers)
         lines[i] = rng.choice(PADS) + " ".join(tokens) + rng.choice(PADS)
     elif choice < 0.7:
         lines.insert(i, rng.choice(["", " "]))
@@ -57,12 +57,12 @@ def perturb(text: str, rng: random.Random) -> str:
     return "\n".join(lines)
 
 
-def cases(seed: int, n: int) -> list[tuple[str, str]]:
+def cases(seed: int, n: int, numbers: list[str] = NUMBERS) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):
-        expected = random_output(rng)
-        printed = perturb(expected, rng) if rng.random() < 0.8 else random_output(rng)
+        expected = random_output(rng, numbers)
+        printed = perturb(expected, rng, numbers) if rng.random() < 0.8 else random_output(rng, numbers)
         pairs.append((printed, expected))
     return pairs
 
@@ -83,6 +83,27 @@ def test_stdout_grading_agrees_with_the_source_grader(grader, package):
     disagree = [(p, e, w) for (p, e), w, g in zip(pairs, want, got) if w != g]
     assert not disagree, disagree[:10]
     assert 40 <= sum(want) <= 360, sum(want)  # both verdicts are well represented
+
+
+# Spellings a hostile program prints: exponents past any float or Decimal context, infinities and NaNs in
+# every spelling, digits of other scripts, long digit strings. (Not sNaN: LiveCodeBench's checker raises
+# comparing it; vt fails it, see test_code_verdicts.py.)
+HOSTILE = ["6", "6.0", "1e999999999", "1E-999999999", "1e9999999999999999999", "0e999999999", "Infinity", "-inf",
+           "inf", "NaN", "nan", "-nan", "\u0666", "\u0666.\u0660", "\uff16", "6_0", "60", "0x6", "1" * 400,
+           "1" * 400 + ".0", "1" * 399 + "2", "6." + "0" * 300 + "1", "1e308", "1.0e308", "-1e308", "5e-324",
+           "0", "-0", "0.0"]  # fmt: skip
+
+
+@pytest.mark.parametrize("grader, package", [("livecodebench", "livecodebench"), ("prime", "verl")])
+def test_hostile_spellings_agree_with_the_source_grader(grader, package):
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} not installed (the Makefile installs it with --no-deps)")
+    pairs = cases(seed={"livecodebench": 6, "prime": 7}[grader], n=300, numbers=HOSTILE)
+    want = reference(grader, pairs)
+    got = [stdout_matches(printed, expected, grader) for printed, expected in pairs]
+    disagree = [(p, e, w) for (p, e), w, g in zip(pairs, want, got) if w != g]
+    assert not disagree, disagree[:10]
+    assert 30 <= sum(want) <= 270, sum(want)
 
 
 def test_record_shapes_choose_the_grader():
