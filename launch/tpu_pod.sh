@@ -5,6 +5,9 @@
 #       vt train --config configs/sft_stage1.py --workdir /mnt/shared/runs/sft_stage1
 #
 # Steps (each one can be run alone with --only STEP):
+#   plan    before create (and run): a command with --config is compiled here for --type with `vt plan` (libtpu,
+#           no TPU needed; the --config.key=value overrides included); a program that does not fit in the
+#           chips' HBM, or does not compile, stops the launch before the slice is created (--no-plan skips it)
 #   create  create the slice with gcloud unless it already exists (then it is reused)
 #   sync    copy this checkout (git-tracked and untracked, non-ignored files) to ~/vt on every worker,
 #           create ~/vt/.venv and install vt[tpu] there (jax needs Python >= 3.12: the worker's python3.12, or one
@@ -26,13 +29,14 @@
 #   --cache DIR             JAX_COMPILATION_CACHE_DIR on the workers (e.g. gs://BUCKET/jax-cache)
 #   --only STEP             run one step: create | sync | run | delete
 #   --delete                delete the slice after the run
+#   --no-plan               do not run `vt plan` first
 #   --dry-run               print every gcloud command instead of running it
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "launch/tpu_pod.sh: error: $*" >&2; exit 2; }
 
-name="" zone="" type="" version="tpu-ubuntu2204-base" project="" spot=0 cache="" only="" delete=0 dry_run=0
+name="" zone="" type="" version="tpu-ubuntu2204-base" project="" spot=0 cache="" only="" delete=0 dry_run=0 plan=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) name="${2:?}"; shift 2 ;;
@@ -45,6 +49,7 @@ while [[ $# -gt 0 ]]; do
     --only) only="${2:?}"; shift 2 ;;
     --delete) delete=1; shift ;;
     --dry-run) dry_run=1; shift ;;
+    --no-plan) plan=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; break ;;
     *) die "unknown option $1 (the command goes after --)" ;;
@@ -64,6 +69,33 @@ where=(--zone "$zone")
 run() {  # print in dry-run mode, execute otherwise
   if [[ "$dry_run" == 1 ]]; then printf '%q ' "$@"; printf '\n'; else "$@"; fi
 }
+
+# The config (and its overrides) of the command, for `vt plan`.
+config="" overrides=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --config) config="${args[i + 1]:-}" ;;
+    --config=*) config="${args[i]#--config=}" ;;
+    --config.*) overrides+=("${args[i]}") ;;
+  esac
+done
+if [[ "$plan" == 1 && -n "$type" && -n "$config" ]] && { want create || want run; }; then
+  py="$repo/.venv/bin/python"
+  [[ -x "$py" ]] || py=python3
+  plan_cmd=("$py" -m vt plan --config "$config" --topology "$type" "${overrides[@]}")
+  if [[ "$dry_run" == 1 ]]; then
+    run "${plan_cmd[@]}"
+  else
+    (cd "$repo" && "${plan_cmd[@]}") || planned=$?
+    case "${planned:-0}" in
+      0) ;;
+      1) echo "launch/tpu_pod.sh: $config does not fit $type (vt plan above): change the config, or --no-plan to launch anyway" >&2
+         exit 1 ;;
+      *) die "vt plan failed (exit ${planned}); --no-plan to launch without it" ;;
+    esac
+  fi
+fi
 
 if want create; then
   if [[ "$dry_run" == 0 ]] && "${tpu[@]}" describe "$name" "${where[@]}" >/dev/null 2>&1; then

@@ -2,6 +2,7 @@
 handling with stand-in commands (no JAX: the real multi-process runs are in test_multiprocess.py)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -151,6 +152,38 @@ def test_tpu_pod_dry_run_prints_every_gcloud_command():
     remote = shlex.split(run[run.index("--command") + 1])
     assert "VT_DISTRIBUTED=auto" in remote and "JAX_COMPILATION_CACHE_DIR=gs://b/cache" in remote
     assert remote[-6:] == ["vt", "train", "--config", "configs/sft_stage1.py", "--workdir", "/mnt/shared/run"]
+
+
+def test_tpu_pod_dry_run_plans_first():
+    """`vt plan` for the slice's type comes before create, with the command's config and overrides; --no-plan
+    and a command without --config skip it."""
+    cmd = ["--dry-run", "--name", "n", "--zone", "z", "--type", "v6e-8", "--", "vt", "train", "--config",
+           "configs/sft_stage1.py", "--config.data.seq_len=4096", "--workdir", "/w"]
+    lines = sh(LAUNCH / "tpu_pod.sh", *cmd).stdout.splitlines()
+    plan = next(i for i, x in enumerate(lines) if " -m vt plan " in x)
+    assert shlex.split(lines[plan])[3:] == ["plan", "--config", "configs/sft_stage1.py", "--topology", "v6e-8",
+                                            "--config.data.seq_len=4096"]
+    assert plan < next(i for i, x in enumerate(lines) if x.startswith("gcloud") and " create " in x)
+    assert " -m vt plan " not in sh(LAUNCH / "tpu_pod.sh", "--no-plan", *cmd).stdout
+    assert " -m vt plan " not in sh(LAUNCH / "tpu_pod.sh", *cmd[:9], "info", "/w").stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_tpu_pod_stops_before_create_when_the_config_does_not_fit(tmp_path):
+    """A config whose decode cannot fit v5p-8 (a KV pool of 123 GB a device) stops the launch with exit 1:
+    gcloud is never called."""
+    log = tmp_path / "gcloud.log"
+    fake = tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake.chmod(0o755)
+    proc = sh(LAUNCH / "tpu_pod.sh", "--name", "n", "--zone", "z", "--type", "v5p-8", "--", "vt", "eval",
+              "--config", "configs/eval_aime25.py:smoke", "--config.model.mesh.fsdp=-1",
+              "--config.sampling.kv_pages=10000000", env={"PATH": f"{fake.parent}:{os.environ['PATH']}"}, timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert "eval/decode:" in proc.stdout and "does not fit v5p-8" in proc.stderr
+    assert not log.exists()
 
 
 def test_tpu_pod_only_run_and_errors():
