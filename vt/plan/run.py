@@ -108,11 +108,12 @@ def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prom
     slots = f"{cfg.batch_size} slots x {M * cfg.page_size} tokens, pool {pool} pages"
     return [
         Program(stage, "prefill", pg.prefill(ss, mesh, pool, rows, T),
-                f"sampler prefill_tokens (now {cfg.prefill_tokens}: {rows} prompts of {T}), kv_pages / "
-                "kv_memory_fraction, or mesh.tensor", resident, f"{rows} x {T}, pool {pool} pages"),
+                f"lower the sampler's prefill_tokens (now {cfg.prefill_tokens}: {rows} prompts of {T}) or its KV "
+                "pool (kv_pages / kv_memory_fraction), or raise mesh.tensor", resident,
+                f"{rows} x {T}, pool {pool} pages"),
         Program(stage, "decode", pg.decode(ss, mesh, pool, M),
-                f"sampler batch_size (now {cfg.batch_size}), max_new_tokens, kv_pages / kv_memory_fraction, or "
-                "mesh.tensor (splits the KV pool)", resident, slots),
+                f"lower the sampler's batch_size (now {cfg.batch_size} slots), max_new_tokens or KV pool (kv_pages "
+                "/ kv_memory_fraction), or raise mesh.tensor (splits the KV pool)", resident, slots),
     ]
 
 
@@ -127,8 +128,9 @@ def sft_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
     ts = pg.train_setup(mc, mesh, cfg.optim)
     return [Program(stage, "train_step", pg.sft_step(ts, mesh, d.grad_accum_steps, rows, d.seq_len,
                                                      cfg.model.loss_chunk),
-                    f"data.grad_accum_steps (now {d.grad_accum_steps}: micro-batches of {rows} rows of {d.seq_len}), "
-                    f"model.remat_policy (now {mc.remat_policy}), mesh.tensor, or LoRA",
+                    f"raise data.grad_accum_steps (now {d.grad_accum_steps}: micro-batches of {rows} rows of "
+                    f"{d.seq_len}) or mesh.tensor, recompute more (model.remat_policy, now {mc.remat_policy}), or "
+                    "train LoRA adapters (model.lora_rank)",
                     note=f"{d.grad_accum_steps} x {rows} x {d.seq_len}")]
 
 
@@ -149,8 +151,9 @@ def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
     rows = rl_rows(cfg.train.tokens_per_micro_batch, T, mesh, _processes(learner_devices))
     ts = pg.train_setup(mc, mesh, cfg.optim, cfg.train.steps * m.mini_batches)
     moments = pg.device_bytes(ts.abstract.opt_state)
-    fix = (f"train.tokens_per_micro_batch (now {cfg.train.tokens_per_micro_batch}: {rows} rows of {T}), "
-           f"model.remat_policy (now {mc.remat_policy}), mesh.tensor, or LoRA")
+    fix = (f"lower train.tokens_per_micro_batch (now {cfg.train.tokens_per_micro_batch}: {rows} rows of {T}), "
+           f"raise mesh.tensor, recompute more (model.remat_policy, now {mc.remat_policy}), or train LoRA adapters "
+           "(model.lora_rank)")
     kw = dict(temperature=s.temperature, loss_chunk=cfg.model.loss_chunk)
     upd = dict(eps_low=m.eps_low, eps_high=m.eps_high, kl_coef=m.kl_coef, is_cap=m.is_cap)
     sampler_mc = mc if not mc.lora_rank else dataclasses.replace(mc, lora_rank=0)
@@ -159,7 +162,7 @@ def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
     out += [Program(stage, "old_logps", pg.rl_logps(ts, mesh, rows, T, **kw), fix, moments, f"{rows} x {T}"),
             Program(stage, "update", pg.rl_update(ts, mesh, rows, T, **kw, **upd), fix, moments, f"{rows} x {T}"),
             Program(stage, "apply", pg.rl_update(ts, mesh, rows, T, **kw, **upd, part="apply"),
-                    "mesh.fsdp (shards the optimiser state) or LoRA")]
+                    "raise mesh.fsdp (shards the optimiser state) or train LoRA adapters (model.lora_rank)")]
     return out
 
 
@@ -186,7 +189,7 @@ def self_distill_stage(stage: str, section: dict, devices, hbm: int) -> list[Pro
     length = min(length, mc.max_position_embeddings)
     out = sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm)
     out.append(Program(stage, "scorer", pg.scorer(mc, mesh, rows, length, chunk),
-                       f"scoring.batch_size (now {rows}) or scoring.chunk_tokens (now {chunk})",
+                       f"lower scoring.batch_size (now {rows}) or scoring.chunk_tokens (now {chunk})",
                        note=f"{rows} x {length}" + (f" in chunks of {chunk}" if 0 < chunk < length else "")))
     return out
 
@@ -250,7 +253,7 @@ def measure(program: Program, hbm: int) -> dict:
                    compile_s=round(time.perf_counter() - t0, 1))
         oom = _compile_time_oom(msg[0] if msg else "")
         if oom is not None:  # the TPU compiler refuses a program that cannot fit: the verdict, not a failure
-            row.update(verdict="DOES NOT FIT", bytes=oom, fix=f"lower {program.fix}")
+            row.update(verdict="DOES NOT FIT", bytes=oom, fix=program.fix)
         return row
     row["compile_s"] = round(time.perf_counter() - t0, 1)
     mem = compiled.memory_analysis()
@@ -263,7 +266,7 @@ def measure(program: Program, hbm: int) -> dict:
                kernels=compiled.as_text().count("tpu_custom_call"),
                verdict="fits" if total <= hbm else "DOES NOT FIT")
     if total > hbm:
-        row["fix"] = f"lower {program.fix}"
+        row["fix"] = program.fix
     return row
 
 
