@@ -620,14 +620,18 @@ def loads_result(data: bytes, int_digits: int = 0) -> Any:
     overflows to infinity, nesting past the parser's depth); an integer of more than
     max(``int_digits``, 311) digits decodes as a value that equals nothing (see ``_TooLong``)."""
     cap = max(int_digits, _FLOAT_DIGITS)
+    limit = sys.get_int_max_str_digits() or cap  # int()'s own limit on digits (0: none)
 
     def parse_int(text: str) -> Any:
         digits = len(text) - text.startswith("-")
         if digits > cap:
             return _TOO_LONG
-        if digits <= sys.int_info.default_max_str_digits:
+        if digits <= limit:
             return int(text)
         return int(decimal.Decimal(text))  # an accepted value this long: exact, and not limited
+
+    if re.search(b"[0-9]{%d}" % (min(cap, limit) + 1), data) is None:
+        parse_int = None  # no integer this long: json's own int() (a Python call per integer is 4x slower)
 
     def parse_float(text: str) -> float:
         value = float(text)
