@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/compile.py                          # coder-3b widths, 2 and 36 layers, every program
     .venv/bin/python bench/compile.py --what sft,decode --seq 1024 --layers 2,8 --json out.json
+    .venv/bin/python bench/compile.py --topology v5p-8 --attention auto --what sft   # for a TPU slice (libtpu)
 
 Every program is compiled ahead of time from abstract inputs (ShapeDtypeStructs carrying their shardings), so
 no weights are created and any size compiles on any backend (CPU here). For each program and depth it prints
@@ -200,6 +201,9 @@ def parse(argv=None):
     ap.add_argument("--lora-rank", type=int, default=64, help="rank of the _lora programs' adapters")
     ap.add_argument("--lora-base-dtype", default="bfloat16", choices=["float32", "bfloat16"],
                     help="dtype of the _lora programs' frozen base weights")
+    ap.add_argument("--topology", default="",
+                    help="compile for this TPU topology (vt plan's names: v5p-8, v6e-8, ...) with libtpu's "
+                         "compile-only devices instead of this host's devices")
     ap.add_argument("--json", default="", help="write the rows to this file")
     args = ap.parse_args(argv)
     args.layer_list = [int(x) for x in args.layers.split(",") if x]
@@ -216,9 +220,15 @@ def main(argv=None) -> int:
     jax.config.update("jax_enable_compilation_cache", False)  # cold compiles only
     from vt.sharding import MeshConfig, make_mesh
 
-    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1))
-    dev = jax.devices()[0]
-    print(f"compile: {jax.device_count()} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}, "
+    devices = jax.devices()
+    if args.topology:
+        import os
+        from vt.plan import topology
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+        devices = topology.devices(topology.parse(args.topology))
+    mesh = make_mesh(MeshConfig(data=1, fsdp=-1, tensor=1), devices)
+    dev = devices[0]
+    print(f"compile: {len(devices)} x {dev.device_kind} ({dev.platform}), jax {jax.__version__}, "
           f"{args.preset}", flush=True)
     rows = []
     for what in args.programs:
