@@ -8,6 +8,7 @@ spellings, leading and trailing spaces, blank lines, extra or missing lines, wor
 """
 from __future__ import annotations
 
+import decimal
 import importlib.util
 import json
 import math
@@ -17,8 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from vt.rewards.code import CodeReward, StdioTest, code_tests, judge_call_result, stdout_matches, values_equal
+
+from .reference_graders import load
 
 pytest.importorskip("numpy")
 REFERENCE = Path(__file__).with_name("reference_graders.py")
@@ -273,3 +278,43 @@ def test_records_choose_the_call_rule():
         want += scores
     with CodeReward(workers=2) as reward:
         assert [r.score for r in reward(recs, comps)] == want
+
+
+# ---- LiveCodeBench's stdout rule on arbitrary text, against its own line functions (in process) --------
+
+SPACES = [" ", "  ", "\t", "\n", "\n\n", " \n", "\r\n", "\x0b", "\u2028", "\xa0", "\x85", ""]
+hostile_text = st.lists(st.sampled_from(HOSTILE + ["sNaN", "-sNaN", "YES", "1 2", "\ud800"] + SPACES), max_size=10).map("".join)
+
+
+@pytest.fixture(scope="module")
+def lcb():
+    if importlib.util.find_spec("livecodebench") is None:
+        pytest.skip("livecodebench not installed (the Makefile installs it with --no-deps)")
+    return load("livecodebench", "evaluation/testing_util.py")
+
+
+def lcb_verdict(lcb, got: str, expected: str) -> bool:
+    """grade_stdio's comparison loop, on its own get_stripped_lines and convert_line_to_decimals; where
+    its comparison raises (a signalling NaN) it passes nothing."""
+    got_lines, want_lines = lcb.get_stripped_lines(got), lcb.get_stripped_lines(expected)
+    if len(got_lines) != len(want_lines):
+        return False
+    for g, w in zip(got_lines, want_lines):
+        if g == w:
+            continue
+        ok_g, dg = lcb.convert_line_to_decimals(g)
+        ok_w, dw = lcb.convert_line_to_decimals(w)
+        try:
+            if not (ok_g and ok_w and dg == dw):
+                return False
+        except decimal.InvalidOperation:
+            return False
+    return True
+
+
+@given(got=hostile_text, expected=hostile_text)
+@example(got="6 7", expected="6")
+@example(got="sNaN 1", expected="sNaN 2")
+@example(got="1e999999999 x", expected="1E+999999999 y")
+def test_livecodebench_rule_on_hostile_text(lcb, got, expected):
+    assert stdout_matches(got, expected, "livecodebench") == lcb_verdict(lcb, got, expected)
