@@ -314,6 +314,8 @@ def lcb_verdict(lcb, got: str, expected: str) -> bool:
 
 @given(got=hostile_text, expected=hostile_text)
 @example(got="6 7", expected="6")
+@example(got="6\n7", expected="6")
+@example(got="6", expected="6\n\n7")
 @example(got="sNaN 1", expected="sNaN 2")
 @example(got="1e999999999 x", expected="1E+999999999 y")
 def test_livecodebench_rule_on_hostile_text(lcb, got, expected):
