@@ -105,7 +105,8 @@ class CallTest:
     args: list
     expected: Any
     # Other accepted return values: APPS/PRIME data often wraps a call's expected value in a list, and
-    # their checker accepts either the list or its single element.
+    # their checker accepts either the list or its single element. (verl's checker also accepts the first
+    # element of a longer list, 3 for [3, 7]; vt does not.)
     alternatives: tuple = ()
     # How the returned value is compared with ``expected``: as the record's source compares it (see
     # ``values_equal``).
