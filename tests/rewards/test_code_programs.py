@@ -216,6 +216,12 @@ def test_a_pickle_naming_code_is_refused():
         ({"tests": [{"program": "assert f(1)", "entry": ["f", "2x"]}]}, r"entry: must be a Python identifier"),
         ({"tests": [{"program": "assert f(1)", "entry": 3}]}, r"entry: must be a Python identifier"),
         ({"question": "no tests"}, r"no tests: expected 'tests'"),
+        # JSON that json.loads refuses with other errors than JSONDecodeError
+        ({"tests": "[" * 100_000 + "]" * 100_000}, r"'tests': not valid JSON \(maximum recursion"),
+        ({"reward_model": {"ground_truth": '{"inputs": [' + "9" * 5000 + '], "outputs": [1], "fn_name": "f"}'}},
+         r"'ground_truth': not valid JSON \(Exceeds the limit"),
+        ({"public_test_cases": json.dumps([{"input": "1", "output": "9" * 5000, "testtype": "functional"}]),
+          "metadata": {"func_name": "f"}}, r"functional input/output is not JSON"),
     ],
 )
 def test_bad_code_records_are_errors_naming_the_field(record, match):

@@ -246,7 +246,7 @@ def parse_tests(tests: Any, index: int) -> list[CodeTest]:
     if isinstance(tests, str):  # datasets often store the list as a JSON string
         try:
             tests = json.loads(tests)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, an integer past int()'s limit, too deep
             raise RewardSpecError(f"{where}: not valid JSON ({e})") from e
     if not isinstance(tests, list) or not tests:
         raise RewardSpecError(f"{where}: must be a non-empty list of test cases")
@@ -345,7 +345,7 @@ def _json_field(value: Any, where: str) -> Any:
     if isinstance(value, str):
         try:
             return json.loads(value)
-        except json.JSONDecodeError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, an integer past int()'s limit, too deep
             raise RewardSpecError(f"{where}: not valid JSON ({e})") from e
     return value
 
@@ -420,7 +420,7 @@ def _lcb_cases(cases: list, fn_name: str | None, where: str) -> list[CodeTest]:
             try:  # one JSON value per line: the call's arguments
                 args = [json.loads(line) for line in c["input"].split("\n") if line.strip()]
                 expected = json.loads(c["output"])
-            except json.JSONDecodeError as e:
+            except (ValueError, RecursionError) as e:  # not JSON, an integer past int()'s limit, too deep
                 raise RewardSpecError(f"{at}: functional input/output is not JSON ({e})") from e
             tests.append(CallTest(name, args, expected, grader="livecodebench"))
         else:
