@@ -333,7 +333,13 @@ HEDGES = ["\\boxed{3} \\boxed{5}", "\\boxed{3 \\text{ or } 5}", "\\boxed{3 = 5}"
           "\\boxed{\\begin{aligned}3\\\\5\\end{aligned}}", "\\boxed{3 \\newline 5}", "\\boxed{3 \\cup 5}",
           "\\boxed{3 \\text{, } 5}", "\\boxed{3 \\textbf{ or } 5}", "\\boxed{3 \\text{or} 5}", "\\boxed{(3 \\lor 5)}",
           "\\boxed{3 \\text{ cm or } 5 \\text{ cm}}", "\\boxed{x = 3 = 5}", "\\boxed{3 \\text{ or } \\boxed{5}}",
-          "\\boxed{3 \\; 5}", "\\boxed{3 \\land 5}"]
+          "\\boxed{3 \\; 5}", "\\boxed{3 \\land 5}",
+          # math-verify keeps the last of two values joined by an arrow, a relation or a space
+          "\\boxed{3 \\mid 5}", "\\boxed{3 \\Rightarrow 5}", "\\boxed{3 \\implies 5}", "\\boxed{3 \\to 5}",
+          "\\boxed{3 ~ 5}", "\\boxed{3 \\hspace{1em} 5}", "\\boxed{3 \\hbox{or} 5}", "\\boxed{3 \\textsf{ or } 5}",
+          "\\boxed{3 | 5}", "\\boxed{5 (\\text{or } 3)}", "\\boxed{3 \\iff 5}", "\\boxed{3 \\sim 5}", "\\boxed{3 \\vert 5}",
+          "\\boxed{3 \\dots 5}", "\\boxed{3 \\atop 5}", "\\boxed{3 \\enspace 5}", "\\boxed{3 \\ \\text{or} \\ 5}",
+          "\\boxed{3 \\equiv 5}"]
 
 
 @pytest.mark.parametrize("gold", ["3", "5"])
@@ -346,7 +352,8 @@ def test_an_answer_naming_two_values_is_a_hedge(reward, gold):
 @pytest.mark.parametrize("gold, answer", [
     ("3", "x = 3"), ("3", "6/2 = 3"), ("3", "3 \\text{ or } 3"), ("3", "\\frac{6}{2}, 3"), ("5", "2 + 3 = 5"),
     ("\\frac{1}{2}", "0.5 = \\frac{1}{2}"), ("3, 5", "5 \\text{ or } 3"), ("(1, 2)", "(1, 2)"),
-    ("x = 3", "x = 3"), ("2x + 1", "f(x) = 2x + 1"), ("1000", "1,000"),
+    ("x = 3", "x = 3"), ("2x + 1", "f(x) = 2x + 1"), ("1000", "1,000"), ("5", "|-5|"), ("55", "1 + 2 + \\dots + 10 = 55"),
+    ("5", "\\left|-5\\right|"), ("3", "x \\to 3"),
 ])
 def test_one_value_named_in_several_ways_is_not_a_hedge(reward, gold, answer):
     from math_verify import parse, verify

@@ -130,7 +130,10 @@ def test_a_lone_surrogate_in_a_verdict_does_not_stop_the_others(tmp_path):
     raw = out.read_bytes().decode("utf-8")  # strict: the file is valid UTF-8
     scored = [json.loads(line) for line in raw.splitlines()]
     assert [r["score"] for r in scored] == [0.0, 1.0], scored
-    assert scored[0]["details"]["failure"] == "runtime_error" and "\ufffd" in json.dumps(scored[0], ensure_ascii=False)
+    assert scored[0]["details"]["failure"] == "runtime_error"
+    # The message reaches the record as U+FFFD (the writer's replacement) or escaped by the verifier; the writer
+    # itself is tested on every kind of record in tests/test_io.py.
+    assert "\ufffd" in raw or "\\\\ud800" in raw, raw
 
 
 @pytest.mark.parametrize("line, message", [

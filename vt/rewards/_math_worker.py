@@ -60,20 +60,11 @@ def _single_valued(expr) -> bool:
     return isinstance(expr, sympy.Expr)
 
 
-def _values(parsed: list) -> list:
-    """The values a parsed answer names: the sides of an equation chain (``2 = 3``, ``6/2 = 3``) past an
-    assignment's target (``x`` in ``x = 3``); else the parse itself (its text fallback kept, as math-verify
-    compares it)."""
-    from math_verify.grader import is_equation, is_expr_of_only_symbols
-    from sympy import And
+def _only_symbols(parsed: list) -> bool:
+    from math_verify.grader import is_expr_of_only_symbols
+    from sympy import Basic
 
-    if not parsed or not is_equation(parsed[0]):
-        return [parsed]
-    relations = list(parsed[0]._unsorted_args) if isinstance(parsed[0], And) else [parsed[0]]
-    sides = [relations[0].lhs] + [r.rhs for r in relations]
-    if is_expr_of_only_symbols(sides[0]):
-        sides = sides[1:]
-    return [[side] for side in sides]
+    return bool(parsed) and isinstance(parsed[0], Basic) and bool(is_expr_of_only_symbols(parsed[0]))
 
 
 def check(gold: str, pred: str | None, timeout_s: int, candidates: list[str] | None = None, boxes: int = 1) -> dict:
@@ -86,11 +77,13 @@ def check(gold: str, pred: str | None, timeout_s: int, candidates: list[str] | N
     verdict on a timeout is False. ``pred=None`` checks the ground truth alone (the host's probe after a worker
     missed its deadline: was it the answer?).
 
-    ``candidates`` (the host's split of the answer at "or", ``\\lor``, ``\\\\``, commas, ..., one entry per
-    distinct box) and ``boxes`` (how many different boxes) decide hedges: when the ground truth is a single value,
-    every value the answer names (the equation sides of each candidate) must equal it: some but not all is a
-    hedge, none is wrong; one value is math-verify's verdict on the answer as it is. Otherwise (a set, an
-    interval, ...) the answer is compared whole, as math-verify does, and two different boxes are a hedge."""
+    ``candidates`` (the values the host found the answer to name: every different box split at "or", commas,
+    line breaks, ..., an equation chain's last side and its plain numbers; sent when there are several) and
+    ``boxes`` (how many different boxes) decide hedges. When the ground truth is a single value, every candidate
+    must equal it (a first one that is only a name, ``f(x)`` of ``f(x) \\sim x^2``, is left out): some but not
+    all is a hedge, none is wrong; one candidate is math-verify's verdict on the answer as it is. Otherwise (a
+    set, an interval, ...) the answer is compared whole, as math-verify does, and two different boxes are a
+    hedge."""
     from math_verify import parse
 
     _TIMEOUTS.timeouts.clear()
@@ -144,11 +137,9 @@ def _check_answer(gold_p: list, pred: str, timeout_s: int, candidates: list[str]
             if boxes > 1:
                 return {"verified": False, "hedged": f"{boxes} different boxed answers", **shown}
             return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
-        if candidates:
-            parsed = [_parse_answer(c, timeout_s, "answer") for c in candidates]
-            values = [v for p in parsed if p for v in _values(p)]
-        else:
-            values = _values(pred_p)
+        values = [p for p in (_parse_answer(c, timeout_s, "answer") for c in candidates or []) if p]
+        if len(values) > 1 and _only_symbols(values[0]):
+            values = values[1:]  # the answer's name first ("f(x) \\sim x^2", "n \\Rightarrow 5"), not a value
         if len(values) <= 1:
             return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
         oks = [_verify(gold_p, v, timeout_s) for v in values]

@@ -11,8 +11,9 @@ Hedging policy (explicit, scores 0 with failure "format" and ``details["hedged"]
 different values. When the ground truth is one value (a number or an expression), every value the answer names
 must equal it: the values of every different box, each box split at top-level commas and semicolons, "or" /
 "and" (words or ``\\text{ or }``), ``\\lor``, ``\\vee``, ``\\land``, ``\\cup``, ``\\quad``, line breaks
-(``\\\\``, the rows of ``cases`` / ``aligned``), and the sides of an equation chain past an assignment's target
-(``2 = 3`` names two values, ``x = 3`` one). Some equal and some not is a hedge; the same value named twice
+(``\\\\``, the rows of ``cases`` / ``aligned``), arrows and bars between values (``3 \\Rightarrow 5``, ``3 | 5``:
+math-verify reads the last), and of an equation chain its last side and its plain numbers (``2 = 3`` names two
+values, ``x = 3`` and ``6/2 = 3`` one). Some equal and some not is a hedge; the same value named twice
 (``3 \\text{ or } 3``, ``6/2 = 3``, ``\\boxed{3} ... \\boxed{3}``) is not. When the ground truth is a set, tuple,
 interval or relation, the answer is compared whole as math-verify compares it, and two different boxes are a
 hedge.
@@ -88,11 +89,25 @@ _OPEN, _CLOSE = "([{", ")]}"
 # Between two values of one answer: a comma or semicolon (not a thousands separator: "1,000"), a word or a \text
 # group saying "or" / "and" ("3 \text{ or } 5", "3 \text{, } 5"), logical or set operators, a line break
 # ("3 \\ 5", rows of cases / aligned), wide spaces.
-_TEXT_SEPARATOR = (r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mbox|operatorname)\s*\{"
+_TEXT_SEPARATOR = (r"\\(?:text|textrm|textbf|textit|textsf|texttt|textup|textsc|textnormal|mathrm|mathbf|mathit|"
+                   r"mathsf|mathtt|mbox|hbox|operatorname)\s*\{"
                    r"(?:[^{}]*\b(?:or|and|either|otherwise|alternatively)\b[^{}]*|[\s:()\[\]]*[,;][\s,;:()\[\]]*|\s*)\}")
+# Between two values with no arithmetic between them, math-verify keeps the last ("3 \Rightarrow 5", "3 ~ 5",
+# "3 \mid 5", "3 \hspace{1em} 5" all read as 5): arrows, relations that name no equation, wide spaces.
+_JOINS = (r"\\(?:lor|vee|land|wedge|cup|quad|qquad|newline|cr|Rightarrow|Leftarrow|Longrightarrow|Longleftarrow|"
+          r"implies|impliedby|iff|Leftrightarrow|Longleftrightarrow|leftrightarrow|rightarrow|leftarrow|"
+          r"longrightarrow|to|gets|sim|mid|atop|enspace|thinspace|medspace|thickspace|enskip|qquad)(?![A-Za-z])"
+          r"|\\hspace\*?\s*\{[^{}]*\}|\\[;:]|~")
 _SEPARATOR_RE = re.compile(
-    r"\s*(?:" + _TEXT_SEPARATOR + r"|(?<!\d),|,(?!\d{3}(?!\d))|;|\\(?:lor|vee|land|wedge|cup|quad|qquad|newline|cr)"
-    r"(?![A-Za-z])|\\[;:]|\\\\(?:\s*\[[^\]]*\])?|\n|\bor\b|\band\b)\s*")
+    r"\s*(?:" + _TEXT_SEPARATOR + r"|(?<!\d),|,(?!\d{3}(?!\d))|;|" + _JOINS +
+    r"|\\\\(?:\s*\[[^\]]*\])?|\n|\bor\b|\band\b)(?:\s|\\ |~)*")
+# "5 (or 3)", "5 (\text{or } 3)": an alternative in brackets is one more value.
+_BRACKETED_ALTERNATIVE_RE = re.compile(
+    r"[(\[]\s*(?:\\text[a-z]*\s*\{\s*(?:or|and|either|alternatively)\b([^{}]*)\}|(?:or|and|alternatively)\b)"
+    r"([^()\[\]{}]*)[)\]]")
+# A lone bar or an ellipsis with no operator beside it joins two values too ("3 | 5", "3 \dots 5"); two bars are an
+# absolute value.
+_DOTS_JOIN_RE = re.compile(r"(?<=[\w})])\s*\\(?:dots|ldots|dotsc)(?![A-Za-z])\s*(?=[\w\\{(])")
 _THOUSANDS_RE = re.compile(r"^\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?$")
 # Environments whose rows are alternatives: cases, aligned, ...; matrices are one value and stay whole.
 _ROWS_ENV_RE = re.compile(r"\\(?:begin|end)\s*\{(?:cases|dcases|rcases|array|aligned|align\*?|alignat\*?|gathered|"
@@ -107,7 +122,13 @@ def top_level_items(answer: str, commas: bool = True) -> list[str]:
     ``\begin{cases}`` rows). ``(1, 2)``, ``\{1, 2\}``, ``f(1, 2)`` and ``1,000`` stay one item; an answer wrapped
     whole in brackets, ``(3 \lor 5)``, is split inside at everything but commas (the brackets' own).
     Items that are only words (``\text{done}``, "approximately") name no value and are left out."""
-    s = _ROWS_ENV_RE.sub(" \\\\\\\\ ", answer).replace("&", " ").strip()
+    s = _ROWS_ENV_RE.sub(" \\\\\\\\ ", answer).replace("&", " ")
+    s = _BRACKETED_ALTERNATIVE_RE.sub(lambda m: " \\text{ or } " + (m.group(1) or "") + m.group(2), s)
+    s = re.sub(r"(?<!\\)\\ ", " ", s).strip()  # "\ " is a space
+    s = _DOTS_JOIN_RE.sub(lambda m: " \\lor ", s)
+    bars = re.findall(r"\\vert(?![A-Za-z])|\|", s)
+    if len(bars) == 1 and "\\left" not in s:
+        s = s.replace(bars[0], " \\mid ")
     if _THOUSANDS_RE.match(s):  # "1,000" is a number; "469, 468" (with a space) is a list
         return [s]
     items, depth, last, i = [], 0, 0, 0
@@ -165,10 +186,33 @@ def _matching(s: str, open_at: int, left: str, right: str) -> bool:
     return False
 
 
+_PLAIN_NUMBER_RE = re.compile(r"\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)\s*")
+
+
+def equation_values(item: str) -> list[str]:
+    """The values an equation chain names: its last side, and each other side that is a plain number. ``2 = 3``
+    names two; ``x = 3``, ``6/2 = 3`` and ``1 + 2 + \\dots + 10 = 55`` one (a name or a computation is not a
+    value; math-verify reads the last side). Not an equation: the item itself."""
+    item = re.sub(r"\\equiv(?![A-Za-z])", "=", item)  # math-verify reads it as an equation too
+    sides, depth, last = [], 0, 0
+    for i, c in enumerate(item):
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        elif c == "=" and depth == 0 and item[i - 1 : i] not in ("<", ">", "!", ":", "=") and item[i + 1 : i + 2] != "=":
+            sides.append(item[last:i])
+            last = i + 1
+    if not sides:
+        return [item]
+    sides.append(item[last:])
+    return [x.strip() for x in sides[:-1] if _PLAIN_NUMBER_RE.fullmatch(x)] + [sides[-1].strip()]
+
+
 def hedge_candidates(boxes: list[str]) -> tuple[list[str], list[str]]:
     """(the distinct boxed answers, in order, ignoring whitespace; the values they name, box by box)."""
     distinct = list({re.sub(r"\s+", "", b): b for b in boxes}.values())
-    return distinct, [item for b in distinct for item in top_level_items(b)]
+    return distinct, [v for b in distinct for item in top_level_items(b) for v in equation_values(item)]
 
 
 @dataclasses.dataclass(frozen=True)

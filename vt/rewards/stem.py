@@ -34,7 +34,8 @@ from vt.rewards.base import (
     map_bounded,
     passed,
 )
-from vt.rewards.math_reward import MathConfig, MathReward, boxed_answers, ground_truth_text, top_level_items
+from vt.rewards.math_reward import (MathConfig, MathReward, boxed_answers, equation_values, ground_truth_text,
+                                   top_level_items)
 
 OPTIONS = "ABCDEFGHIJ"
 _OPTION_ONLY_RE = re.compile(r"^\s*[\(\[]?\s*([A-J])\s*[\)\]]?\s*[.:]?\s*$")
@@ -93,24 +94,16 @@ def chosen_options(region: str) -> list[str]:
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 
 
-_PLAIN_NUMBER_RE = re.compile(r"\s*[-+−]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?\s*")
 _MORE_NUMBERS_RE = re.compile(
     r"(?:\s*[A-Za-zµΩ°%/^]{1,6})?\s*(?:,|;|\bor\b)\s*([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)",
     re.I)
 
 
 def _number_values(text: str) -> list[float]:
-    """The finite numbers an answer item names: an equation chain's last side, and each other side that is a
-    plain number ("2 = 3" names two; "v = 9.8" and "2 \\times 5 = 10" one)."""
-    sides = re.split(r"(?<![<>!\\])=", text)
-    out = []
-    for i, side in enumerate(sides):
-        if i < len(sides) - 1 and not _PLAIN_NUMBER_RE.fullmatch(side):
-            continue
-        value = parse_number(side)
-        if value is not None and math.isfinite(value):
-            out.append(value)
-    return out
+    """The finite numbers an answer item names (vt.rewards.math_reward.equation_values: "2 = 3" names two;
+    "v = 9.8" and "2 \\times 5 = 10" one)."""
+    values = (parse_number(v) for v in equation_values(text))
+    return [v for v in values if v is not None and math.isfinite(v)]
 
 
 def parse_number(text: str) -> float | None:
