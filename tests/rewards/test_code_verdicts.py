@@ -302,3 +302,18 @@ def test_prime_grading_of_overflowing_numbers_warns_nothing():
         assert not stdout_matches("1e308\n", "-1e308\n", "prime")
         assert not stdout_matches("1e308\n-1e308\n", "-1e308\n1e308\n", "prime")
         assert stdout_matches("1e308\n", "1.0e308\n", "prime")
+
+
+numbers_at_the_edges = st.sampled_from([10**400, -(10**400), 2**1024, 2**1024 - 1, 1.7976931348623157e308, 5e-324, 0.0,
+                                        -0.0, 2**53 + 1, float(2**53), True, False, 0, 1])  # fmt: skip
+edge_values = st.recursive(values | numbers_at_the_edges, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
+
+
+@given(expected=edge_values, got=edge_values, grader=st.sampled_from(["vt", "livecodebench", "prime"]))
+def test_values_equal_never_raises_and_is_exact_on_integers(expected, got, grader):
+    verdict = values_equal(expected, got, grader)
+    assert verdict in (True, False)
+    if type(expected) is int and type(got) is int:
+        assert verdict == (expected == got)
+    if grader != "vt":
+        assert verdict == (expected == got)  # the checkers' own rule: Python's == (no tuples here)
