@@ -310,6 +310,8 @@ edge_values = st.recursive(values | numbers_at_the_edges, lambda inner: st.lists
 
 
 @given(expected=edge_values, got=edge_values, grader=st.sampled_from(["vt", "livecodebench", "prime"]))
+@example(expected=10**400, got=1.7976931348623157e308, grader="vt")
+@example(expected=[1.7976931348623157e308], got=[2**1024], grader="vt")
 def test_values_equal_never_raises_and_is_exact_on_integers(expected, got, grader):
     verdict = values_equal(expected, got, grader)
     assert verdict in (True, False)
