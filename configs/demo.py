@@ -1,7 +1,7 @@
 """The demo: configs/vibethinker_3b.py stage for stage, on the `tiny` Qwen2 preset trained from scratch on the
 built-in synthetic verifiable tasks (vt.data.tasks: arithmetic with a worked step and a boxed answer, Python
 functions graded by unit tests in the bubblewrap sandbox, multiple-choice "largest option", bullet lists under
-count and case constraints), with a SentencePiece tokenizer trained on that corpus. CPU, about 10 minutes:
+count and case constraints), with a byte-level BPE tokenizer (Qwen2's pipeline) trained on that corpus. CPU, about 10 minutes:
 
     make demo                     # = vt demo  (workdir demo_out/)
     vt demo --variant ci          # shorter: the CI test runs it
@@ -12,7 +12,7 @@ middling accuracy that RL then raises; every number below is a demo-size stand-i
 """
 import ml_collections
 
-from configs import eval_aime25, vibethinker_3b
+from configs import eval_demo_tasks, vibethinker_3b
 from configs.common import parse_arg
 
 DOMAINS = ("math", "code", "stem", "instruct")
@@ -37,7 +37,7 @@ def _tiny_sft(c, steps, lr, every, keep=10):
     c.optim.weight_decay = 0.0
     c.train.steps = steps
     c.train.eval_every = 0
-    c.train.progress = False
+    c.train.progress = True  # the stage's progress bar (the pipeline prints a line as each stage starts and ends)
     c.checkpoint.every = every
     c.checkpoint.keep = keep
     c.checkpoint.best_metric = ""
@@ -63,7 +63,7 @@ def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
     c.optim.weight_decay = 0.0
     c.train.steps = steps
     c.train.eval_every = 0
-    c.train.progress = False
+    c.train.progress = True  # the stage's progress bar (the pipeline prints a line as each stage starts and ends)
     c.checkpoint.every = 5
     c.checkpoint.keep = 2
     c.checkpoint.async_save = False
@@ -76,7 +76,7 @@ def get_config(arg=None):
     c = vibethinker_3b.get_config(None)
     c.name = "demo"
     c.base_checkpoint = ""  # trained from scratch: sft1 starts from a random `tiny` model
-    c.tokenizer = f"{DATA}/tokenizer.model"  # SentencePiece, trained by the data stage
+    c.tokenizer = f"{DATA}/tokenizer"  # a byte-level BPE (Qwen2's pipeline) directory, trained by the data stage
     c.compilation_cache = "{workdir}/.jax_cache"
 
     c.probe.data = {d: f"{DATA}/heldout_{d}.jsonl" for d in DOMAINS}
@@ -149,19 +149,9 @@ def get_config(arg=None):
     for name in list(s.eval.benchmarks.keys()):
         del s.eval.benchmarks[name]
     for dom in DOMAINS:
-        b = eval_aime25.get_config(None)
-        b.name = f"demo_{dom}"
+        b = eval_demo_tasks.get_config(dom)  # the same evaluation README's "After the demo" runs by hand
         b.data = f"{DATA}/heldout_{dom}.jsonl"
-        b.domain = dom
-        b.sampling.n = 4
-        b.sampling.top_p = 1.0
-        b.sampling.max_new_tokens = 40
-        b.sampling.batch_size = 128
-        b.ks = (1, 4)
-        b.maj_ks = (4,) if dom in ("math", "stem") else ()
-        b.chunk_problems = 64
         b.progress = False
-        b.model.dtype = "float32"
         s.eval.benchmarks[f"demo_{dom}"] = b
 
     s.export.dtype = "float32"

@@ -6,7 +6,7 @@
 
 Stages, in order (stages.STAGES; a config section per stage, `enabled` to skip one):
 
-    data          demo only: the synthetic verifiable tasks and a SentencePiece tokenizer trained on them
+    data          demo only: the synthetic verifiable tasks and a byte-level BPE tokenizer trained on them
     sft1          SFT stage 1 on all data (vt.train.sft), periodic checkpoints
     profile       pass rates of sft1's final checkpoint on the SFT prompts (vt.rl.profile)
     sft2          SFT stage 2 from sft1 on the hard subset the profile selects

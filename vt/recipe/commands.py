@@ -27,9 +27,9 @@ def register(subparsers) -> None:
 
     d = subparsers.add_parser(
         "demo", help="the whole recipe on a tiny model trained from scratch on synthetic tasks (CPU, ~10 min)",
-        description=f"Runs {DEMO_CONFIG.relative_to(DEMO_CONFIG.parents[1])} through `vt pipeline`, prints the "
-                    "held-out accuracy table after each stage, writes plot.png, TensorBoard logs and a Hugging "
-                    "Face export whose greedy text transformers reproduces.")
+        description=f"Runs {DEMO_CONFIG.relative_to(DEMO_CONFIG.parents[1])} through `vt pipeline`: one line "
+                    "per stage, then the held-out accuracy table, the final checkpoint, the Hugging Face export "
+                    "and its transformers check, the eval summaries, plot.png and a TensorBoard command.")
     d.add_argument("--workdir", type=Path, default=Path("demo_out"))
     d.add_argument("--variant", default="", help="'' (the full demo) or 'ci' (shorter)")
     d.add_argument("--fresh", action="store_true",
@@ -94,6 +94,6 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
     rc = _run(f"{DEMO_CONFIG}:{args.variant}" if args.variant else str(DEMO_CONFIG), args,
               before_run=fresh if args.fresh else None)
     if not args.validate:
-        print(f"[demo] wall time {time.perf_counter() - t0:.0f} s; table {args.workdir / 'table.md'}, plot "
-              f"{args.workdir / 'plot.png'}, TensorBoard: tensorboard --logdir {args.workdir}", flush=True)
+        print(f"[demo] wall time {time.perf_counter() - t0:.0f} s. Next: README's \"After the demo\" (sample, "
+              f"evaluate, load in transformers)", flush=True)
     return rc

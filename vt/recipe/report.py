@@ -1,11 +1,14 @@
-"""What a recipe run reports: the held-out accuracy table (`table.md`, printed after each stage that trains),
-`summary.json`, `plot.png` (RL reward and held-out accuracy) and `tb/` (the same, for TensorBoard; every learner
-writes its own `tb/` in its stage directory), and the `--validate` printout."""
+"""What a recipe run reports: the held-out accuracy table (`table.md`, printed once, at the end), `summary.json`,
+`plot.png` (RL reward and held-out accuracy) and `tb/` (the same, for TensorBoard; every learner writes its own
+`tb/` in its stage directory), `final` (a link to the final checkpoint), the closing lines that say where each
+result is, and the `--validate` printout."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import sys
 from pathlib import Path
 
 from vt.io import atomic_write_json
@@ -22,6 +25,8 @@ def table_rows(manifests: list[dict]) -> tuple[list[str], list[tuple[str, dict, 
 
 def format_table(manifests: list[dict], cfg: RecipeConfig | None = None) -> str:
     domains, rows = table_rows(manifests)
+    if not rows:
+        return "held-out accuracy: no stage that trains a model has finished yet"
     head = "| stage | " + " | ".join(domains) + " | mean | stage s |"
     sampler = cfg.probe.sampler if cfg else None
     lines = ["held-out accuracy (avg@n per domain)" + (f", {sampler.n} samples/prompt at T={sampler.temperature}"
@@ -48,20 +53,78 @@ def rl_curves(workdir: Path, manifests: list[dict]) -> list[tuple[str, list[dict
     return out
 
 
+def final_checkpoint_of(workdir: Path, manifests: list[dict]) -> Path | None:
+    """The checkpoint the last finished model stage left (manifests name it relative to the work directory)."""
+    for m in reversed(manifests):
+        if m.get("checkpoint"):
+            return workdir / m["checkpoint"]
+    return None
+
+
 def write_outputs(workdir: Path, cfg: RecipeConfig, manifests: list[dict], out) -> None:
     table = format_table(manifests, cfg)
     (workdir / "table.md").write_text(table + "\n")
+    final = final_checkpoint_of(workdir, manifests)
     summary = {"stages": [{k: m.get(k) for k in ("stage", "wall_s", "checkpoint", "heldout", "metrics")}
                           for m in manifests],
+               "final_checkpoint": str(final.relative_to(workdir)) if final else None,
                "total_wall_s": round(sum(m.get("wall_s", 0.0) for m in manifests), 1)}
     atomic_write_json(workdir / "summary.json", summary)
+    link = workdir / "final"
+    if link.is_symlink():
+        link.unlink()
+    if final is not None and not link.exists():  # `<workdir>/final`: a path that never changes, for every command
+        os.symlink(os.path.relpath(final, workdir), link)
     try:
         plot(workdir, manifests)
         write_tensorboard(workdir, manifests)
     except ImportError as e:  # matplotlib / tensorboardX are optional for a headless run
         log.warning("plots skipped: %s", e)
     out(table)
-    out(f"[pipeline] total {summary['total_wall_s']:.0f} s of stage time; results in {workdir}")
+    for line in closing_lines(workdir, manifests, final):
+        out(line)
+
+
+def _shown(path: Path) -> str:
+    """`path` as the user can type it: relative to the current directory when it lies below it."""
+    try:
+        return str(Path(path).absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def viewer_command(logdir: Path) -> str:
+    """A TensorBoard command that works here: the tensorboard beside this Python (the demo extra installs it),
+    else on PATH, else how to install it."""
+    beside = Path(sys.executable).parent / "tensorboard"
+    exe = _shown(beside) if beside.is_file() else shutil.which("tensorboard")
+    if exe is None:
+        return f"pip install tensorboard && tensorboard --logdir {_shown(logdir)}"
+    return f"{exe} --logdir {_shown(logdir)}"
+
+
+def closing_lines(workdir: Path, manifests: list[dict], final: Path | None) -> list[str]:
+    """Where every result is: the final checkpoint, the export and its transformers check, the eval summaries, the
+    plot and a viewer command."""
+    by = {m["stage"]: m for m in manifests}
+    lines = [f"[pipeline] {len(manifests)} stages, {sum(m.get('wall_s', 0.0) for m in manifests):.0f} s of stage "
+             f"time; results in {_shown(workdir)} (vt info {_shown(workdir)} lists them)"]
+    if final is not None:
+        lines.append(f"  final checkpoint   {_shown(workdir / 'final')} -> {_shown(final)}")
+    if "export" in by:
+        x = by["export"]["metrics"]
+        checks = ", ".join(f"{k.replace('_', ' ')} {x[k]}" for k in ("tokenizer_match", "greedy_match",
+                                                                       "stopped_at_end_of_turn") if k in x)
+        lines.append(f"  Hugging Face       {_shown(Path(x['hf_dir']))}" +
+                     (f"  (transformers check: {checks})" if checks else ""))
+    for name, summary in (by.get("eval", {}).get("metrics") or {}).items():
+        keys = [k for k in summary if k.startswith(("pass@", "maj@", "prompt_strict"))]
+        lines.append(f"  eval {name:13s} " + "  ".join(f"{k} {100 * summary[k]:.1f}%" for k in keys) +
+                     f"  ({_shown(workdir / 'eval' / name / 'summary.md')})")
+    if (workdir / "plot.png").is_file():
+        lines.append(f"  plot               {_shown(workdir / 'plot.png')}")
+    lines.append(f"  TensorBoard        {viewer_command(workdir)}")
+    return lines
 
 
 def plot(workdir: Path, manifests: list[dict]) -> Path:

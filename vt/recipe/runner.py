@@ -30,7 +30,7 @@ from vt.checkpoint.io import claim_dir
 from vt.config import to_dataclass
 from vt.distributed import enable_compilation_cache, is_primary
 from vt.io import atomic_write_json
-from vt.recipe.report import format_table, write_outputs
+from vt.recipe.report import write_outputs
 from vt.recipe.stages import (MANIFEST, STAGE_BY_NAME, STAGE_NAMES, Context, Plan, RecipeConfig, StageOutput,
                               heldout_accuracy, stage_logging)
 from vt.tracking import log_summary
@@ -141,13 +141,13 @@ def plain_config(config):
 
 def _without_logging(obj):
     if isinstance(obj, dict):
-        return {k: _without_logging(v) for k, v in obj.items() if k != "logging"}
+        return {k: _without_logging(v) for k, v in obj.items() if k not in ("logging", "progress")}
     return obj
 
 
 def fingerprint(config, workdir: Path) -> str:
     """Hash of a stage's resolved config; the work directory's own path is left out, so it can move, and so are
-    the `logging` sections (W&B on or off changes no result)."""
+    the `logging` sections and `progress` flags (W&B on or off, a progress bar or not, change no result)."""
     text = json.dumps(_without_logging(plain_config(config)), sort_keys=True, default=str)
     text = text.replace(str(workdir), "{workdir}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -204,19 +204,19 @@ def run_pipeline(cfg: RecipeConfig, workdir: Path | str, *, from_stage: str | No
             out(f"[pipeline] {stage}: done, skipped")
             manifests.append(m)
             continue
-        m = run_stage(ctx, stage, plan, fp, out)
+        m = run_stage(ctx, stage, plan, fp, out, f"{enabled.index(stage) + 1}/{len(enabled)}")
         manifests.append(m)
-        if m.get("heldout"):
-            out(format_table(manifests, cfg))
-    write_outputs(workdir, cfg, manifests, out)
+    write_outputs(workdir, cfg, manifests, out)  # the held-out table once, then where every result is
     return manifests
 
 
-def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out) -> dict:
+def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out, position: str = "") -> dict:
+    """Run one stage: one line as it starts, one as it ends (its time, checkpoint and held-out mean); a
+    learner's progress bar, if its config turns one on, in between."""
     sdir = ctx.stage_dir(stage)
     sdir.mkdir(parents=True, exist_ok=True)
     resumed = any(p.name != MANIFEST for p in sdir.iterdir())
-    out(f"[pipeline] {stage}: {'resuming' if resumed else 'running'} in {sdir}")
+    out(f"[pipeline] {stage} ({position}): {'resuming' if resumed else 'running'} in {sdir}")
     t0 = time.perf_counter()
     result: StageOutput = STAGE_BY_NAME[stage].run(ctx, plan, sdir)
     heldout = {}
@@ -234,6 +234,8 @@ def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out) -> dict:
         log_summary(stage_logging(ctx, stage), result.learner_dir or sdir,
                     {"wall_s": manifest["wall_s"], "heldout": heldout, **result.metrics},
                     config=manifest["config"], job_type=stage)
-    out(f"[pipeline] {stage}: done in {manifest['wall_s']:.0f} s" +
-        (f"; checkpoint {result.checkpoint}" if result.checkpoint else ""))
+    notes = [f"checkpoint {ckpt}"] if ckpt else []
+    if heldout:
+        notes.append(f"held-out mean {sum(heldout.values()) / len(heldout):.3f}")
+    out(f"[pipeline] {stage}: done in {manifest['wall_s']:.0f} s" + (f"; {', '.join(notes)}" if notes else ""))
     return manifest

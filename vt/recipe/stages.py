@@ -28,7 +28,7 @@ from vt.checkpoint.seal import sealed_steps
 from vt.config import to_dataclass
 from vt.data.curriculum import load_pass_rates
 from vt.data.tasks import task_corpus, task_records
-from vt.data.tokenizer import build_tiny_sentencepiece, load_tokenizer
+from vt.data.tokenizer import TINY_CORPUS, build_tiny_tokenizer, load_tokenizer
 from vt.distill.run import DOMAINS as DISTILL_DOMAINS
 from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
 from vt.eval.runner import EvalConfig, run_eval
@@ -185,7 +185,7 @@ class DataStageConfig:
     rl_per_domain: Annotated[int, AT_LEAST_1] = 256  # RL prompts per domain
     heldout_per_domain: Annotated[int, AT_LEAST_1] = 64  # held-out prompts per domain (the accuracy table, eval)
     probe_per_domain: Annotated[int, AT_LEAST_1] = 32  # probing prompts per domain (Pass@K checkpoint selection), disjoint from held-out
-    vocab_size: Annotated[int, AT_LEAST_1] = 512  # SentencePiece vocabulary: exactly the model's (see run_data)
+    vocab_size: Annotated[int, AT_LEAST_1] = 512  # the tokenizer's vocabulary: exactly the model's (see run_data)
 
     def __post_init__(self):
         check_fields(self)
@@ -216,11 +216,13 @@ def run_data(ctx: Context, plan: Plan[DataStageConfig], sdir: Path) -> StageOutp
         write_jsonl(out / f"probe_{d}.jsonl", task_records(d, c.probe_per_domain, c.seed, split="eval",
                                                             with_answer=False, start=10_000))
     write_jsonl(out / "sft_heldout.jsonl", heldout_sft)
-    tok = build_tiny_sentencepiece(out / "tokenizer.model", task_corpus(c.seed), vocab_size=c.vocab_size)
-    # SentencePiece refuses to decode an id beyond its vocabulary, and a model with a larger embedding can
-    # sample one: the vocabularies must match exactly.
+    # A byte-level BPE in Qwen2's own pipeline (NFC, Qwen2's split regex, byte-level), so the export loads in
+    # transformers as Qwen2's tokenizer with the same ids (transformers >= 5 builds every qwen2 model's tokenizer
+    # that way, whatever tokenizer.json says). The built-in corpus gives the merges the tasks alone run out of.
+    tok = build_tiny_tokenizer(out / "tokenizer", task_corpus(c.seed) + list(TINY_CORPUS), vocab_size=c.vocab_size)
+    # Every id the model can sample must decode: the vocabularies match exactly.
     if tok.vocab_size != c.vocab_size:
-        raise VtError(f"the SentencePiece model has {tok.vocab_size} pieces, not vocab_size={c.vocab_size} "
+        raise VtError(f"the tokenizer has {tok.vocab_size} tokens, not vocab_size={c.vocab_size} "
                       f"(the corpus is too small for that many); the model could sample undecodable ids")
     return StageOutput(metrics={"sft_records": len(sft), "vocab_size": tok.vocab_size},
                        inputs={"generated_into": str(out)})
@@ -560,53 +562,74 @@ def run_export(ctx, plan: Plan[ExportStageConfig], sdir: Path) -> StageOutput:
     c = plan.config
     ckpt = ctx.checkpoint_before("export")
     hf = sdir / "hf"
-    tok = Path(ctx.cfg.tokenizer)
     shutil.rmtree(hf, ignore_errors=True)
-    export_to_hf(load_model(ckpt), hf, dtype=c.dtype, tokenizer_dir=tok if tok.is_dir() else None)
-    if tok.is_file():  # a SentencePiece model travels with the weights
-        shutil.copy(tok, hf / "tokenizer.model")
+    # The pipeline's tokenizer (an HF directory or a SentencePiece .model) goes in as HF tokenizer files,
+    # sealed with the weights, its eos / pad ids in config.json and generation_config.json.
+    export_to_hf(load_model(ckpt), hf, dtype=c.dtype, tokenizer=ctx.cfg.tokenizer)
     metrics: dict[str, Any] = {"hf_dir": str(hf)}
     if c.check_transformers:
-        metrics.update(greedy_check(ctx, ckpt, hf, c, sdir / "greedy.jsonl"))
+        metrics.update(transformers_check(ctx, ckpt, hf, c, sdir / "greedy.jsonl"))
     return StageOutput(metrics=metrics, inputs={"checkpoint": ckpt}, checkpoint=None)
 
 
-def greedy_check(ctx: Context, ckpt: str, hf: Path, c: ExportStageConfig, out: Path) -> dict:
-    """vt's sampler at temperature 0 and transformers' generate(do_sample=False) on the exported weights: the
-    same token ids, hence the same text (both decoded with the pipeline's tokenizer)."""
-    import torch  # optional heavy extras: only this check needs them
-    from transformers import AutoModelForCausalLM
+def transformers_check(ctx: Context, ckpt: str, hf: Path, c: ExportStageConfig, out: Path) -> dict:
+    """The export as a user loads it: `AutoTokenizer.from_pretrained(hf)` must give vt's ids (chat prompts and
+    their completions), and `AutoModelForCausalLM.from_pretrained(hf).generate(**inputs, do_sample=False)` (no
+    stop or pad ids passed: they come from the export's generation_config.json) must give vt's greedy text and
+    stop where vt's sampler stops. Without torch only the tokenizer half runs (the result says so)."""
+    import transformers  # optional: the demo extra installs it (torch: `make demo HF_CHECK=1`)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in the demo's console
     tok = load_tokenizer(ctx.cfg.tokenizer)
+    # transformers >= 5 builds any qwen2 model's tokenizer as Qwen2's byte-level BPE: a SentencePiece one loads as
+    # `vt convert` tells users to load it (vt.checkpoint.commands), through tokenizer.json as it is.
+    loader = transformers.PreTrainedTokenizerFast if tok.kind == "spm" else transformers.AutoTokenizer
+    theirs_tok = loader.from_pretrained(str(hf))
     per_domain = {d: _load_limited(p, c.check_prompts, f"probe.data.{d}")
                   for d, p in sorted(ctx.cfg.probe.data.items())}
     records = [r for group in zip(*per_domain.values()) for r in group][:c.check_prompts]
     prompts = [tok.encode_chat(list(r.prompt), add_generation_prompt=True) for r in records]
+    for r, p in zip(records, prompts):
+        ids = theirs_tok.apply_chat_template(list(r.prompt), add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"]
+        if list(ids) != p:
+            raise VtError(f"{hf}: AutoTokenizer's chat prompt ids differ from vt's on {r.id}: {list(ids)[:12]}... vs "
+                          f"{p[:12]}...")
     sc = SamplerConfig(temperature=0.0, max_new_tokens=c.check_max_new_tokens, batch_size=max(8, len(prompts)),
                        stop_token_ids=tuple(tok.eos_token_ids))
     engine = Engine(load_model(ckpt, dtype="float32"), sc, tokenizer=tok)
-    ours = [s[0].completion_ids for s in engine.generate([Request(prompt_ids=p) for p in prompts], seed=0)]
-    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
+    ours = [list(s[0].completion_ids) for s in engine.generate([Request(prompt_ids=p) for p in prompts], seed=0)]
+    for mine in ours:  # the completions' ids too (the model's own text, not just prompts)
+        text = tok.decode(mine)
+        if theirs_tok.encode(text, add_special_tokens=False) != tok.encode(text):
+            raise VtError(f"{hf}: AutoTokenizer's ids differ from vt's on the text {text[:60]!r}")
+    result = {"tokenizer_match": f"{len(prompts)}/{len(prompts)}"}
+    try:
+        import torch
+    except ImportError:
+        return {**result, "greedy_match": "skipped (no torch: pip install torch, or make demo HF_CHECK=1)"}
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32)
     model.eval()
-    stop = list(engine.stop_ids)
     rows, matches = [], 0
-    for r, p, mine in zip(records, prompts, ours):
+    for r, mine in zip(records, ours):
+        inputs = theirs_tok.apply_chat_template(list(r.prompt), add_generation_prompt=True, tokenize=True,
+                                                return_dict=True, return_tensors="pt")
         with torch.no_grad():
-            g = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=c.check_max_new_tokens,
-                               eos_token_id=stop, pad_token_id=tok.pad_token_id,
-                               attention_mask=torch.ones(1, len(p), dtype=torch.long))
-        theirs = g[0, len(p):].tolist()
-        theirs = theirs[: next((i + 1 for i, t in enumerate(theirs) if t in stop), len(theirs))]
-        same = list(mine) == theirs
+            g = model.generate(**inputs, do_sample=False, max_new_tokens=c.check_max_new_tokens)
+        theirs = g[0, inputs["input_ids"].shape[1]:].tolist()
+        same = mine == theirs
         matches += same
         rows.append({"id": r.id, "domain": r.domain, "prompt": r.prompt[-1]["content"], "same": same,
                      "vt": tok.decode(mine, skip_special_tokens=True),
-                     "transformers": tok.decode(theirs, skip_special_tokens=True)})
+                     "transformers": theirs_tok.decode(theirs, skip_special_tokens=True),
+                     "stopped": bool(theirs) and theirs[-1] in tok.eos_token_ids})
     write_jsonl(out, rows)
     if matches != len(rows):
         bad = next(r for r in rows if not r["same"])
         raise VtError(f"transformers' greedy text differs from vt's on {len(rows) - matches}/{len(rows)} prompts, "
                       f"e.g. {bad['id']}: vt {bad['vt']!r} vs transformers {bad['transformers']!r} (see {out})")
-    return {"greedy_match": f"{matches}/{len(rows)}", "greedy_samples": str(out),
+    return {**result, "greedy_match": f"{matches}/{len(rows)}", "stopped_at_end_of_turn":
+            f"{sum(r['stopped'] for r in rows)}/{len(rows)}", "greedy_samples": str(out),
             "mean_len": float(np.mean([len(x) for x in ours]))}
 
 
