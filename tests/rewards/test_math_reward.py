@@ -361,3 +361,41 @@ def test_one_value_named_in_several_ways_is_not_a_hedge(reward, gold, answer):
     assert verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{answer}}}"))  # the oracle agrees it is right
     r = reward.score_one(gold, f"\\boxed{{{answer}}}")
     assert r.score == 1.0, r
+
+
+# Differential: the hedging policy must not cost a right answer. Answers written the ways models write them (a name,
+# units, a computation, the same value twice, sets and intervals for set-valued ground truths): vt's verdict is
+# math-verify's on every one.
+AGREEMENT = [
+ ("\\frac{1}{2}", ["0.5", "1/2", "\\dfrac12", "\\frac{1}{2} \\text{ or } 0.5", "\\left(\\frac{1}{2}\\right)", "P = \\frac{1}{2}", "\\frac{2}{4} = \\frac{1}{2}"]),
+ ("2\\sqrt{3}", ["\\sqrt{12}", "2 \\sqrt 3", "x = 2\\sqrt{3}", "2\\sqrt{3} \\approx 3.46"]),
+ ("3\\pi", ["3 \\pi", "\\pi \\cdot 3", "3\\pi \\text{ cm}^2", "A = 3\\pi"]),
+ ("1000", ["10^{3}", "1000", "1,000", "1{,}000", "1000 \\text{ dollars}", "\\$1000"]),
+ ("5", ["x = 5", "n = 5", "a_1 = 5", "f(2) = 5", "5 \\text{ cm}", "5\\,\\text{cm}", "5^\\circ", "5\\%", "5 \\text{ (since } 2+3=5)", "5 \\text{ and } 5", "(5)", "\\{5\\}", "5.0", "\\text{The answer is } 5", "5 \\text{ units}", "5~\\text{cm}", "|{-5}|", "\\sqrt{25}", "2 + 3 = 5", "x=5 \\text{ (the only solution)}"]),
+ ("\\frac{\\sqrt{3}}{2}", ["\\cos(30^\\circ) = \\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt 3}{2}", "\\sin 60^\\circ = \\frac{\\sqrt{3}}{2}"]),
+ ("0", ["e^{i\\pi} + 1 = 0", "0", "x = 0"]),
+ ("2x+1", ["2x + 1", "1 + 2x", "y = 2x + 1", "f(x) = 2x + 1", "2x+1, \\text{ for all } x"]),
+ ("\\infty", ["\\infty", "+\\infty"]),
+ ("3+4i", ["3+4i", "4i + 3", "z = 3 + 4i"]),
+ ("-\\frac{1}{2}", ["-\\frac{1}{2}", "-0.5", "\\frac{-1}{2}", "x = -\\frac12"]),
+ ("12", ["12", "12 \\text{ ways}", "\\binom{4}{2} \\cdot 2 = 12", "4! / 2 = 12", "12 \\quad \\text{(ways)}", "\\text{12}"]),
+ ("\\frac{\\pi}{4}", ["\\frac{\\pi}{4}", "\\pi/4", "\\theta = \\frac{\\pi}{4}", "\\frac{\\pi}{4} \\text{ radians}"]),
+ ("3, 5", ["3, 5", "5, 3", "3 \\text{ and } 5", "x = 3 \\text{ or } x = 5", "\\{3, 5\\}", "x \\in \\{3, 5\\}"]),
+ ("(1, 2)", ["(1, 2)", "(1,2)"]),
+ ("[1, 2)", ["[1, 2)", "1 \\le x < 2"]),
+ ("(-\\infty, 1) \\cup (2, \\infty)", ["(-\\infty, 1) \\cup (2, \\infty)", "x < 1 \\text{ or } x > 2"]),
+ ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", ["\\begin{pmatrix}1\\\\2\\end{pmatrix}"]),
+ ("x = 3", ["x = 3", "3"]),
+ ("y = 2x + 3", ["y = 2x + 3", "y = 3 + 2x"]),
+ ("42", ["42", "042", "4 \\cdot 10 + 2 = 42", "42.", "42 \\; \\text{apples}", "\\mathbf{42}", "\\textbf{42}"]),
+]
+
+
+@pytest.mark.parametrize("gold, answers", AGREEMENT, ids=[g for g, _ in AGREEMENT])
+def test_answers_written_many_ways_agree_with_math_verify(reward, gold, answers):
+    from math_verify import parse, verify
+
+    got = [reward.score_one(gold, f"The final answer is $\\boxed{{{a}}}$.").score for a in answers]
+    want = [float(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{a}}}"))) for a in answers]
+    assert got == want, [(a, g, w) for a, g, w in zip(answers, got, want) if g != w]
+    assert sum(want) >= len(answers) - 3  # most are right: the test is about right answers
