@@ -100,3 +100,17 @@ def test_fewer_kv_heads_than_tensor_shards():
     a = Engine(ref, sc).generate(reqs, seed=0)
     b = Engine(sharded, sc, mesh=mesh).generate(reqs, seed=0)
     assert [s[0].completion_ids for s in a] == [s[0].completion_ids for s in b]
+
+
+def test_platform_is_the_mesh_devices_platform():
+    """Hardware choices read the platform of the devices a program is built for (vt.sharding.platform): with no
+    mesh the default backend, else the mesh's (given, or current under use_mesh). On CPU nothing changes: "auto"
+    attention stays "xla" (tests/plan compiles for TPU meshes, where it is splash)."""
+    import jax
+    from vt.model.attention import resolve
+    from vt.sharding import MeshConfig, make_mesh, platform, use_mesh
+    assert platform() == jax.default_backend() == "cpu"
+    mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    assert platform(mesh) == "cpu"
+    with use_mesh(mesh):
+        assert platform() == "cpu" and resolve("auto", "bfloat16") == "xla"
