@@ -73,6 +73,13 @@ def test_hedging_policy(reward, boxes, gold, hedged):
     assert r.score == 0.0 or not hedged
 
 
+def test_top_level_items_deep_and_wrapped():
+    assert top_level_items("(" * 5000 + "3 \\lor 5" + ")" * 5000) == ["3", "5"]  # no recursion, any depth
+    assert top_level_items("\\left(3 \\text{ or } 5\\right)") == ["3", "5"]
+    assert top_level_items("((1, 2))") == ["((1, 2))"]  # a tuple's commas are its own
+    assert top_level_items("|3| + |5|") == ["|3| + |5|"] and top_level_items("3 | 5") == ["3", "5"]
+
+
 def test_top_level_items():
     assert top_level_items("3, 5") == ["3", "5"]
     assert top_level_items("\\{3, 5\\}") == ["\\{3, 5\\}"]
@@ -150,6 +157,11 @@ ADVERSARIAL = {
     "million_open_braces": "\\boxed{" + "{" * 1_000_000,
     "deep_nesting": "\\boxed{" + "{" * 700 + "1" + "}" * 700 + "}",
     "factorial_tower": "\\boxed{(10^{10^{8}})!}",
+    # the host's split of a box into the values it names: nested 990 deep (was a RecursionError, a verifier
+    # error), long runs of spaces and of separators
+    "deep_parentheses": "\\boxed{" + "(" * 990 + "1 \\lor 2" + ")" * 990 + "}",
+    "spaces": "\\boxed{1" + " " * 1980 + "2}",
+    "separators": "\\boxed{" + "1 \\lor " * 240 + "2}",
 }
 
 

@@ -99,7 +99,7 @@ _JOINS = (r"\\(?:lor|vee|land|wedge|cup|quad|qquad|newline|cr|Rightarrow|Leftarr
           r"longrightarrow|to|gets|sim|mid|atop|enspace|thinspace|medspace|thickspace|enskip|qquad)(?![A-Za-z])"
           r"|\\hspace\*?\s*\{[^{}]*\}|\\[;:]|~")
 _SEPARATOR_RE = re.compile(
-    r"\s*(?:" + _TEXT_SEPARATOR + r"|(?<!\d),|,(?!\d{3}(?!\d))|;|" + _JOINS +
+    r"(?:" + _TEXT_SEPARATOR + r"|(?<!\d),|,(?!\d{3}(?!\d))|;|" + _JOINS +
     r"|\\\\(?:\s*\[[^\]]*\])?|\n|\bor\b|\band\b)(?:\s|\\ |~)*")
 # "5 (or 3)", "5 (\text{or } 3)": an alternative in brackets is one more value.
 _BRACKETED_ALTERNATIVE_RE = re.compile(
@@ -113,15 +113,15 @@ _THOUSANDS_RE = re.compile(r"^\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?$")
 _ROWS_ENV_RE = re.compile(r"\\(?:begin|end)\s*\{(?:cases|dcases|rcases|array|aligned|align\*?|alignat\*?|gathered|"
                           r"gather\*?|split|eqnarray\*?)\}(?:\s*\{[lcr|\s]*\})?")
 _WORDS_RE = re.compile(r"^(?:\\text\s*\{[^{}]*\}|[A-Za-z.\s]*[A-Za-z]{2,}[A-Za-z.\s]*)$")  # "done", \text{...}
-_WRAPPERS = (("\\left(", "\\right)"), ("\\left[", "\\right]"), ("(", ")"), ("[", "]"), ("{", "}"))
 
 
-def top_level_items(answer: str, commas: bool = True) -> list[str]:
+def top_level_items(answer: str) -> list[str]:
     r"""Split an answer into the values it names, at separators outside brackets: commas and semicolons, "or" /
     "and" (as words or in ``\text{}``), ``\lor``, ``\vee``, ``\cup``, ``\quad``, line breaks (``\\``,
     ``\begin{cases}`` rows). ``(1, 2)``, ``\{1, 2\}``, ``f(1, 2)`` and ``1,000`` stay one item; an answer wrapped
     whole in brackets, ``(3 \lor 5)``, is split inside at everything but commas (the brackets' own).
-    Items that are only words (``\text{done}``, "approximately") name no value and are left out."""
+    Items that are only words (``\text{done}``, "approximately") name no value and are left out.
+    Linear in the answer's length, never recursive: a hostile box costs the host about a millisecond."""
     s = _ROWS_ENV_RE.sub(" \\\\\\\\ ", answer).replace("&", " ")
     s = _BRACKETED_ALTERNATIVE_RE.sub(lambda m: " \\text{ or } " + (m.group(1) or "") + m.group(2), s)
     s = re.sub(r"(?<!\\)\\ ", " ", s).strip()  # "\ " is a space
@@ -131,10 +131,24 @@ def top_level_items(answer: str, commas: bool = True) -> list[str]:
         s = s.replace(bars[0], " \\mid ")
     if _THOUSANDS_RE.match(s):  # "1,000" is a number; "469, 468" (with a space) is a list
         return [s]
-    items, depth, last, i = [], 0, 0, 0
-    while i < len(s):
+    items = _split(s, commas=True)
+    if len(items) == 1:  # wrapped whole in brackets, however deep: split inside, commas excepted
+        inside = _split(_unwrapped(items[0]), commas=False)
+        if len(inside) > 1:
+            items = inside
+    values = [x for x in items if not _WORDS_RE.match(x)]
+    return values or items[-1:]
+
+
+_COMMAND_RE = re.compile(r"\\(?:[A-Za-z]+|.)", re.S)
+
+
+def _split(s: str, commas: bool) -> list[str]:
+    """``s`` cut at the separators outside brackets (commas and semicolons only if ``commas``)."""
+    items, depth, last, i, n = [], 0, 0, 0, len(s)
+    while i < n:
         c = s[i]
-        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
+        if c == "\\" and i + 1 < n and s[i + 1] in "{}":
             depth += 1 if s[i + 1] == "{" else -1
             i += 2
             continue
@@ -142,7 +156,7 @@ def top_level_items(answer: str, commas: bool = True) -> list[str]:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
-        elif depth == 0:
+        elif depth == 0 and (c == "\n" or not c.isspace()):
             m = _SEPARATOR_RE.match(s, i)
             if m and (commas or m.group().strip() not in (",", ";")):
                 if s[last:i].strip():
@@ -150,40 +164,37 @@ def top_level_items(answer: str, commas: bool = True) -> list[str]:
                 last = i = m.end()
                 continue
             if c == "\\":  # a command's name is not a word "or" / "and" ("\land" is matched above), "\," no comma
-                m = re.match(r"\\(?:[A-Za-z]+|.)", s[i:], re.S)
-                i += m.end()
+                m = _COMMAND_RE.match(s, i)
+                i = m.end() if m else i + 1
                 continue
         i += 1
     if s[last:].strip():
         items.append(s[last:].strip())
-    if len(items) == 1:
-        for left, right in _WRAPPERS:
-            inner = items[0]
-            if inner.startswith(left) and inner.endswith(right) and _matching(inner, len(left) - 1, left, right):
-                inside = top_level_items(inner[len(left) : -len(right)], commas=False)
-                if len(inside) > 1:
-                    return inside
-                break
-    values = [x for x in items if not _WORDS_RE.match(x)]
-    return values or items[-1:]
+    return items
 
 
-def _matching(s: str, open_at: int, left: str, right: str) -> bool:
-    """Whether the bracket at ``open_at`` closes at the very end of ``s`` (so it wraps the whole of it)."""
-    depth, i = 0, open_at
+def _unwrapped(item: str) -> str:
+    """``item`` without the brackets that wrap the whole of it (``((3 \\lor 5))`` -> ``3 \\lor 5``), in one pass."""
+    s = item.replace("\\left", "").replace("\\right", "").replace("\\{", "{").replace("\\}", "}")
+    close_of, stack, i = {}, [], 0
     while i < len(s):
         c = s[i]
-        if c == "\\" and i + 1 < len(s) and s[i + 1] in "{}":
-            i += 2
+        if c == "\\":
+            i += 2  # \{ \} and escaped characters are not grouping
             continue
         if c in _OPEN:
-            depth += 1
-        elif c in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                return i == len(s) - 1
+            stack.append(i)
+        elif c in _CLOSE and stack:
+            close_of[stack.pop()] = i
         i += 1
-    return False
+    start, end = 0, len(s) - 1
+    while start < end and close_of.get(start) == end:
+        start, end = start + 1, end - 1
+        while start < end and s[start].isspace():
+            start += 1
+        while start < end and s[end].isspace():
+            end -= 1
+    return s[start : end + 1]
 
 
 _PLAIN_NUMBER_RE = re.compile(r"\s*[-+]?(?:\d+(?:\.\d*)?|\.\d+)\s*")
