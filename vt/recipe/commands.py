@@ -53,7 +53,18 @@ def _common(p) -> None:
     add_trust_flag(p)
 
 
-def _run(spec: str, args, before_run=None) -> int:
+def _no_progress_bars(cd) -> None:
+    """Every `progress` field in the config's stage sections set to False (progress changes no result, and no
+    stage fingerprint: vt.recipe.runner.fingerprint)."""
+    for key in list(cd.keys()):
+        value = cd[key]
+        if key == "progress" and isinstance(value, bool):
+            cd[key] = False
+        elif hasattr(value, "keys"):
+            _no_progress_bars(value)
+
+
+def _run(spec: str, args, before_run=None, bars_only_on_a_terminal: bool = False) -> int:
     """Load and check the config; under --validate report and stop; else run, calling `before_run` once every
     flag and input is checked (vt demo --fresh: only then is the old work directory deleted)."""
     from vt.config import load_config
@@ -64,7 +75,10 @@ def _run(spec: str, args, before_run=None) -> int:
     check_stage_flag("--only", args.only)
     check_stage_flag("--until", args.until)
     check_output_path(args.workdir, "--workdir", directory=True)
-    cfg = recipe_config(load_config(spec, args.config_overrides), args.workdir)
+    cd = load_config(spec, args.config_overrides)
+    if bars_only_on_a_terminal and not sys.stderr.isatty():
+        _no_progress_bars(cd)  # piped or logged (make demo | tee): the stage lines only, no \r-updated bars
+    cfg = recipe_config(cd, args.workdir)
     out = _unbuffered_stdout
     if args.validate:
         out(f"validating {spec} (work directory {args.workdir})")
@@ -92,7 +106,7 @@ def run_demo_cmd(args: argparse.Namespace) -> int:
             print(f"[demo] --fresh: deleted {args.workdir}", flush=True)
     t0 = time.perf_counter()
     rc = _run(f"{DEMO_CONFIG}:{args.variant}" if args.variant else str(DEMO_CONFIG), args,
-              before_run=fresh if args.fresh else None)
+              before_run=fresh if args.fresh else None, bars_only_on_a_terminal=True)
     if not args.validate:
         print(f"[demo] wall time {time.perf_counter() - t0:.0f} s. Next: README's \"After the demo\" (sample, "
               f"evaluate, load in transformers)", flush=True)
