@@ -191,31 +191,37 @@ def check_output_path(path, name: str, *, directory: bool = False) -> None:
             return
 
 
-class _BareConstant(ValueError):
-    pass
+class JsonError(ValueError):
+    """A text that is not JSON as every other JSON reader reads it; the message says why, in a few words."""
 
 
 def _refuse_constant(name: str):
-    raise _BareConstant(name)
+    raise JsonError(f"bare {name} is not JSON; write null or a string")
+
+
+def load_json(text: str):
+    """``json.loads`` for input files: Python's ``NaN``, ``Infinity`` and ``-Infinity`` refused (no JSON parser
+    elsewhere reads them, and a NaN reference or score passes every comparison as false), brackets nested too
+    deeply for the reader a JsonError too (not a RecursionError). JsonError (a ValueError) says why."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as e:
+        raise JsonError(f"{e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise JsonError("brackets nested too deeply to read") from None
 
 
 def parse_json_line(raw: bytes | str, where: str):
-    """One JSONL line -> its value, or VtError naming ``where``: not UTF-8, not JSON (Python's ``NaN``,
-    ``Infinity`` and ``-Infinity`` included: no JSON parser elsewhere reads them, and a NaN reference or score
-    would pass every comparison as false), nested deeper than the interpreter can read, or text holding a lone
-    surrogate (``"\\ud800"`` is valid JSON but not Unicode: it cannot be written back out as UTF-8)."""
+    """One JSONL line -> its value, or VtError naming ``where``: not UTF-8, not JSON (``load_json``: bare NaN
+    and too-deep nesting included), or text holding a lone surrogate (``"\\ud800"`` is valid JSON but not Unicode: it cannot be written back out as UTF-8)."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as e:
         raise VtError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as e:
-        raise VtError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-    except _BareConstant as e:
-        raise VtError(f"{where}: invalid JSON (bare {e.args[0]} is not JSON; write null or a string)") from None
-    except RecursionError:
-        raise VtError(f"{where}: invalid JSON (brackets nested too deeply to read)") from None
+        value = load_json(text)
+    except JsonError as e:
+        raise VtError(f"{where}: invalid JSON ({e})") from None
     try:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as e:

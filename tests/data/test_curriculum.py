@@ -58,6 +58,8 @@ def test_trace_length_falls_back_to_tokens(tok):
 
 @pytest.mark.parametrize("line, message", [
     ("{bad", "not a JSON line"),
+    ('{"id": "a", "pass_rate": NaN, "n": 8}', "not a JSON line: bare NaN"),  # issue 46: bare NaN is not JSON
+    ('{"id": ' + "[" * 100_000 + "]" * 100_000 + "}", "not a JSON line: brackets nested too deeply"),
     ('{"id": "a", "pass_rate": 0.5}', "expected"),
     ('{"id": "a", "pass_rate": 1.5, "n": 8}', "not a number in"),
     ('{"id": "a", "pass_rate": 0.5, "n": 0}', "positive integer"),

@@ -71,13 +71,16 @@ def test_jsonl_malformed_items_carry_reason_and_line(tmp_path):
         {"messages": [{"role": "wizard", "content": "x"}]},
         {"input_ids": [1, 2, 3]},
         [1, 2],
+        '{"prompt": "Q", "response": "A", "ground_truth": NaN}',  # issue 46: Python's json reads bare NaN
+        '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",  # was a RecursionError out of the reader
     ])
     src = JsonlSource(path)
     got = [(src[i].reason, src[i].where) for i in range(len(src))]
     assert all(isinstance(src[i], Malformed) for i in range(len(src)))
     assert got == [("malformed_json", f"{path}:1"), ("invalid_utf8", f"{path}:2"), ("empty_response", f"{path}:3"),
                    ("missing_field", f"{path}:4"), ("bad_message", f"{path}:5"), ("missing_field", f"{path}:6"),
-                   ("malformed_json", f"{path}:7")]
+                   ("malformed_json", f"{path}:7"), ("malformed_json", f"{path}:8"), ("malformed_json", f"{path}:9")]
+    assert "bare NaN" in src[7].detail and "nested too deeply" in src[8].detail
 
 
 def test_array_record_round_trip(tmp_path):

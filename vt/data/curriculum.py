@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 from vt import VtError
 from vt.data.sources import Malformed, Record
+from vt.validation import JsonError, load_json
 
 MISSING_POLICIES = ("error", "exclude", "include")
 
@@ -61,9 +61,9 @@ def load_pass_rates(path: str | os.PathLike) -> dict[str, PassRate]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise VtError(f"{where}: not a JSON line: {e}") from e
+                obj = load_json(raw.decode("utf-8"))
+            except (UnicodeDecodeError, JsonError) as e:
+                raise VtError(f"{where}: not a JSON line: {e}") from None
             if not isinstance(obj, dict) or not all(k in obj for k in ("id", "pass_rate", "n")):
                 raise VtError(f"{where}: expected {{\"id\": ..., \"pass_rate\": float, \"n\": int}}, got {raw[:200]!r}")
             pid, p, n = str(obj["id"]), obj["pass_rate"], obj["n"]

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from vt import VtError
+from vt.validation import JsonError, load_json
 
 ROLES = ("system", "user", "assistant", "tool")
 METADATA_KEYS = ("difficulty", "pass_rate", "trace_length", "prompt_id")
@@ -268,8 +269,8 @@ class JsonlSource:
         except UnicodeDecodeError as e:
             return Malformed(INVALID_UTF8, where, str(e))
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
+            obj = load_json(text)  # bare NaN, too-deep nesting: malformed too (vt.validation)
+        except JsonError as e:
             return Malformed(MALFORMED_JSON, where, str(e))
         return record_from_dict(obj, where=where, default_id=f"{self._stem}:{lineno}",
                                 default_domain=self.default_domain)
@@ -341,10 +342,10 @@ class ArrayRecordSource:
         where = f"{self.paths[k]}:record {j}"
         raw = self._parts[k][j]
         try:
-            obj = json.loads(raw.decode("utf-8"))
+            obj = load_json(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             return Malformed(INVALID_UTF8, where, str(e))
-        except json.JSONDecodeError as e:
+        except JsonError as e:
             return Malformed(MALFORMED_JSON, where, str(e))
         return record_from_dict(obj, where=where, default_id=f"{Path(self.paths[k]).stem}:{j}",
                                 default_domain=self.default_domain)
