@@ -145,6 +145,8 @@ def test_dataset_errors_name_the_record(reward):
         reward([{"ground_truth": 1}, {"answer": 2}], ["a", "b"])
     with pytest.raises(RewardSpecError, match="record 0: field 'ground_truth' must be"):
         reward([{"ground_truth": None}], ["a"])
+    with pytest.raises(RewardSpecError, match="record 0: field 'ground_truth' is nan, not a finite number"):
+        reward([{"ground_truth": float("nan")}], ["\\boxed{1}"])
     with pytest.raises(RewardSpecError, match="completion must be a string"):
         reward([{"ground_truth": 1}], [None])
 

@@ -26,6 +26,7 @@ cause (``MathReward.verify``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -245,6 +246,8 @@ def ground_truth_text(value: Any, index: int) -> str:
         raise RewardSpecError(
             f"record {index}: field 'ground_truth' must be an int, float or string, got {type(value).__name__}"
         )
+    if isinstance(value, float) and not math.isfinite(value):  # a parquet NaN: no answer equals it
+        raise RewardSpecError(f"record {index}: field 'ground_truth' is {value}, not a finite number")
     text = str(value).strip()
     if not text:
         raise RewardSpecError(f"record {index}: field 'ground_truth' is empty")
