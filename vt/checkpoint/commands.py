@@ -134,6 +134,7 @@ def _print_run(d: dict) -> None:
 
 
 PIPELINE_MANIFEST = "manifest.json"  # vt.recipe.stages.MANIFEST (not imported: that module imports the learners)
+PIPELINE_PLAN = "pipeline.json"  # vt.recipe.runner.PLAN_FILE
 
 
 def is_pipeline_dir(path: Path) -> bool:
@@ -148,12 +149,16 @@ def describe_pipeline(path: Path) -> dict:
     mean), stage directories without a manifest (running, or interrupted: a re-run resumes them), the final
     checkpoint and the Hugging Face export."""
     path = Path(path)
+    try:  # the enabled stages, in order, as the runner wrote them when it started (vt.recipe.runner)
+        planned = json.loads((path / PIPELINE_PLAN).read_text())["stages"]
+    except (OSError, ValueError, KeyError, TypeError):
+        planned = []
     stages, unfinished = [], []
     for d in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
         try:
             m = json.loads((d / PIPELINE_MANIFEST).read_text())
         except FileNotFoundError:
-            if any(d.iterdir()) and d.name not in ("tb", "data", "final") and not (d / "config.json").exists():
+            if d.name in planned and any(d.iterdir()):
                 unfinished.append(d.name)
             continue
         except ValueError as e:
@@ -167,6 +172,9 @@ def describe_pipeline(path: Path) -> dict:
     stages.sort(key=lambda m: m["finished"] or "")
     final = next((m["checkpoint"] for m in reversed(stages) if m["checkpoint"]), None)
     export = next((m["metrics"] for m in stages if m["stage"] == "export"), None)
+    if export and Path(export.get("hf_dir", "")).resolve().is_relative_to(path.resolve()):  # as `path` was given
+        export["hf_dir"] = str(path / Path(export["hf_dir"]).resolve().relative_to(path.resolve()))
+    unfinished.sort(key=lambda s: planned.index(s))
     return {"path": str(path), "format": "vt-pipeline", "stages": stages, "unfinished": unfinished,
             "final_checkpoint": final, "hf_export": export.get("hf_dir") if export else None,
             "hf_check": {k: v for k, v in export.items() if k != "hf_dir"} if export else None}
@@ -178,7 +186,7 @@ def _print_pipeline(d: dict) -> None:
         mean = f"held-out mean {m['heldout_mean']:.3f}" if m["heldout_mean"] is not None else ""
         print(f"  {m['stage']:13s} {m['wall_s'] or 0:7.0f} s  {mean:20s} {m['checkpoint'] or ''}")
     for s in d["unfinished"]:
-        print(f"  {s:13s} not finished (a re-run resumes it)")
+        print(f"  {s:13s} not finished (running, or interrupted: a re-run resumes it)")
     print(f"final checkpoint: {d['final_checkpoint'] or 'none yet'}" +
           ("  (give it to vt info, vt sample, vt eval --ckpt, vt convert orbax-to-hf)" if d["final_checkpoint"] else ""))
     if d["hf_export"]:

@@ -36,6 +36,9 @@ from vt.recipe.stages import (MANIFEST, STAGE_BY_NAME, STAGE_NAMES, Context, Pla
 from vt.tracking import log_summary
 
 
+PLAN_FILE = "pipeline.json"  # the enabled stages in order (vt.checkpoint.commands.describe_pipeline reads it)
+
+
 def substitute(obj, workdir: Path):
     if isinstance(obj, str):
         return obj.replace("{workdir}", str(workdir))
@@ -180,6 +183,7 @@ def run_pipeline(cfg: RecipeConfig, workdir: Path | str, *, from_stage: str | No
     if before_start is not None:
         before_start()
     claim_dir(workdir, "vt pipeline")  # marks it as vt's: `vt demo --fresh` deletes only such a directory
+    atomic_write_json(workdir / PLAN_FILE, {"name": cfg.name, "stages": enabled})  # `vt info WORKDIR` reads it
     if cfg.compilation_cache:
         enable_compilation_cache(cfg.compilation_cache, min_compile_time_s=0.5)
     redo = todo if only else (todo if from_stage else [])
