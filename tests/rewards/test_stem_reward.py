@@ -92,10 +92,16 @@ def test_expression_answers_go_to_math_verify(reward):
 # issue 46 item 8: hedges were scored by one of their values (the last box, the phrase's first letter, the box's
 # first number).
 OPTION_HEDGES = ["\\boxed{A} \\boxed{C}", "\\boxed{A}\\boxed{C}", "The answer is A or C", "The answer is C or A.",
-                 "Answer: A, C", "Answer: A and C", "Answer: (A) (C)", "**Answer:** C OR A", "\\boxed{A \\lor C}"]
+                 "Answer: A, C", "Answer: A and C", "Answer: (A) (C)", "**Answer:** C OR A", "\\boxed{A \\lor C}",
+                 "The answer is A | C", "The answer is A (or C)", "Answer: A or maybe C", "Answer: A, or C",
+                 "Answer: **A** or **C**", "Answer: A. Or C.", "\\boxed{A \\Rightarrow C}", "\\boxed{\\text{A or C}}"]
 NUMBER_HEDGES = ["\\boxed{10 \\text{ or } 20}", "\\boxed{10} \\boxed{20}", "\\boxed{10, 20}", "\\boxed{10 = 20}",
                  "\\boxed{10 \\lor 20}", "\\boxed{10 \\\\ 20}", "\\boxed{\\begin{cases}10\\\\20\\end{cases}}",
-                 "\\boxed{10 \\text{ m or } 20 \\text{ m}}", "The answer is 10 or 20", "The answer is 10; 20"]
+                 "\\boxed{10 \\text{ m or } 20 \\text{ m}}", "The answer is 10 or 20", "The answer is 10; 20",
+                 "The answer is 10 (or 20)", "The answer is 10 or maybe 20", "\\boxed{10 \\Rightarrow 20}",
+                 "\\boxed{10 \\mid 20}", "\\boxed{10 ~ 20}"]
+# A second number beside the first is not a unit: not a number at all (0, failure format).
+NOT_NUMBERS = ["\\boxed{10 - 20}", "\\boxed{10 \\text{ to } 20}", "\\boxed{10 \\approx 20}", "\\boxed{10 \\text{--} 20}"]
 
 
 @pytest.mark.parametrize("gold", ["A", "C"])
@@ -112,11 +118,19 @@ def test_naming_two_numbers_is_a_hedge(reward, gold):
     assert bad == []
 
 
+@pytest.mark.parametrize("gold", ["10", "20"])
+def test_two_numbers_side_by_side_are_not_a_number(reward, gold):
+    res = reward([{"ground_truth": gold}] * len(NOT_NUMBERS), NOT_NUMBERS)
+    assert [(r.score, r.failure) for r in res] == [(0.0, "format")] * len(NOT_NUMBERS), res
+
+
 @pytest.mark.parametrize("gold, completion", [
     ("C", "\\boxed{C} so the answer is \\boxed{C}"), ("C", "The answer is (C) and I am sure."),
     ("C", "The answer is C, a classic."), ("C", "The answer is B, no wait. Answer: C"),
     ("9.81", "\\boxed{g = 9.81}"), ("10", "\\boxed{2 \\times 5 = 10}"), ("10", "\\boxed{10} \\boxed{10.0}"),
     ("1000", "\\boxed{1,000}"), ("10", "\\boxed{10 \\text{ m}}"), ("9.81", "The answer is 9.81 m/s^2."),
+    ("6.02e23", "\\boxed{6.02 \\times 10^{23} \\text{ mol}^{-1}}"), ("9.81", "\\boxed{9.81 \\pm 0.01 \\text{ m/s}^2}"),
+    ("1.2e-5", "\\boxed{1.2 \\times 10^{-5} \\text{ mol L}^{-1}}"), ("5", "\\boxed{5 m s^{-2}}"),
 ])
 def test_one_answer_stated_twice_or_with_its_name_is_not_a_hedge(reward, gold, completion):
     r = reward.score_one(gold, completion)

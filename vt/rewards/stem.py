@@ -57,9 +57,12 @@ def option_letter(text: str) -> str | None:
 
 # After an "answer is C" phrase: another option joined to it ("C or A", "C, A", "(C) (A)", "C and D"); a bare "I"
 # followed by a word is the pronoun ("C and I think ..."), not option I.
+_JOIN = (r"(?:\s*(?:,|;|/|&|\||\bor\b|\band\b|\\lor\b|\\vee\b|\.\s*(?=or\b)))+\s*"
+         r"(?:(?:maybe|possibly|perhaps|rather|alternatively|else|either|option|\*\*)\s*)*")
 _MORE_OPTIONS_RE = re.compile(
-    r"(?:\s*(?:,|;|/|&|\bor\b|\band\b|\\lor\b|\\vee\b)\s*(?:option\s*)?(?:[\(\[]\s*(?-i:[A-J])\s*[\)\]]"
-    r"|(?-i:[A-J])(?![A-Za-z])(?<!I(?=\s+[a-z])))|\s+[\(\[]\s*(?-i:[A-J])\s*[\)\]])", re.IGNORECASE)
+    r"(?:\*\*)?(?:" + _JOIN + r"(?:[\(\[]\s*(?-i:[A-J])\s*[\)\]]|(?-i:[A-J])(?![A-Za-z])(?<!I(?=\s+[a-z])))"
+    r"|\s+[\(\[]\s*(?-i:[A-J])\s*[\)\]]|\s*[\(\[]\s*(?:or|and)\s+(?:option\s*)?(?-i:[A-J])\s*[\)\]])",
+    re.IGNORECASE)
 
 
 def _box_options(box: str) -> list[str]:
@@ -95,8 +98,8 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 
 
 _MORE_NUMBERS_RE = re.compile(
-    r"(?:\s*[A-Za-zµΩ°%/^]{1,6})?\s*(?:,|;|\bor\b)\s*([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)",
-    re.I)
+    r"(?:\s*[A-Za-zµΩ°%/^]{1,6})?(?:" + _JOIN + r"|\s*[\(\[]\s*(?:or|and)\s+)"
+    r"([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)", re.I)
 
 
 def _number_values(text: str) -> list[float]:
@@ -127,6 +130,9 @@ def parse_number(text: str) -> float | None:
     rest = s[m.end() :].strip()
     if rest and not re.fullmatch(r"[A-Za-z°µΩ%/\^\-\d\s\\{}.*]*", rest):
         return None  # "3 + x" is not a number
+    rest = re.sub(r"\\pm\s*[\d.]+", " ", rest)  # an uncertainty ("9.81 \\pm 0.01"): the value is the centre
+    if re.search(r"(?<![\^{\w.\-])-?\d", rest):
+        return None  # another number beside it ("10 - 20", "10 \\approx 20"): digits only in a unit's power
     exp = m.group(2) or m.group(3)
     return float(f"{m.group(1)}e{int(exp)}" if exp else m.group(1))  # one rounding, not mantissa * 10**k
 
