@@ -11,7 +11,8 @@ The ground truth decides the mode:
     phrase and the numbers it joins with "or", ",", ";") split into the values it names as the math reward
     splits them (``10 \\text{ or } 20``, ``10 = 20``, rows; of an equation chain the last side and the plain
     numbers: ``g = 9.81`` names one), each parsed as a number (decimals, scientific notation,
-    ``\\times 10^{k}``, simple fractions, a percent sign is a unit; trailing units ignored), must satisfy
+    ``\\times 10^{k}``, simple fractions, a percent sign is a unit; trailing units ignored, but a second
+    number beside the first, "10 - 20", makes it no number; ``\\pm`` is an uncertainty around it), must satisfy
     ``|pred - gold| <= max(abs_tol, rel_tol * |gold|)``: all of them is right, some a hedge, none wrong;
   - anything else (an expression): delegated to the math reward (math-verify in worker processes).
 """
