@@ -3,16 +3,16 @@ SandboxPool). Python stdlib only; it never imports vt and never runs candidate c
 
 Usage (by pool.py): python3 -I /code/_pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
   (next to /code/_harness.py and solution.py). The protocol's two pipes are inherited fds (bwrap's own stdio
-  is /dev/null: see sandbox.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes", "proc_covered",
-  "proc_masked"}, what each run's namespace is made with (see Server.run_init).
+  is /dev/null: see sandbox.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes"}, the sizes of each run's
+  /tmp and /dev/shm (see Server.run_init).
 
 It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time: each run
 is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE`` would be in a fresh
 sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only that child ever sees the
 solution. Each run starts in namespaces of its own, as a fresh sandbox does (Server.run_init): the child is
 PID 2 of a new PID namespace under an init of the server's (PID 1), with a new mount namespace (a fresh
-size-capped tmpfs at /tmp and /dev/shm, a /proc of its own PID namespace, covered and masked as bwrap's) and
-a new IPC namespace. So what a run can observe starts the same for every run: its pids, the inode numbers of
+size-capped tmpfs at /tmp and /dev/shm, a /proc of its own PID namespace that shows processes only) and a
+new IPC namespace. So what a run can observe starts the same for every run: its pids, the inode numbers of
 its files, System V IPC ids, the processes /proc lists (the server and the tester are not among them, and no
 pid of theirs can be named from a run, so no run can signal, renice or move them). The server holds
 CAP_SYS_ADMIN in the sandbox's user namespace for this alone; each run's init drops every capability (and
@@ -60,6 +60,10 @@ import time
 HARNESS = "/code/_harness.py"
 STDERR_KEEP = 8192  # as sandbox.STDERR_KEEP: the tail of stderr the host keeps
 MAX_REQUEST = 1 << 30
+MAX_HEADER = 1 << 16  # a run's header, as the server passes it to the run's init (launch)
+# Inits forked ahead (prepare_init): a run's namespaces take ~1-3 ms to make, mostly the kernel's waiting, and
+# a sample's runs come back to back; with two ready, the next run's were made during the run before it.
+INITS_AHEAD = 2
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
@@ -68,8 +72,11 @@ PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's)
-TESTER_GROWTH = 64 << 20  # resident bytes a tester may gain over its start before it is replaced
+TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's; pool.TESTER_NAME)
+RUN_INIT_NAME = b"vt-run-init"  # a run's init's; the run's process gets ours back (child)
+TESTER_GROWTH = 64 << 20
+VERDICT_GRACE_S = 0.5  # after a program test's verdict: for the solution's process to end before it is killed
+MAX_RETIRING = 8  # inits of finished runs left to exit on their own before the server waits for one  # resident bytes a tester may gain over its start before it is replaced
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
 # what solutions import all the time (HumanEval's prompts import typing): every page of the server is
 # copied into each run's page tables at fork, which costs more than a rare import in the child. Never a
@@ -182,10 +189,12 @@ class Server:
         if _libc.unshare(CLONE_NEWNS) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
         mount(None, "/", None, MS_REC | MS_PRIVATE)
-        mount_proc(self.config)
+        mount_proc()
         # Our own PID namespace, to return to after each run's fork into a new one (fork_run).
         self.pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.me = os.getpid()
+        with open("/proc/self/comm", "rb") as f:
+            self.comm = f.read().strip()
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         # Not dumpable (main, before the fork that made us): a process of our uid can neither trace us nor
@@ -201,6 +210,8 @@ class Server:
         # later run would inherit: see scheduling().
         self.scheduling = scheduling()
         self.tester = None  # program tests' Tester, started by the first program run (and after a loss)
+        self.retiring = set()  # inits of runs that reported, still exiting (supervise), not reaped yet
+        self.next_inits = []  # (pid, status pipe, socket) of the next runs' inits, forked ahead (prepare_init)
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
             st = os.stat(d)
@@ -211,6 +222,7 @@ class Server:
         gc.freeze()
 
     def serve(self):
+        self.prepare_init()
         send(self.harness, self.replies, {"ready": True})
         while True:
             request = self.harness.recv(self.requests)  # the header; its payload: copy_stdin
@@ -229,6 +241,7 @@ class Server:
             finally:
                 out.close()
                 err.close()
+            self.prepare_init()  # the next run's namespaces are made while the host reads this reply
 
     def run(self, request, stdin_fd, out, err):
         """A stdin or call run: one forked child, the harness on the run's stdio; the run is done when that
@@ -236,12 +249,10 @@ class Server:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
-        pid = self.fork_run()
-        if pid == 0:
-            self.run_init(lambda: self.child(stdin_fd, out_w, err_w, request, self.harness.main))  # never returns
+        pid, status_r = self.launch(request, "harness", [stdin_fd, out_w, err_w])
         for fd in (stdin_fd, out_w, err_w):
             os.close(fd)
-        return self.supervise(pid, start, request, out, err, out_r, err_r)
+        return self.supervise(pid, status_r, start, request, out, err, out_r, err_r)
 
     def run_program(self, request, stdin_fd, out, err):
         """A program test: the solution in one forked child (the harness's serve_solution, on pipes to the
@@ -255,11 +266,7 @@ class Server:
         call_r, call_w = os.pipe()  # tester -> solution: calls
         reply_r, reply_w = os.pipe()  # solution -> tester: ready, replies
         start = time.monotonic()
-        pid = self.fork_run()
-        if pid == 0:
-            self.run_init(lambda: self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
-                                             lambda: self.serve_solution(request, call_r, reply_w),
-                                             keep=(call_r, reply_w)))
+        pid, status_r = self.launch(request, "solution", [err_w, call_r, reply_w])
         for fd in (err_w, call_r, reply_w):
             os.close(fd)
         try:
@@ -270,7 +277,7 @@ class Server:
             socket.send_fds(tester.sock, [b"run"], [stdin_fd, out_w, call_w, reply_r])
         for fd in (stdin_fd, out_w, call_w, reply_r):
             os.close(fd)
-        return self.supervise(pid, start, request, out, err, out_r, err_r, tester)
+        return self.supervise(pid, status_r, start, request, out, err, out_r, err_r, tester)
 
     def serve_solution(self, request, call_r, reply_w):
         """The solution's process of a program test (in the forked child): the run's limits, then the
@@ -278,53 +285,43 @@ class Server:
         self.harness.set_limits(json.loads(request["limits"]))
         self.harness.serve_solution(call_r, reply_w)
 
-    def supervise(self, pid, start, request, out, err, out_r, err_r, tester=None):
-        """Read the run's stdout and stderr until both are closed and its main part is done (the child has
-        exited; with ``tester``, the tester has written the verdict), or until its wall clock or stdout cap."""
+    def supervise(self, pid, status_r, start, request, out, err, out_r, err_r, tester=None):
+        """Read the run's stdout and stderr until both are closed and its main part is done (its init has
+        reported the run's status, see run_init; with ``tester``, the tester has also written the verdict),
+        or until its wall clock or stdout cap. An init that reported is done with the run (every process of
+        it is dead and reaped): it is left to finish exiting (its namespaces' teardown waits for the kernel)
+        while we reply, and reaped later (``retiring``). Any other way out kills it and waits."""
         deadline = start + float(request["wall_s"])
-        status, wait_status, verdict = "exited", None, None
-        pidfd = open_pidfd(pid)
+        status, code, verdict = "exited", None, None
         tester_fd = tester.sock.fileno() if tester is not None else None
         poller = select.poll()
-        for fd in (out_r, err_r, pidfd, tester_fd):
+        for fd in (out_r, err_r, status_r, tester_fd):
             if fd is not None:
                 poller.register(fd, select.POLLIN)
         open_fds = {out_r, err_r}
 
         def main_done():
-            return verdict is not None if tester is not None else wait_status is not None
+            return code is not None and (tester is None or verdict is not None)
 
         try:
             while open_fds or not main_done():
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     status = "timeout"
                     break
-                # Without a pidfd (kernel < 5.3) the child's exit is polled every 5 ms.
-                ready = poller.poll(max(1, int(min(left, 3600 if pidfd is not None else 0.005) * 1000)))
-                if wait_status is None and (pidfd is None or any(fd == pidfd for fd, _ in ready)):
-                    done, st = os.waitpid(pid, os.WNOHANG)
-                    if done:
-                        wait_status = st
-                        if pidfd is not None:
-                            poller.unregister(pidfd)
-                        # The run's main process is done: the rest of it dies now, as a fresh sandbox's
-                        # namespace does when its init's only child exits. Their output so far stays
-                        # in the pipes and is read to the end below.
-                        if open_fds and tester is None:
-                            self.kill_all()
-                if tester is not None and verdict is None and any(fd == tester_fd for fd, _ in ready):
-                    poller.unregister(tester_fd)
-                    verdict = tester.finished()
-                    # The verdict is written: the solution's process (which the tester's closed pipe ends
-                    # anyway) and whatever it started die now.
-                    if wait_status is None:
-                        os.kill(pid, signal.SIGKILL)
-                        wait_status = os.waitpid(pid, 0)[1]
-                    self.kill_all()
+                ready = poller.poll(max(1, int(left * 1000)))
                 for fd, _ in ready:
-                    if fd in (pidfd, tester_fd):
-                        continue
+                    if fd == status_r:
+                        poller.unregister(status_r)
+                        code = self.reported(pid, status_r)
+                    elif fd == tester_fd:
+                        poller.unregister(tester_fd)
+                        verdict = tester.finished()
+                        if code is None:
+                            # The tester closed its end of the calls: the solution's process ends, and with
+                            # it the run (its init reports). One that does not within the grace is killed.
+                            deadline = min(deadline, time.monotonic() + VERDICT_GRACE_S)
                     elif (out if fd == out_r else err).read_from(fd) == 0:
                         poller.unregister(fd)
                         open_fds.discard(fd)
@@ -335,31 +332,106 @@ class Server:
                     break
             wall = time.monotonic() - start
         finally:
-            for fd in (out_r, err_r, pidfd):
-                if fd is not None:
-                    os.close(fd)
-        if wait_status is None:
+            for fd in (out_r, err_r, status_r):
+                os.close(fd)
+        if code is None:
             try:
                 os.kill(pid, signal.SIGKILL)
-                wait_status = os.waitpid(pid, 0)[1]
+                code = self.exit_code_of(os.waitpid(pid, 0)[1])
             except (ProcessLookupError, ChildProcessError):
                 pass
+            if verdict is not None and status == "timeout":
+                status = "exited"  # the verdict came in time; only the solution's process lingered
         if tester is not None:
             if not verdict:  # no verdict (cut off, or the tester died): it may be mid-run, so it goes
                 self.retire_tester()
             returncode = 0 if verdict else 1
         else:
-            returncode = None
-            if wait_status is not None:
-                code = os.waitstatus_to_exitcode(wait_status)
-                returncode = 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
+            returncode = code
         return {"status": status, "returncode": returncode, "wall_s": wall}
+
+    def reported(self, pid, status_r):
+        """The run's status as its init reports it (see run_init), the init then retiring; or, when the
+        init ended without a report, its own exit status."""
+        data = os.read(status_r, 4)
+        if len(data) == 4:
+            self.retiring.add(pid)
+            return int.from_bytes(data, "big", signed=True)
+        return self.exit_code_of(os.waitpid(pid, 0)[1])
+
+    @staticmethod
+    def exit_code_of(wait_status):
+        code = os.waitstatus_to_exitcode(wait_status)
+        return 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
 
     # ---- a run's namespaces ---------------------------------------------------------------------
 
+    def prepare_init(self):
+        """Fork the next run's init ahead of its request, where fds can be passed (socket.send_fds): it makes
+        the run's namespaces (run_init) while we wait, then waits for the run's header and fds (launch)."""
+        while len(self.next_inits) < INITS_AHEAD and hasattr(socket, "send_fds"):
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid, status_r, status_w = self.fork_run()
+            if pid == 0:
+                ours.close()
+                for _, other_r, other in self.next_inits:  # the server's, as its protocol pipes
+                    os.close(other_r)
+                    other.close()
+                close_all_but((0, 1, 2, status_w, theirs.fileno()))
+                self.run_init(status_w, lambda: self.received_run(theirs))  # never returns
+            theirs.close()
+            self.next_inits.append((pid, status_r, ours))
+
+    def launch(self, request, body, fds):
+        """Start a run (its header, its body and fds as run_body takes them) on the init forked ahead, or on
+        one forked now; (the init's pid, the read end of its status pipe)."""
+        init = self.next_inits.pop(0) if self.next_inits else None
+        if init is not None:
+            pid, status_r, sock = init
+            try:
+                socket.send_fds(sock, [json.dumps([request, body]).encode()], fds)
+                return pid, status_r
+            except OSError:  # it died before any run (none of this run's code ran): one forked now
+                os.close(status_r)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                except (ProcessLookupError, ChildProcessError):
+                    pass
+            finally:
+                sock.close()
+        pid, status_r, status_w = self.fork_run()
+        if pid == 0:
+            self.run_init(status_w, lambda: self.run_body(request, body, fds))  # never returns
+        return pid, status_r
+
+    def received_run(self, sock):
+        """In an init forked ahead: wait for its run (launch) and return the run's body; exit if none comes."""
+        msg, fds, _, _ = socket.recv_fds(sock, MAX_HEADER, 3)
+        sock.close()
+        if not msg:
+            _exit(0)  # the server is gone
+        request, body = json.loads(msg)
+        return self.run_body(request, body, fds)
+
+    def run_body(self, request, body, fds):
+        """What the run's process (forked by its init) does: a program test's solution, served to the
+        tester ("solution"; fds: stderr, calls, replies), or the harness on the run's stdio ("harness";
+        fds: stdin, stdout, stderr)."""
+        if body == "solution":
+            err_w, call_r, reply_w = fds
+            return lambda: self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
+                                      lambda: self.serve_solution(request, call_r, reply_w), keep=(call_r, reply_w))
+        stdin_fd, out_w, err_w = fds
+        return lambda: self.child(stdin_fd, out_w, err_w, request, self.harness.main)
+
     def fork_run(self):
         """fork() into a new PID namespace, whose PID 1 the child is (then run_init); the server stays in
-        its own, and its next children (the tester) are born there again."""
+        its own, and its next children (the tester) are born there again. (pid, the read end of the pipe
+        the child reports the run's status on, its write end)."""
+        while len(self.retiring) > MAX_RETIRING:  # inits still tearing their namespaces down: wait for one
+            self.retiring.discard(os.waitpid(next(iter(self.retiring)), 0)[0])
+        status_r, status_w = os.pipe()
         if _libc.unshare(CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID) failed")
         try:
@@ -369,22 +441,25 @@ class Server:
             raise
         if pid != 0:
             self.restore_pidns()
-        return pid
+            os.close(status_w)
+        return pid, status_r, status_w
 
     def restore_pidns(self):
         if _libc.setns(self.pidns, CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "setns(own PID namespace) failed")
 
-    def run_init(self, start_run):
+    def run_init(self, status_w, run_body):
         """PID 1 of a run's own namespaces (in the forked child of fork_run); never returns.
 
         A new mount namespace with a fresh tmpfs at /tmp and /dev/shm (their sizes, modes as the sandbox's)
-        and a /proc of the run's PID namespace, covered and masked as bwrap covers and masks the
-        sandbox's (sandbox.PROC_COVERED, PROC_MASKED); a new IPC namespace. Then every capability goes
-        (effective, permitted, inheritable, ambient, bounding set; no new privileges), and the run's
-        process is forked (PID 2, as the harness is in a fresh sandbox), reaped with every orphan of the
-        run, and its status becomes ours: when we exit the kernel kills whatever of the run is left."""
+        and a /proc of the run's PID namespace (mount_proc); a new IPC namespace. Then every capability goes
+        (effective, permitted, inheritable, ambient, bounding set; no new privileges); ``run_body()`` gives
+        what the run's process does (an init forked ahead waits there for its run), and the run's process
+        is forked (PID 2, as the harness is in a fresh sandbox). When it ends, the run ends: every
+        other process of the namespace is killed and reaped, and only then is the run's status reported
+        on ``status_w`` (4 bytes, as bwrap reports an exit status) and we exit."""
         try:
+            _libc.prctl(PR_SET_NAME, RUN_INIT_NAME, 0, 0, 0)
             if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
             c = self.config
@@ -392,17 +467,19 @@ class Server:
             for d, size in (("/tmp", c["tmp_bytes"]), ("/dev/shm", c["shm_bytes"])):
                 mode = self.scratch[d][0]
                 mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=%o" % (size, mode))
-            mount_proc(c)
+            mount_proc()
             drop_capabilities()
             if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+            start_run = run_body()
             pid = os.fork()
         except BaseException:  # noqa: BLE001 - a run whose namespaces could not be made runs nothing
             _exit(125)
         if pid == 0:
             start_run()  # never returns
-        close_all_but(())  # the run's fds are the run's process's alone
-        while True:
+        close_all_but((status_w,))  # the run's fds are the run's process's alone
+        code = None
+        while code is None:
             try:
                 done, status = os.wait()
             except ChildProcessError:
@@ -410,14 +487,33 @@ class Server:
             except InterruptedError:
                 continue
             if done == pid:
-                code = os.waitstatus_to_exitcode(status)
-                _exit(128 - code if code < 0 else code)  # a signal death reads as bwrap reports it
+                code = self.exit_code_of(status)
+        try:
+            os.kill(-1, signal.SIGKILL)  # as init: every other process of the namespace, in one pass
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+        for d in SCRATCH:  # the run's files go now: their pages must not wait for the namespace's teardown
+            try:
+                for name in os.listdir(d):
+                    remove_tree(os.path.join(d, name))
+            except (OSError, RecursionError):
+                pass
+        os.write(status_w, code.to_bytes(4, "big", signed=True))
+        _exit(code & 0xFF)
 
     def child(self, stdin_fd, out_w, err_w, request, body, keep=()):
         """Become a fresh ``python3 -I /code/_harness.py LIMITS MODE`` on this run's stdio (and the fds in
         ``keep``) and run ``body``; never returns."""
         try:
             os.setsid()  # its own session and process group: kill(0, ...) from the run cannot reach us
+            _libc.prctl(PR_SET_NAME, self.comm, 0, 0, 0)  # the interpreter's name, not its init's
             os.dup2(stdin_fd, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
@@ -470,19 +566,22 @@ class Server:
     # ---- between runs ----------------------------------------------------------------------------
 
     def kill_all(self, timeout_s=5.0):
-        """SIGKILL every process of the namespace but its init and us, until none is left.
+        """SIGKILL every process of the namespace but us, until none is left, if a run left any.
 
-        kill(-1) signals every process we may signal in our PID namespace except init and ourselves, in
-        one pass under the kernel's task-list lock, so a fork bomb cannot outrun it: a process forking
-        at that moment is killed before its child exists. Orphans are re-parented to us (subreaper).
-        With a tester alive, a run that left no process at all (the common case) leaves it be; any other
-        process of the run left means kill(-1), and the tester goes with it (a fresh one starts with the
-        next program run)."""
-        if self.tester is not None:
-            self.reap()
-            if self.tester is not None and not self.others():
-                return True
-            self.retire_tester()
+        A run's processes live in its own PID namespace, which dies with the run's init, and an init reports
+        only once every other process of its namespace is gone (run_init): after a run, none is left but
+        the tester, the inits forked ahead and inits still exiting. Should one be (others), kill(-1)
+        signals every process we may signal in our PID namespace and those below it, except ourselves, in
+        one pass under the kernel's task-list lock, so a fork bomb cannot outrun it; the tester and the
+        inits forked ahead go with it (fresh ones start when needed)."""
+        self.reap()
+        if not self.others():
+            return True
+        self.retire_tester()
+        for pid, status_r, sock in self.next_inits:
+            os.close(status_r)
+            sock.close()
+        self.next_inits = []
         end = time.monotonic() + timeout_s
         while True:
             try:
@@ -506,13 +605,16 @@ class Server:
                 return
             if pid == 0:
                 return
+            self.retiring.discard(pid)
             if self.tester is not None and pid == self.tester.pid:  # it died (a run killed it)
                 self.tester.sock.close()
                 self.tester = None
 
     def others(self):
-        """Every process of the namespace but its init, us and our tester (zombies included)."""
-        spared = (1, self.me, self.tester.pid if self.tester is not None else 1)
+        """Every process of the namespace (and those below it) but us, our tester, the inits forked ahead and
+        those of runs that reported (each done with its run: see supervise), zombies included."""
+        spared = {1, self.me, self.tester.pid if self.tester is not None else 1} | self.retiring
+        spared.update(pid for pid, _, _ in self.next_inits)
         return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
 
     def clear(self):
@@ -561,6 +663,9 @@ class Tester:
                 os.close(server.requests)
                 os.close(server.replies)
                 os.close(server.pidns)
+                for _, status_r, sock in server.next_inits:  # the next runs' inits are the server's to talk to
+                    os.close(status_r)
+                    sock.close()
                 drop_capabilities()  # the server's CAP_SYS_ADMIN is for making runs' namespaces alone
                 os.dup2(0, 2)  # /dev/null: what tests print is nobody's output
                 _libc.prctl(PR_SET_NAME, TESTER_NAME, 0, 0, 0)
@@ -626,21 +731,10 @@ def mount(source, target, fstype, flags, data=None):
 _RO = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
-def mount_proc(config):
-    """A /proc of the caller's PID namespace over /proc, covered (read-only) and masked as bwrap's is."""
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for name in config["proc_covered"]:
-        path = "/proc/" + name
-        if os.path.exists(path):
-            mount(path, path, None, MS_BIND | MS_REC)
-            mount(None, path, None, MS_REMOUNT | MS_BIND | _RO)
-    for name in config["proc_masked"]:
-        path = "/proc/" + name
-        if os.path.isdir(path):  # an empty read-only tmpfs
-            mount("tmpfs", path, "tmpfs", _RO, "size=4k,mode=555")
-        elif os.path.exists(path):  # an empty read-only file (a device node would not open on /proc: nodev)
-            mount(config["empty_file"], path, None, MS_BIND)
-            mount(None, path, None, MS_REMOUNT | MS_BIND | _RO)
+def mount_proc():
+    """A /proc of the caller's PID namespace over /proc, with its processes' directories only (subset=pid):
+    none of the host-wide files (stat, meminfo, loadavg, sys/, ...) through which runs could see each other."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "subset=pid")
 
 
 class _CapHeader(ctypes.Structure):
@@ -689,13 +783,6 @@ def scheduling(pid=0):
     hard limit again, so a change is not undone here: the server reports itself unclean and is replaced."""
     limits = tuple(resource.prlimit(pid, r) for r in RLIMITS)
     return os.getpriority(os.PRIO_PROCESS, pid), os.sched_getscheduler(pid), limits
-
-
-def open_pidfd(pid):
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 
 def exit_code(code):

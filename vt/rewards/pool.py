@@ -61,9 +61,6 @@ from vt.rewards.sandbox import (
     _child_pid,
     _clean_env,
     _launcher,
-    EMPTY_FILE,
-    PROC_COVERED,
-    PROC_MASKED,
     _wait_dead,
     bwrap_argv,
     channel_arg,
@@ -255,8 +252,7 @@ class PoolWorker:
         seccomp = seccomp_fd()
         argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp,
                           admin=True)
-        config = {"tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes, "proc_covered": PROC_COVERED,
-                  "proc_masked": PROC_MASKED, "empty_file": f"/code/{EMPTY_FILE}"}
+        config = {"tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes}
         argv += [sb.python, "-I", "/code/_pool_server.py", channel_arg((req_r, rep_w)), json.dumps(config)]
         prefix, ids = _launcher(sb.cgroups.procs(self.cgroup) if self.cgroup is not None else [], self.uid)
         if not self._cpu_claimed:
@@ -433,6 +429,24 @@ def _write_all(fd: int, data: bytes, deadline: float) -> None:
             raise WorkerLost(f"request pipe closed ({e})") from None
 
 
+TESTER_NAME = "vt-tester"  # the comm of a server's tester (_pool_server.TESTER_NAME)
+
+
+def _tree(worker: PoolWorker) -> list[tuple[int, int, str]]:
+    """(pid, depth, comm) of the worker's outer bwrap (depth -1) and of every process under its namespace's
+    init (depth 0): the server's parent (1), the server (2), its tester and the runs' inits (3)."""
+    if worker.proc is None or worker.proc.poll() is not None:
+        return []
+    found = [(worker.proc.pid, -1, "bwrap")]
+    todo = [(worker.ns_init, 0)] if worker.ns_init is not None else []
+    while todo:
+        pid, depth = todo.pop()
+        with contextlib.suppress(OSError):
+            found.append((pid, depth, Path(f"/proc/{pid}/comm").read_text().strip()))
+            todo += [(int(c), depth + 1) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return found
+
+
 class SandboxPool:
     """``len(uids)`` warm workers, one per uid (two concurrent runs never share a uid); started lazily."""
 
@@ -470,23 +484,15 @@ class SandboxPool:
         return sum(w.lost for w in self.workers)
 
     def pids(self) -> set[int]:
-        """Host PIDs of the idle servers' processes (outer bwrap, namespace init, the server's parent, the
-        server, its program-test tester): everything of the sandbox uids that may exist between runs."""
-        def children(pid):
-            with contextlib.suppress(OSError):
-                return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-            return []
+        """Host PIDs of the idle workers' processes (outer bwrap, namespace init, the server's parent, the
+        server, its program-test tester, the next runs' inits it forked ahead and those of finished runs
+        still exiting): everything of the sandbox uids that may exist between runs."""
+        return {pid for w in self.workers for pid, _, _ in _tree(w)}
 
-        found = set()
-        for w in self.workers:
-            if w.proc is not None and w.proc.poll() is None:
-                found.add(w.proc.pid)
-                todo = [w.ns_init] if w.ns_init is not None else []
-                while todo:  # the namespace's init and every process under it
-                    pid = todo.pop()
-                    found.add(pid)
-                    todo += children(pid)
-        return found
+    def server_pids(self) -> set[int]:
+        """pids() less the runs' inits: the processes that serve run after run (a fresh server, or tester,
+        is a new pid here)."""
+        return {pid for w in self.workers for pid, depth, comm in _tree(w) if depth <= 2 or comm == TESTER_NAME}
 
     def close(self) -> None:
         with self._lock:

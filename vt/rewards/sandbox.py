@@ -561,13 +561,11 @@ def launch_fds(info_fd: int, seccomp: int | None, *channels: int) -> tuple[int, 
     return (info_fd, *channels) if seccomp is None else (info_fd, seccomp, *channels)
 
 
-# bwrap covers these read-only in every /proc it mounts; the warm pool's per-run /proc does the same.
-PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
 # Host-wide counters a run can move and a later (or concurrent) run could read back: CPU ticks and the
 # count of forks since boot (stat), page faults (vmstat), load, idle time, memory, dentries and inodes
-# (sys/fs), pressure stall times, interrupts, disk I/O, file locks, key and cgroup counts. Hidden in every
-# sandbox (empty files and directories): a run's own view of itself (/proc/self, its pid namespace's
-# processes) stays.
+# (sys/fs), pressure stall times, interrupts, disk I/O, file locks, key and cgroup counts. Hidden in a cold
+# sandbox's /proc (empty files and directories); a warm run's /proc shows processes only (subset=pid, see
+# _pool_server.mount_proc). A run's own view of itself (/proc/self, its namespace's processes) stays.
 PROC_MASKED = (
     "stat", "vmstat", "loadavg", "uptime", "meminfo", "schedstat", "interrupts", "softirqs", "diskstats",
     "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo", "locks", "key-users", "cgroups", "timer_list",
@@ -609,8 +607,8 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--hostname", "sandbox",
         *_root_layout(python),
         "--proc", "/proc",
-        # The warm pool's server mounts a /proc of its own, masked the same (_pool_server.mount_proc): the
-        # kernel lets it mount one only while the /proc above it has no mounts over its files.
+        # The warm pool's server and runs mount /procs of their own (_pool_server.mount_proc): the kernel lets
+        # them only while the /proc above has no mounts over its files.
         *(_proc_masks(code_dir) if not admin else []),
         "--dev", "/dev",  # null, zero, full, random, urandom, tty, pts: no host devices
         "--size", str(shm_bytes), "--tmpfs", "/dev/shm",  # size-capped: not a way into host memory
