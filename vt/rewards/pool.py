@@ -7,20 +7,22 @@ own uid, rlimits, capped /tmp, /dev/shm and output) around a server (_pool_serve
 the harness and forks one child per run; the host only sends a request and reads the reply.
 
 What the pool adds to the cold path's guarantees, and how:
-  - nothing of a run reaches the next one: the server kills every process of the namespace but itself,
-    removes System V IPC objects, wipes /tmp and /dev/shm, and only then replies (see _pool_server.py);
-    interpreter state (modules, globals, builtins, environment, signal handlers) lives in the run's own
-    forked copy and dies with it;
+  - nothing of a run reaches the next one: each run starts in namespaces of its own (PID, mount with a fresh
+    /tmp, /dev/shm and /proc, IPC), made by the server, so its pids, inode numbers and IPC ids start as in a
+    fresh sandbox, and no process of the run outlives its init (see _pool_server.py); interpreter state
+    (modules, globals, builtins, environment, signal handlers) lives in the run's own forked copy and dies
+    with it;
   - the solution of a sample is written by the host, read-only to the sandbox, at /code/solution.py for
     that sample's runs only (``load``); the server itself never reads it;
   - memory: one cgroup per worker, sized to the run's budget plus the server's own share
     (``SERVER_MEMORY``); the run's processes are the OOM killer's first choice (oom_score_adj 1000);
-  - a run that changes what its server's later runs inherit from outside (same uid: nice value, scheduling
-    policy, rlimits) gets the server replaced after it; its CPU affinity the server restores itself;
-  - a run that kills, stops or starves its server, a server that replies late or garbage: the host kills
-    the worker's whole namespace and the run fails (timeout, runtime_error, memory), never passes and is
-    never a verifier error; the next run gets a fresh worker. Only a worker that cannot *start* (before
-    any candidate code ran) is a sandbox error, as a cold sandbox that cannot start is.
+  - the server and its tester are out of a run's sight (another PID namespace): no run can signal, renice,
+    re-pin or limit them; should one change anyway (nice value, policy, rlimits), the server is replaced, and
+    it restores its own CPU affinity;
+  - a server that dies, stops or replies late or garbage: the host kills the worker's whole namespace and
+    the run fails (timeout, runtime_error, memory), never passes and is never a verifier error; the next run
+    gets a fresh worker. Only a worker that cannot *start* (before any candidate code ran) is a sandbox error,
+    as a cold sandbox that cannot start is.
 
 Placement, for speed: each worker's sandbox (its server and every process of every run, all forked from
 the server) runs on one CPU of its own (``claim_cpu``). A run's processes wake each other at every step
