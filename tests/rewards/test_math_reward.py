@@ -106,6 +106,15 @@ def test_wrong_and_hedged_aime25_answers_score_zero(reward, aime):
     assert all(r.score == 0.0 and r.failure == "format" and r.details["hedged"] for r in hedged), hedged
 
 
+@pytest.mark.parametrize("bad", [{"deadline_s": 0}, {"deadline_s": 1e308}, {"deadline_s": float("nan")},
+                                 {"verify_timeout_s": 0}, {"verify_timeout_s": 10**6}, {"workers": 0}])
+def test_config_out_of_range_is_refused(bad):
+    from vt.rewards.math_reward import MathConfig
+
+    with pytest.raises(ValueError, match="invalid MathConfig"):
+        MathConfig(**bad)
+
+
 def test_answer_inside_thinking_does_not_count(reward):
     r = reward([{"ground_truth": 70}], ["<think>\\boxed{70}</think> I am not sure."])[0]
     assert r.score == 0.0 and r.failure == "format"

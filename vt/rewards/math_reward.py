@@ -237,7 +237,9 @@ class MathConfig:
     startup_timeout_s: float = 120.0  # a worker's imports (sympy, antlr) on a loaded machine
 
     def __post_init__(self):
-        if self.deadline_s <= 0 or self.verify_timeout_s < 1 or self.tail_chars < 16 or self.workers < 1:
+        # An hour at most: a deadline of 1e308 s overflows the wait and made every item a verifier error.
+        if not (0 < self.deadline_s <= 3600 and 1 <= self.verify_timeout_s <= 3600) or self.tail_chars < 16 \
+                or self.workers < 1:
             raise ValueError(f"invalid MathConfig: {self}")
 
 
