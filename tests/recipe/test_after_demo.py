@@ -95,7 +95,7 @@ def test_the_console_says_where_every_result_is(demo):
     assert out.count("| stage |") == 1, out  # the held-out table, once, at the end
     assert out.index("| stage |") > out.index("[pipeline] export: done")
     for stage in KEPT:
-        assert f"[pipeline] {stage} (" in out and f"[pipeline] {stage}: done in" in out, stage
+        assert f"[pipeline] {stage}: running in" in out and f"[pipeline] {stage}: done in" in out, stage
     assert "held-out mean" in out
     m = json.loads((work / "export" / "manifest.json").read_text())["metrics"]
     assert m["tokenizer_match"] == "4/4" and m["greedy_match"] == "4/4", m  # transformers as users load it

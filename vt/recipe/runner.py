@@ -220,7 +220,8 @@ def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out, position: str 
     sdir = ctx.stage_dir(stage)
     sdir.mkdir(parents=True, exist_ok=True)
     resumed = any(p.name != MANIFEST for p in sdir.iterdir())
-    out(f"[pipeline] {stage} ({position}): {'resuming' if resumed else 'running'} in {sdir}")
+    out(f"[pipeline] {stage}: {'resuming' if resumed else 'running'} in {sdir}" +
+        (f" (stage {position})" if position else ""))
     t0 = time.perf_counter()
     result: StageOutput = STAGE_BY_NAME[stage].run(ctx, plan, sdir)
     heldout = {}
