@@ -825,3 +825,31 @@ def test_without_fd_passing_program_tests_take_the_harness_s_own_program_mode(tm
         assert got.score == 1.0, got  # no tester was started
         uids = r.sandbox_uids
     assert processes_matching(uids) == []
+
+
+def test_a_server_that_cannot_make_a_runs_namespaces_is_a_verifier_error_never_a_wrong_answer(tmp_path, monkeypatch):
+    """Every run starts in namespaces the server makes (a PID, mount and IPC namespace, a /proc). Where the host
+    refuses one, no code of the run ever ran: a sandbox error (score None), never a 0 the answer would be
+    blamed for. The server checks one empty run before it says ready; a failure after that is reported by
+    the run's init, and the server is replaced."""
+    server = tmp_path / "_pool_server.py"
+    source = pool_mod.SERVER_SOURCE.read_text()
+    marker = "            mount_proc()\n            drop_capabilities()\n"
+    assert marker in source
+    server.write_text(source.replace(marker, "            mount_proc()\n"
+                                             "            if os.path.exists('/code/fail-setup'):\n"
+                                             "                raise OSError('injected')\n"
+                                             "            drop_capabilities()\n"))
+    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", server)
+    with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
+        worker = r.pool.workers[0]
+        assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0
+        (worker.code_dir / "fail-setup").touch()  # inits made ahead may be past the point already: they pass
+        scores = [x.score for x in r([HONEST[0]] * 3, [HONEST[1]] * 3)]
+        assert scores[-1] is None and set(scores) <= {1.0, None}, scores  # the third is an init made after
+        failed = r([HONEST[0]], [HONEST[1]])[0]  # a fresh server's own check fails: it never starts
+        assert failed.score is None and "sandbox" in failed.details["reason"], failed
+        (worker.code_dir / "fail-setup").unlink()
+        assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []

@@ -37,7 +37,7 @@ message is an 8-byte big-endian length, a JSON header, then the raw payloads the
   server -> host, once:  {"ready": true}
   host -> server:        {"mode": str, "limits": LIMITS_JSON, "wall_s": float, "output_bytes": int,
                           "stdin": n}  + n bytes of stdin
-  server -> host:        {"status": "exited"|"timeout"|"output_limit", "returncode": int|null,
+  server -> host:        {"status": "exited"|"timeout"|"output_limit"|"sandbox_error", "returncode": int|null,
                           "wall_s": float, "clean": bool, "stdout": n, "stderr": m}
                          + n bytes of stdout (at most output_bytes + 1) + m bytes of stderr (its tail)
 "clean" is false when the server could not clear the namespace or undo what the run changed in it; the host
@@ -75,6 +75,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's; pool.TESTER_NAME)
 RUN_INIT_NAME = b"vt-run-init"  # a run's init's; the run's process gets ours back (child)
 TESTER_GROWTH = 64 << 20
+SETUP_FAILED = -1  # what a run's init reports when it could not make the run's namespaces (run_init)
 VERDICT_GRACE_S = 0.5  # after a program test's verdict: for the solution's process to end before it is killed
 MAX_RETIRING = 8  # inits of finished runs left to exit on their own before the server waits for one  # resident bytes a tester may gain over its start before it is replaced
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
@@ -211,6 +212,7 @@ class Server:
         self.scheduling = scheduling()
         self.tester = None  # program tests' Tester, started by the first program run (and after a loss)
         self.retiring = set()  # inits of runs that reported, still exiting (supervise), not reaped yet
+        self.broken = False  # a run's init could not make its namespaces (supervise): we are to be replaced
         self.next_inits = []  # (pid, status pipe, socket) of the next runs' inits, forked ahead (prepare_init)
         self.scratch = {}  # what /tmp and /dev/shm look like before any run, restored after each
         for d in SCRATCH:
@@ -222,6 +224,7 @@ class Server:
         gc.freeze()
 
     def serve(self):
+        self.check_run_namespaces()
         self.prepare_init()
         send(self.harness, self.replies, {"ready": True})
         while True:
@@ -342,6 +345,9 @@ class Server:
                 pass
             if verdict is not None and status == "timeout":
                 status = "exited"  # the verdict came in time; only the solution's process lingered
+        if code == SETUP_FAILED:  # no code of the run ever ran: the sandbox failed, not the answer
+            self.broken = True
+            return {"status": "sandbox_error", "returncode": None, "wall_s": wall}
         if tester is not None:
             if not verdict:  # no verdict (cut off, or the tester died): it may be mid-run, so it goes
                 self.retire_tester()
@@ -365,6 +371,19 @@ class Server:
         return 128 - code if code < 0 else code  # a signal death reads as bwrap reports it
 
     # ---- a run's namespaces ---------------------------------------------------------------------
+
+    def check_run_namespaces(self):
+        """One empty run before the first request: a server that cannot make a run's namespaces on this host
+        must not start (the host reports a sandbox error), rather than fail every run as if its answer had."""
+        pid, status_r, status_w = self.fork_run()
+        if pid == 0:
+            self.run_init(status_w, lambda: (lambda: _exit(0)))  # never returns
+        try:
+            code = self.reported(pid, status_r)
+        finally:
+            os.close(status_r)
+        if code != 0:
+            raise RuntimeError("cannot make a run's namespaces here (its init reported %d)" % code)
 
     def prepare_init(self):
         """Fork the next run's init ahead of its request, where fds can be passed (socket.send_fds): it makes
@@ -474,6 +493,10 @@ class Server:
             start_run = run_body()
             pid = os.fork()
         except BaseException:  # noqa: BLE001 - a run whose namespaces could not be made runs nothing
+            try:
+                os.write(status_w, SETUP_FAILED.to_bytes(4, "big", signed=True))
+            except OSError:
+                pass
             _exit(125)
         if pid == 0:
             start_run()  # never returns
@@ -618,6 +641,11 @@ class Server:
         return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
 
     def clear(self):
+        if self.broken:  # a run's namespaces could not be made: the host replaces us
+            return False
+        return self.clear_run()
+
+    def clear_run(self):
         """After a run: no process, IPC object or scratch file of it is left. False if that failed. A
         tester the run disturbed (see Tester.intact) is replaced, not reported: it is not the server."""
         ok = self.kill_all()

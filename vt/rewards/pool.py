@@ -371,7 +371,7 @@ class PoolWorker:
     def _receive(self, deadline: float, output_bytes: int) -> tuple[dict, bytes, bytes]:
         reply = self._read_message(deadline)
         ok = (
-            reply.get("status") in ("exited", "timeout", "output_limit")
+            reply.get("status") in ("exited", "timeout", "output_limit", "sandbox_error")
             and (reply.get("returncode") is None or type(reply.get("returncode")) is int)
             and type(reply.get("wall_s")) in (int, float)
             and type(reply.get("clean")) is bool
