@@ -42,7 +42,10 @@ def get_config(arg=None):
     c.data.tokenizer = "checkpoints/qwen2.5-coder-3b-hf"  # HF tokenizer directory of the base model
     c.data.seq_len = 32768  # packed row length; not published: the base's context, so long traces fit whole
     c.data.global_batch_size = 128  # RECIPE: global batch 128 (packed rows)
-    c.data.grad_accum_steps = 8  # micro-batches per step; size to memory (rows / accum per micro-batch)
+    # micro-batches per step; size to memory (rows / accum per micro-batch). 16 (micro-batches of 8 rows of 32K) so
+    # the step fits v6e-8's 32 GB chips: `vt plan`, coder-3b: accum 8 is 40.38 GB a chip there (77.86 GB on v5p-8,
+    # of 95), accum 16 is 26.23 GB
+    c.data.grad_accum_steps = 16
     c.data.num_shards = 8  # logical data shards, 16 rows each per step: the same batches on 1, 2, 4 or 8 hosts
     c.data.num_epochs = 5.0  # RECIPE: 5 epochs; sets train.steps when that is 0
     c.data.seed = 0  # shuffle and packing order
