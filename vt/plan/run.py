@@ -166,19 +166,22 @@ def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
     return out
 
 
-def eval_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
+def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET) -> list[Program]:
     from vt.config import to_dataclass
     model = dict(section.get("model", {}))
+    model["preset"] = model.get("preset") or fallback
     mc, _ = model_config(model, param_dtype=model.get("dtype", "bfloat16"))
     mesh = make_mesh(to_dataclass(MeshConfig, model.get("mesh", {}), f"config.{stage}.model.mesh"), devices)
     cfg = to_dataclass(SamplerConfig, section["sampling"], f"config.{stage}.sampling")
     return sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm)
 
 
-def self_distill_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
+def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET
+                       ) -> list[Program]:
     from vt.config import to_dataclass
     dtype = section.get("dtype", "bfloat16")
-    mc, _ = model_config({"init_checkpoint": section.get("student", "")}, param_dtype=dtype, dtype=dtype)
+    mc, _ = model_config({"init_checkpoint": section.get("student", ""), "preset": fallback}, param_dtype=dtype,
+                         dtype=dtype)
     mesh = make_mesh(to_dataclass(MeshConfig, section.get("mesh", {}), f"config.{stage}.mesh"), devices)
     cfg = to_dataclass(SamplerConfig, section["sampling"], f"config.{stage}.sampling")
     sc = section.get("scoring", {})
@@ -202,25 +205,28 @@ def _only_fields(cls, section: dict) -> dict:
 
 def stages(raw: dict, devices, hbm: int) -> list[Stage]:
     """The stages a config describes, each with its programs (not yet compiled)."""
-    if "stages" in raw:  # a recipe
+    if "stages" in raw:  # a recipe, its stages in the order they run
+        from vt.recipe.stages import STAGE_NAMES
         out = []
-        for name, section in raw["stages"].items():
+        # stages whose checkpoints the pipeline sets run the SFT stages' architecture
+        fallback = raw["stages"].get("sft1", {}).get("model", {}).get("preset") or DEFAULT_PRESET
+        for name in sorted(raw["stages"], key=lambda n: STAGE_NAMES.index(n) if n in STAGE_NAMES else len(STAGE_NAMES)):
+            section = raw["stages"][name]
             if not section.get("enabled", True):
                 continue
             if name == "self_distill":
                 out.append(Stage(f"{name}.distill", self_distill_stage(f"{name}.distill", section["distill"],
-                                                                     devices, hbm)))
+                                                                     devices, hbm, fallback)))
                 out.append(Stage(f"{name}.sft", sft_stage(f"{name}.sft", section["sft"], devices, hbm)))
             elif "learner" in section:
                 out.append(Stage(name, (sft_stage if section["learner"] == "sft" else rl_stage)(
                     name, section, devices, hbm)))
             elif "benchmarks" in section:
                 for bench, bsec in section["benchmarks"].items():
-                    out.append(Stage(f"{name}.{bench}", eval_stage(f"{name}.{bench}", bsec, devices, hbm)))
+                    out.append(Stage(f"{name}.{bench}", eval_stage(f"{name}.{bench}", bsec, devices, hbm, fallback)))
             elif "sampler" in section:  # profile, select: the SFT model's sampler
-                sft = raw["stages"].get("sft1", {}).get("model", {})
-                mc, _ = model_config({"preset": sft.get("preset", DEFAULT_PRESET)},
-                                     param_dtype=sft.get("dtype", "bfloat16"), dtype=sft.get("dtype", "bfloat16"))
+                dtype = raw["stages"].get("sft1", {}).get("model", {}).get("dtype", "bfloat16")
+                mc, _ = model_config({"preset": fallback}, param_dtype=dtype, dtype=dtype)
                 from vt.config import to_dataclass
                 cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.stages.{name}.sampler")
                 out.append(Stage(name, sampler_programs(name, mc, make_mesh(MeshConfig(), devices), cfg,
