@@ -99,7 +99,7 @@ NUMBER_HEDGES = ["\\boxed{10 \\text{ or } 20}", "\\boxed{10} \\boxed{20}", "\\bo
                  "\\boxed{10 \\lor 20}", "\\boxed{10 \\\\ 20}", "\\boxed{\\begin{cases}10\\\\20\\end{cases}}",
                  "\\boxed{10 \\text{ m or } 20 \\text{ m}}", "The answer is 10 or 20", "The answer is 10; 20",
                  "The answer is 10 (or 20)", "The answer is 10 or maybe 20", "\\boxed{10 \\Rightarrow 20}",
-                 "\\boxed{10 \\mid 20}", "\\boxed{10 ~ 20}"]
+                 "\\boxed{10 \\mid 20}", "\\boxed{10 ~ 20}", "The answer is 10, 20"]
 # A second number beside the first is not a unit: not a number at all (0, failure format).
 NOT_NUMBERS = ["\\boxed{10 - 20}", "\\boxed{10 \\text{ to } 20}", "\\boxed{10 \\approx 20}", "\\boxed{10 \\text{--} 20}"]
 
@@ -127,6 +127,8 @@ def test_two_numbers_side_by_side_are_not_a_number(reward, gold):
 @pytest.mark.parametrize("gold, completion", [
     ("C", "\\boxed{C} so the answer is \\boxed{C}"), ("C", "The answer is (C) and I am sure."),
     ("C", "The answer is C, a classic."), ("C", "The answer is B, no wait. Answer: C"),
+    ("B", "The answer is B, and A is incorrect because it ignores friction."), ("B", "The answer is (B), and (A) is wrong."),
+    ("10", "The answer is 10, and 20 is what the naive method gives."),
     ("9.81", "\\boxed{g = 9.81}"), ("10", "\\boxed{2 \\times 5 = 10}"), ("10", "\\boxed{10} \\boxed{10.0}"),
     ("1000", "\\boxed{1,000}"), ("10", "\\boxed{10 \\text{ m}}"), ("9.81", "The answer is 9.81 m/s^2."),
     ("6.02e23", "\\boxed{6.02 \\times 10^{23} \\text{ mol}^{-1}}"), ("9.81", "\\boxed{9.81 \\pm 0.01 \\text{ m/s}^2}"),

@@ -60,9 +60,11 @@ def option_letter(text: str) -> str | None:
 # followed by a word is the pronoun ("C and I think ..."), not option I.
 _JOIN = (r"(?:\s*(?:,|;|/|&|\||\bor\b|\band\b|\\lor\b|\\vee\b|\.\s*(?=or\b)))+\s*"
          r"(?:(?:maybe|possibly|perhaps|rather|alternatively|else|either|option|\*\*)\s*)*")
+# A joined option ends the statement (end, punctuation, another join): in "B, and A is wrong" A is not chosen.
+_ENDS = r"(?=\s*(?:\*\*)?\s*(?:$|[.,;:!?)\]/|&*\n]|\bor\b|\band\b))"
 _MORE_OPTIONS_RE = re.compile(
-    r"(?:\*\*)?(?:" + _JOIN + r"(?:[\(\[]\s*(?-i:[A-J])\s*[\)\]]|(?-i:[A-J])(?![A-Za-z])(?<!I(?=\s+[a-z])))"
-    r"|\s+[\(\[]\s*(?-i:[A-J])\s*[\)\]]|\s*[\(\[]\s*(?:or|and)\s+(?:option\s*)?(?-i:[A-J])\s*[\)\]])",
+    r"(?:\*\*)?(?:" + _JOIN + r"(?:[\(\[]\s*(?-i:[A-J])\s*[\)\]]|(?-i:[A-J])(?![A-Za-z]))"
+    r"|\s+[\(\[]\s*(?-i:[A-J])\s*[\)\]]|\s*[\(\[]\s*(?:or|and)\s+(?:option\s*)?(?-i:[A-J])\s*[\)\]])" + _ENDS,
     re.IGNORECASE)
 
 
@@ -100,7 +102,8 @@ _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
 
 _MORE_NUMBERS_RE = re.compile(
     r"(?:\s*[A-Za-zµΩ°%/^]{1,6})?(?:" + _JOIN + r"|\s*[\(\[]\s*(?:or|and)\s+)"
-    r"([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)", re.I)
+    r"([-+−]?\d[\d.]*(?:\s*(?:[eE]|\\times\s*10\^)\s*\{?[-+−]?\d+\}?)?)"
+    r"(?=\s*(?:[A-Za-zµΩ°%/^]{1,6}\s*)?(?:$|[.,;:!?)\]\n]|\bor\b|\band\b))", re.I)
 
 
 def _number_values(text: str) -> list[float]:
@@ -193,7 +196,8 @@ class StemReward(RewardFunction):
             phrases = list(_NUMBER_PHRASE_RE.finditer(region))
             if not phrases:
                 return failed("format", reason="no boxed or stated answer")
-            texts, pos = [phrases[-1].group(1)], phrases[-1].end()
+            first = phrases[-1].group(1).rstrip(".,")  # "is 10, so": not "10,"
+            texts, pos = [first], phrases[-1].start(1) + len(first)
             while m := _MORE_NUMBERS_RE.match(region, pos):  # "the answer is 10 or 20"
                 texts.append(m.group(1))
                 pos = m.end()
