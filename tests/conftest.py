@@ -24,6 +24,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_JAX_CACHE = tempfile.mkdtemp(prefix="vt-test-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
+# The suite runs on the CPU. With libtpu installed (the test extra: tests/plan compiles for TPU topologies in
+# children of their own), JAX would otherwise probe for a TPU in every worker and `vt` subprocess (1-2 s each on
+# a 2-core box) and the first of them would hold libtpu's lockfile.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from testutil import make_hf_model, run_vt  # noqa: E402
 
