@@ -218,6 +218,11 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         (["--config", "{repo}/configs/self_distill.py", "--workdir", "{d}/a_file/s"], "a_file"),
         (["--config", "{repo}/configs/self_distill.py:smoke", "--workdir", "{d}/s"], "config.student"),
     ],
+    ("plan",): [
+        (["--config", "{d}/missing.py", "--topology", "v5p-8"], "missing.py"),
+        (["--config", "{repo}/configs/sft_stage1.py", "--topology", "v5p-7"], "--topology"),
+        (["--config", "{repo}/configs/sft_stage1.py", "--topology", "v5p-8", "--json", "{d}/a_dir"], "--json"),
+    ],
     ("pipeline",): [
         (["--config", "{d}/missing.py", "--workdir", "{d}/p"], "missing.py"),
         (["--config", "{repo}/configs/demo.py", "--workdir", "{d}/a_file", "--validate"], "--workdir"),

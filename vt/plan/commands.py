@@ -31,10 +31,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
     import jax
 
-    # Compiling needs no device: the default backend stays the CPU (on a TPU VM a running job keeps its chips),
-    # and libtpu loads beside any other process holding it (its lockfile guards chips this process never opens).
-    jax.config.update("jax_platforms", "cpu")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from vt.config import load_config
     from vt.plan import topology
     from vt.plan.run import plan
@@ -43,4 +39,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.json is not None:
         check_output_path(args.json, "--json")
     raw = load_config(args.config, args.config_overrides)
+    # Compiling needs no device: the default backend stays the CPU (on a TPU VM a running job keeps its chips),
+    # and libtpu loads beside any other process holding it (its lockfile guards chips this process never opens).
+    jax.config.update("jax_platforms", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     return plan(raw.to_dict(), args.topology, progress=not args.no_progress, json_out=args.json)
