@@ -422,3 +422,14 @@ def test_answers_written_many_ways_agree_with_math_verify(reward, gold, answers)
     want = [float(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{a}}}"))) for a in answers]
     assert got == want, [(a, g, w) for a, g, w in zip(answers, got, want) if g != w]
     assert sum(want) >= len(answers) - 3  # most are right: the test is about right answers
+
+
+@pytest.mark.parametrize("gold, answer", [
+    ("5", "\\text{3} \\lor 5"), ("5", "3 \\lor \\text{5}"), ("5", "three \\lor 5"), ("3", "five \\text{ or } 3"),
+    ("\\text{Tuesday}", "\\text{Monday} \\lor \\text{Tuesday}"), ("3", "\\pi \\lor 3"), ("3", "x \\lor 2 \\lor 3"),
+])
+def test_a_value_written_as_text_a_word_or_a_symbol_still_counts(reward, gold, answer):
+    """Words beside a number are left out ("5, done"), names before a value too ("x \\to 3"): neither may hide the
+    other value of a hedge."""
+    r = reward.score_one(gold, f"\\boxed{{{answer}}}")
+    assert r.score == 0.0 and r.details.get("hedged"), r

@@ -60,13 +60,6 @@ def _single_valued(expr) -> bool:
     return isinstance(expr, sympy.Expr)
 
 
-def _only_symbols(parsed: list) -> bool:
-    from math_verify.grader import is_expr_of_only_symbols
-    from sympy import Basic
-
-    return bool(parsed) and isinstance(parsed[0], Basic) and bool(is_expr_of_only_symbols(parsed[0]))
-
-
 def check(gold: str, pred: str | None, timeout_s: int, candidates: list[str] | None = None, boxes: int = 1) -> dict:
     """math-verify's verdict with its default semantics (errors count as no match / no parse), with its internal
     timeouts reported, and answers that name several values judged as hedges.
@@ -78,12 +71,11 @@ def check(gold: str, pred: str | None, timeout_s: int, candidates: list[str] | N
     missed its deadline: was it the answer?).
 
     ``candidates`` (the values the host found the answer to name: every different box split at "or", commas,
-    line breaks, ..., an equation chain's last side and its plain numbers; sent when there are several) and
+    line breaks, ..., an equation chain's last side and its plain numbers; None for one box naming one value) and
     ``boxes`` (how many different boxes) decide hedges. When the ground truth is a single value, every candidate
-    must equal it (a first one that is only a name, ``f(x)`` of ``f(x) \\sim x^2``, is left out): some but not
-    all is a hedge, none is wrong; one candidate is math-verify's verdict on the answer as it is. Otherwise (a
-    set, an interval, ...) the answer is compared whole, as math-verify does, and two different boxes are a
-    hedge."""
+    must equal it (one math-verify cannot read equals nothing): some but not all is a hedge, none is wrong. Without candidates the answer gets
+    math-verify's verdict as it is. Otherwise (a set, an interval, ...) the answer is compared whole, as
+    math-verify does, and two different boxes are a hedge."""
     from math_verify import parse
 
     _TIMEOUTS.timeouts.clear()
@@ -137,12 +129,10 @@ def _check_answer(gold_p: list, pred: str, timeout_s: int, candidates: list[str]
             if boxes > 1:
                 return {"verified": False, "hedged": f"{boxes} different boxed answers", **shown}
             return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
-        values = [p for p in (_parse_answer(c, timeout_s, "answer") for c in candidates or []) if p]
-        if len(values) > 1 and _only_symbols(values[0]):
-            values = values[1:]  # the answer's name first ("f(x) \\sim x^2", "n \\Rightarrow 5"), not a value
-        if len(values) <= 1:
+        if candidates is None:  # one value, as math-verify reads it
             return {"verified": _verify(gold_p, pred_p, timeout_s), **shown}
-        oks = [_verify(gold_p, v, timeout_s) for v in values]
+        values = [_parse_answer(c, timeout_s, "answer") for c in candidates]  # [] names something unreadable
+        oks = [bool(v) and _verify(gold_p, v, timeout_s) for v in values]
         if all(oks):
             return {"verified": True, **shown}
         if any(oks):

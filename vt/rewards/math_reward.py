@@ -113,7 +113,13 @@ _THOUSANDS_RE = re.compile(r"^\d{1,3}(?:(?:,|\{,\})\d{3})+(?:\.\d+)?$")
 # Environments whose rows are alternatives: cases, aligned, ...; matrices are one value and stay whole.
 _ROWS_ENV_RE = re.compile(r"\\(?:begin|end)\s*\{(?:cases|dcases|rcases|array|aligned|align\*?|alignat\*?|gathered|"
                           r"gather\*?|split|eqnarray\*?)\}(?:\s*\{[lcr|\s]*\})?")
-_WORDS_RE = re.compile(r"^(?:\\text\s*\{[^{}]*\}|[A-Za-z.\s]*[A-Za-z]{2,}[A-Za-z.\s]*)$")  # "done", \text{...}
+# Words beside a number ("5, done", "5 \text{ or so}") name no value when the ground truth is a number; a digit or a
+# number's name ("\text{3}", "three") does.
+_WORDS_RE = re.compile(r"^(?:\\text\s*\{[^{}\d]*\}|[A-Za-z.\s]*[A-Za-z]{2,}[A-Za-z.\s]*)$")
+_NUMBER_WORDS_RE = re.compile(
+    r"\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|fourteen|fifteen|sixteen|"
+    r"seventeen|eighteen|nineteen|twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety|hundred|thousand|million|"
+    r"billion|half|halves|third|quarter|inf|infinity|infinite|pi|none|no|yes)\b", re.I)
 
 
 def top_level_items(answer: str) -> list[str]:
@@ -121,7 +127,6 @@ def top_level_items(answer: str) -> list[str]:
     "and" (as words or in ``\text{}``), ``\lor``, ``\vee``, ``\cup``, ``\quad``, line breaks (``\\``,
     ``\begin{cases}`` rows). ``(1, 2)``, ``\{1, 2\}``, ``f(1, 2)`` and ``1,000`` stay one item; an answer wrapped
     whole in brackets, ``(3 \lor 5)``, is split inside at everything but commas (the brackets' own).
-    Items that are only words (``\text{done}``, "approximately") name no value and are left out.
     Linear in the answer's length, never recursive: a hostile box costs the host about a millisecond."""
     s = _ROWS_ENV_RE.sub(" \\\\\\\\ ", answer).replace("&", " ")
     s = _BRACKETED_ALTERNATIVE_RE.sub(lambda m: " \\text{ or } " + (m.group(1) or "") + m.group(2), s)
@@ -137,8 +142,7 @@ def top_level_items(answer: str) -> list[str]:
         inside = _split(_unwrapped(items[0]), commas=False)
         if len(inside) > 1:
             items = inside
-    values = [x for x in items if not _WORDS_RE.match(x)]
-    return values or items[-1:]
+    return items
 
 
 _COMMAND_RE = re.compile(r"\\(?:[A-Za-z]+|.)", re.S)
@@ -221,10 +225,25 @@ def equation_values(item: str) -> list[str]:
     return [x.strip() for x in sides[:-1] if _PLAIN_NUMBER_RE.fullmatch(x)] + [sides[-1].strip()]
 
 
-def hedge_candidates(boxes: list[str]) -> tuple[list[str], list[str]]:
-    """(the distinct boxed answers, in order, ignoring whitespace; the values they name, box by box)."""
+# The answer's name before its value ("x \to 3", "f(x) \sim x^2", "\theta \Rightarrow \frac{\pi}{4}"): a letter or a
+# Greek letter (not \pi), a subscript, primes, an argument list.
+_NAME_RE = re.compile(r"^(?:[A-Za-z]|\\(?:alpha|beta|gamma|delta|epsilon|varepsilon|zeta|eta|theta|vartheta|iota|kappa|"
+                      r"lambda|mu|nu|xi|rho|sigma|tau|upsilon|phi|varphi|chi|psi|omega|Gamma|Delta|Theta|Lambda|Xi|"
+                      r"Sigma|Phi|Psi|Omega)(?![A-Za-z]))(?:_(?:\{[^{}]*\}|\w))?'*(?:\s*\([^()]*\))?$")
+
+
+def hedge_candidates(boxes: list[str], gold: str = "") -> tuple[list[str], list[str] | None]:
+    """(the distinct boxed answers, in order, ignoring whitespace; the values they name, box by box, or None when
+    they name one value, which math-verify then reads as the answer is written). Left out: a name before the
+    values (``x`` of ``x \\to 3``), and, with a ground truth that holds a digit, items that are only words
+    ("5, done"): they name no number."""
     distinct = list({re.sub(r"\s+", "", b): b for b in boxes}.values())
-    return distinct, [v for b in distinct for item in top_level_items(b) for v in equation_values(item)]
+    values = [v for b in distinct for item in top_level_items(b) for v in equation_values(item)]
+    if len(values) > 1 and _NAME_RE.match(values[0]):
+        values = values[1:]
+    if re.search(r"\d", gold):
+        values = [v for v in values if not (_WORDS_RE.match(v) and not _NUMBER_WORDS_RE.search(v))] or values[-1:]
+    return distinct, (values if len(distinct) > 1 or len(values) > 1 else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,9 +310,9 @@ class MathReward(RewardFunction):
         killed at the deadline) is failure "timeout", an exception or a crashed worker "wrong", both 0. A
         verifier error (None) is left for what the answer cannot cause: a ground truth that does not parse or
         times out, workers that cannot start, a deadline missed on the ground truth alone."""
-        distinct, candidates = hedge_candidates(boxes or [answer])
+        distinct, candidates = hedge_candidates(boxes or [answer], gold)
         request: dict[str, Any] = {"gold": gold, "pred": answer, "timeout_s": self.config.verify_timeout_s}
-        if len(distinct) > 1 or len(candidates) > 1:
+        if candidates is not None:
             request.update(candidates=candidates, boxes=len(distinct))
         shown = clip(answer)
         try:
