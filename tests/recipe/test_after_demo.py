@@ -133,3 +133,20 @@ def test_notebooks_run_top_to_bottom(demo, name, monkeypatch):
         assert "ended the turn:" in text and "finish_reason" not in text and "demo_math" in text
     else:
         assert "same chat ids as vt: True" in text and "same: True" in text and "all equal: True" in text, text
+
+
+def test_vt_info_names_an_interrupted_stage_and_no_other_directory(tmp_path):
+    """A stage the run planned whose directory has files but no manifest is unfinished (a re-run resumes it); a
+    directory the user made in the work directory is not a stage."""
+    work = tmp_path / "w"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "manifest.json").write_text(json.dumps({"stage": "data", "wall_s": 1.0, "checkpoint": None,
+                                                             "finished": "2026-01-01T00:00:00"}))
+    (work / "pipeline.json").write_text(json.dumps({"name": "demo", "stages": ["data", "sft1", "export"]}))
+    for d in ("sft1", "my_eval"):
+        (work / d).mkdir()
+        (work / d / "metrics.jsonl").write_text("{}\n")
+    proc = run_vt("info", str(work))
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^  sft1\s+not finished", proc.stdout, flags=re.M) and "my_eval" not in proc.stdout
+    assert "final checkpoint: none yet" in proc.stdout
