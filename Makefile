@@ -18,7 +18,7 @@ APT_PACKAGES := $(DEMO_APT_PACKAGES) shellcheck
 # apt waits this long for a dpkg lock another apt holds (unattended-upgrades on a fresh machine), then gives up.
 APT_LOCK_TIMEOUT ?= 600
 # `make demo ARGS=--fresh` (or any `vt demo` flags); `make demo HF_CHECK=1` also installs torch (PyPI's CUDA
-# wheel, ~4.5 GB) so the demo's export check runs transformers' generate, not only AutoTokenizer.
+# wheel, ~4.6 GB) so the demo's export check runs transformers' generate, not only AutoTokenizer.
 ARGS ?=
 HF_CHECK ?=
 

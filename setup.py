@@ -54,7 +54,7 @@ setup(
                  f"jax[tpu]=={JAX_VERSION}"],
         # `make demo`: what the demo runs beyond the base (tests/test_install_sets.py keeps test-only packages out).
         # transformers: the export stage loads the demo's model as users do (AutoTokenizer; with torch installed
-        # also AutoModelForCausalLM + generate). torch is left out: PyPI's Linux wheel is the CUDA build, 4.5 GB
+        # also AutoModelForCausalLM + generate). torch is left out: PyPI's Linux wheel is the CUDA build, 4.6 GB
         # for a CPU demo; `make demo HF_CHECK=1` (or `pip install torch`) adds it and the demo's generate check.
         # tensorboard: the viewer the demo's last line suggests (vt itself writes with tensorboardX).
         "demo": ["transformers>=4.45", "tensorboard>=2.16"],
