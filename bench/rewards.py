@@ -97,6 +97,17 @@ harness 3.20x, 3.26x -> 3.79x, 4.00x (the harness 68.4-81.0, slower than on earl
 4.22x. A full run after (--repeat 3): math 1.73x math-verify in-process; HumanEval vt pool 263.6 vs the harness 69.4
 (3.80x), warm 4.48x, pool / cold 7.53x; MBPP-shaped pool / cold 12.69x (9.37x before: four program tests a problem);
 stdin/stdout pool / cold 12.13x, pool / bare subprocess 2.92x.
+Measured 2026-12-06, after each warm run got namespaces of its own (issue 46: a new PID, mount and IPC namespace
+per run, made by the server ahead of the run, torn down behind it; /proc with subset=pid), 82d4bf1 (before) and
+main alternated twice in one session, a loaded box (load average 6-10: other work ran beside it), --code-problems
+20 --mbpp 40 --repeat 2: HumanEval vt pool / harness 2.66x, 2.39x before vs 2.13x, 1.66x after (warm 2.57x, 2.59x
+vs 2.68x, 1.91x); MBPP-shaped pool 152, 166 vs 126, 122 test runs/s (pool / cold 8.43x, 9.58x vs 7.10x, 6.62x);
+stdin/stdout pool 168, 212 vs 119, 104 test runs/s (pool / bare subprocess 3.03x, 2.57x vs 1.99x, 1.48x). One
+worker, one stdin run repeated 200 times: fastest run 2.2-2.5 ms before vs 3.5-4.0 ms after. In a loop inside the
+sandbox, a run's namespaces cost ~0.3 ms of CPU over a plain fork when its /proc is subset=pid (~0.6 ms with a full
+/proc, covered and masked), and ~2-3 ms of the kernel's waiting when the parent waits for the namespaces' teardown:
+hence the init that reports before it exits, and the inits made ahead. The rest is the run's init itself (one
+process more per run: the server forks it ahead, it forks the run's process).
 """
 from __future__ import annotations
 
