@@ -138,3 +138,31 @@ def test_two_numbers_side_by_side_are_not_a_number(reward, gold):
 def test_one_answer_stated_twice_or_with_its_name_is_not_a_hedge(reward, gold, completion):
     r = reward.score_one(gold, completion)
     assert r.score == 1.0, r
+
+
+def test_an_empty_box_is_not_a_number(reward):
+    assert [(r.score, r.failure) for r in reward([{"ground_truth": 10}] * 2, ["\\boxed{}", "\\boxed{ }"])] == \
+        [(0.0, "format")] * 2
+
+
+_FUZZ_TOKENS = ["\\boxed{", "}", "{", "\\", "\\\\", "(", ")", "[", "]", "\\{", "\\}", "\\left(", "\\right)", "|", "~", ",",
+                ";", "=", "or", "and", "\\text{", "\\text{ or }", "1", "2.5", "-3", "1e999999", "10^{", "\\times 10^{99999}",
+                "\\frac{1}{0}", "\\lor", "\\dots", "A", "C", "I", "Answer: ", "The answer is ", "**", " ", "\n", "\\pm",
+                "e", ".", "%", "\\begin{cases}", "\\end{cases}", "&", "é", "9" * 400, "\\hspace{", "x", "f(x)", "\\theta",
+                "five", "\\equiv", "(or ", "<", ">", "!", ":"]
+
+
+def test_host_side_checks_give_a_verdict_on_any_text(reward):
+    """A verdict for every answer (issue 46): the host-side parts of STEM and the math hedge split never raise on
+    hostile text (an exception in a checker is a verifier error); options and numbers are always 0 or 1."""
+    import random
+
+    from vt.rewards.math_reward import boxed_answers, equation_values, hedge_candidates, top_level_items
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(_FUZZ_TOKENS) for _ in range(rng.randint(1, 40)))
+        for box in boxed_answers(text) or [text]:
+            hedge_candidates([box], "5"), top_level_items(box), equation_values(box), parse_number(box)
+        for gold in ("C", "10", "9.81"):
+            assert reward.score_one(gold, text).score in (0.0, 1.0), text

@@ -203,7 +203,7 @@ class StemReward(RewardFunction):
                 pos = m.end()
         values = [v for t in texts for v in _number_values(t)]
         if not values:
-            return failed("format", reason="answer is not a number", answer=clip(texts[-1]))
+            return failed("format", reason="answer is not a number", answer=clip(texts[-1] if texts else boxes[-1]))
         oks = [abs(v - gold) <= max(self.config.abs_tol, self.config.rel_tol * abs(gold)) for v in values]
         details = {"answer": values[-1], "ground_truth": gold}
         if len(set(oks)) > 1:
