@@ -31,6 +31,7 @@ DEFERRED_OK = {
     "jax.experimental.pallas.ops.tpu": "TPU-only kernel",
     "jax.experimental.pallas.ops.gpu": "opt-in GPU kernel; importing it warns (deprecated upstream)",
     "vt.model.splash": "TPU-only kernel (imports Pallas TPU)",
+    "libtpu": "optional extra (vt plan: TPU topologies compiled from any host)",
 }
 # Scripts run in their own (sandboxed) process, where what is imported and when is part of the isolation.
 WORKER_SCRIPTS = {"vt.rewards._harness", "vt.rewards._math_worker", "vt.rewards._pool_server"}

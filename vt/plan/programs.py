@@ -10,6 +10,7 @@ Pallas paged-attention kernel from a CPU host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -17,14 +18,17 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from vt.distill.scoring import SCORING_PAGE, _chunk, _full
 from vt.model.kv_pages import PagedKVCache
 from vt.model.qwen2 import abstract_model
 from vt.sampling import steps
 from vt.sampling.engine import SamplerConfig, _programs
+from vt.rl.step import make_rl_step, make_token_logps, row_sharding
 from vt.sampling.rules import SamplingParams
 from vt.sharding import param_sharding, state_shardings, use_mesh
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
+from vt.train.step import make_train_step
 
 Build = Callable[[], object]  # () -> a compiled executable
 
@@ -59,7 +63,6 @@ def train_setup(cfg, mesh, optim: OptimConfig = OptimConfig(lr=1e-5), steps_tota
 
 def sft_step(ts: TrainSetup, mesh, accum: int, rows: int, seq: int, loss_chunk: int | None = None) -> Build:
     """vt.train.step.make_train_step: `accum` micro-batches of `rows` rows (all devices) x `seq` tokens."""
-    from vt.train.step import make_train_step
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
     def build():
@@ -71,7 +74,6 @@ def sft_step(ts: TrainSetup, mesh, accum: int, rows: int, seq: int, loss_chunk: 
 
 def rl_batch(mesh, rows: int, T: int, with_step_keys: bool) -> dict:
     """The RL learner's rows [rows, T] (vt.rl.step.ROW_KEYS), abstract, in its row sharding."""
-    from vt.rl.step import row_sharding
     keys = ["input_ids", "targets", "positions", "segment_ids"]
     floats = {"loss_mask", "sampler_logp", "old_logp", "adv", "weight"}
     if with_step_keys:
@@ -83,7 +85,6 @@ def rl_batch(mesh, rows: int, T: int, with_step_keys: bool) -> dict:
 def rl_logps(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0,
              loss_chunk: int | None = None) -> Build:
     """vt.rl.step.make_token_logps: the old-policy (and reference) log-probs of `rows` rows of T tokens."""
-    from vt.rl.step import make_token_logps
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
     def build():
@@ -98,7 +99,6 @@ def rl_update(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0,
               part: str = "accumulate") -> Build:
     """vt.rl.step.make_rl_step's programs: `part` "accumulate" (one micro-batch's gradients added to the
     accumulator: the memory-heavy program) or "apply" (the optimiser update)."""
-    from vt.rl.step import make_rl_step
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
     def build():
@@ -193,8 +193,6 @@ def scorer(mc, mesh, rows: int, length: int, chunk_tokens: int) -> Build:
     """The self-distillation scorer's program (vt.distill.scoring.Scorer) on `rows` traces of `length` tokens: with
     `chunk_tokens` shorter than the traces, one chunk of its KV-cached pass (the pool holds the whole rows); else
     the whole rows in one forward."""
-    import functools
-    from vt.distill.scoring import SCORING_PAGE, _chunk, _full
     row = param_sharding(("batch", None), (rows, 1), mesh, "scoring.batch_size")
     graphdef, state = abstract_weights(mc, mesh)
     chunked = 0 < chunk_tokens < length

@@ -22,14 +22,25 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+from tqdm import tqdm
+
 from vt import VtError
 from vt.buckets import bucket
+from vt.checkpoint.params import load_model_config
+from vt.config import to_dataclass
+from vt.distributed import process_mesh
+from vt.io import atomic_write_json
 from vt.model.config import ModelConfig, preset
 from vt.plan import programs as pg
 from vt.plan import topology as tp
+from vt.recipe.stages import STAGE_NAMES
+from vt.rl.learner import RLConfig
+from vt.rl.rollouts import bucket_length
 from vt.sampling.engine import SamplerConfig
 from vt.sampling.page_table import kv_pool_plan
 from vt.sharding import MeshConfig, make_mesh
+from vt.train.sft import SftConfig
 
 DEFAULT_PRESET = "qwen2.5-coder-3b"  # the model of a stage whose checkpoint is set by the pipeline or absent
 PROMPT_TOKENS = 2048  # prompt length assumed for sampler-only stages (eval, profile, select): their data decides
@@ -56,7 +67,6 @@ class Stage:
 def model_config(model: dict, **dtypes) -> tuple[ModelConfig, str]:
     """The stage's ModelConfig: its checkpoint's model_config.json where the checkpoint exists, else its preset
     (else DEFAULT_PRESET), with the section's dtypes and attention; and where it came from."""
-    from vt.checkpoint.params import load_model_config
     keys = ("param_dtype", "dtype", "remat_policy", "attention_impl", "lora_rank", "lora_alpha", "lora_dropout",
             "lora_targets")
     over = {k: model[k] for k in keys if k in model} | dtypes
@@ -97,7 +107,6 @@ def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prom
     """Prefill and decode at `cfg`'s slots, slots as long as `prompt` + max_new_tokens (within the context), the
     KV pool sized as the engine sizes it from the memory left (kv_memory_fraction) beside `resident`."""
     ss = pg.sampler_setup(mc, mesh, cfg)
-    import numpy as np
     context = cfg.max_context or mc.max_position_embeddings
     prompt = min(prompt, context - 1)
     free = max(0, hbm - pg.device_bytes(ss.state) - resident) * mesh.shape["tensor"]  # as free_device_bytes
@@ -118,8 +127,6 @@ def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prom
 
 
 def sft_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
-    from vt.config import to_dataclass
-    from vt.train.sft import SftConfig
     cfg = to_dataclass(SftConfig, _only_fields(SftConfig, section), f"config.{stage}")
     mc, _ = model_config(dataclasses.asdict(cfg.model))
     mesh = make_mesh(cfg.mesh, devices)
@@ -135,10 +142,6 @@ def sft_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
 
 
 def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
-    from vt.config import to_dataclass
-    from vt.distributed import process_mesh
-    from vt.rl.learner import RLConfig
-    from vt.rl.rollouts import bucket_length
     cfg = to_dataclass(RLConfig, _only_fields(RLConfig, section), f"config.{stage}")
     mc, _ = model_config(dataclasses.asdict(cfg.model))
     n_sampler = cfg.rollout.sampler_devices
@@ -167,7 +170,6 @@ def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
 
 
 def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET) -> list[Program]:
-    from vt.config import to_dataclass
     model = dict(section.get("model", {}))
     model["preset"] = model.get("preset") or fallback
     mc, _ = model_config(model, param_dtype=model.get("dtype", "bfloat16"))
@@ -178,7 +180,6 @@ def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEF
 
 def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET
                        ) -> list[Program]:
-    from vt.config import to_dataclass
     dtype = section.get("dtype", "bfloat16")
     mc, _ = model_config({"init_checkpoint": section.get("student", ""), "preset": fallback}, param_dtype=dtype,
                          dtype=dtype)
@@ -206,7 +207,6 @@ def _only_fields(cls, section: dict) -> dict:
 def stages(raw: dict, devices, hbm: int) -> list[Stage]:
     """The stages a config describes, each with its programs (not yet compiled)."""
     if "stages" in raw:  # a recipe, its stages in the order they run
-        from vt.recipe.stages import STAGE_NAMES
         out = []
         # stages whose checkpoints the pipeline sets run the SFT stages' architecture
         fallback = raw["stages"].get("sft1", {}).get("model", {}).get("preset") or DEFAULT_PRESET
@@ -227,7 +227,6 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
             elif "sampler" in section:  # profile, select: the SFT model's sampler
                 dtype = raw["stages"].get("sft1", {}).get("model", {}).get("dtype", "bfloat16")
                 mc, _ = model_config({"preset": fallback}, param_dtype=dtype, dtype=dtype)
-                from vt.config import to_dataclass
                 cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.stages.{name}.sampler")
                 out.append(Stage(name, sampler_programs(name, mc, make_mesh(MeshConfig(), devices), cfg,
                                                         PROMPT_TOKENS, hbm)))
@@ -309,9 +308,7 @@ def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | 
     program that does not fit or does not compile, one line naming it, its bytes and what to change. Returns the
     exit code: 0 everything fits, 1 something does not (or failed to compile). `json_out`: the rows, written as
     they come."""
-    from tqdm import tqdm
 
-    from vt.io import atomic_write_json
     topo = tp.parse(topology_name)
     devices = tp.devices(topo)
     hbm = tp.hbm_per_device(topo, len(devices))

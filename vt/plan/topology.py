@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jax.experimental import topologies
+
 from vt import VtError
 
 GB = 10 ** 9
@@ -73,7 +75,6 @@ def devices(topology: Topology) -> list:
     to install libtpu. A chip may appear as one device or, on v4, as one per TensorCore: callers divide the
     chips' HBM by devices per chip."""
     try:
-        from jax.experimental import topologies
         import libtpu  # noqa: F401  (get_topology_desc's own error without it is a long C++ trace)
     except ImportError:
         raise VtError("compiling for a TPU topology needs libtpu: pip install 'vt[tpu]' "
