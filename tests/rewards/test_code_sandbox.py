@@ -322,7 +322,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(reward, kind):
     assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
     # RLIMIT_NPROC (64: the bomb's uid inside its namespace, its server, the server's parent, its tester and the
     # runs' inits included) plus its outer bwrap and the other worker's standing processes (outer bwrap,
-    # namespace init, the server's parent, the server, its tester, two inits forked ahead and one still
+    # namespace init, the server's parent, the server, its tester, an init forked ahead and one still
     # exiting): never thousands.
     assert count.peak <= 64 + 9, count.peak
     assert leftovers(reward) == []

@@ -61,9 +61,10 @@ HARNESS = "/code/_harness.py"
 STDERR_KEEP = 8192  # as sandbox.STDERR_KEEP: the tail of stderr the host keeps
 MAX_REQUEST = 1 << 30
 MAX_HEADER = 1 << 16  # a run's header, as the server passes it to the run's init (launch)
-# Inits forked ahead (prepare_init): a run's namespaces take ~1-3 ms to make, mostly the kernel's waiting, and
-# a sample's runs come back to back; with two ready, the next run's were made during the run before it.
-INITS_AHEAD = 2
+# Inits forked ahead (prepare_init): one, forked as the server replies, makes its namespaces while the host reads
+# the reply and sends the next request. (One stdin run repeated, loaded box: fastest 3.4-3.8 ms with one ahead,
+# 4.0-4.1 with none; two ahead were no faster, one more process competing for the CPUs.)
+INITS_AHEAD = 1
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
