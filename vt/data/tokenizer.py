@@ -35,6 +35,7 @@ from typing import Any
 
 import jinja2
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2 as pb  # ships with sentencepiece (protobuf: tensorboardX needs it too)
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -464,7 +465,6 @@ def _spm_to_hf_backend(sp: spm.SentencePieceProcessor) -> HFTokenizer:
     """A SentencePiece BPE model as a `tokenizers` BPE with the same ids (LLaMA-style conversion): the vocabulary
     by id, merges ranked by the merged piece's score (SentencePiece merges the pair whose piece scores highest),
     spaces as U+2581, byte fallback, user-defined pieces as added tokens matched before the model."""
-    from sentencepiece import sentencepiece_model_pb2 as pb  # ships with sentencepiece (protobuf)
     proto = pb.ModelProto()
     proto.ParseFromString(sp.serialized_model_proto())
     ts, ns = proto.trainer_spec, proto.normalizer_spec
