@@ -16,16 +16,15 @@ new IPC namespace. So what a run can observe starts the same for every run: its 
 its files, System V IPC ids, the processes /proc lists (the server and the tester are not among them, and no
 pid of theirs can be named from a run, so no run can signal, renice or move them). The server holds
 CAP_SYS_ADMIN in the sandbox's user namespace for this alone; each run's init drops every capability (and
-the bounding set) before the run's process exists. A program test's child is the solution's process of the harness's program mode; its test program
-runs in the Tester, a process forked once beside the server that serves program test after program test (one
-fork a run where the cold harness makes two; see Tester). When the run ends (exit, wall clock, output cap),
-the server kills every process in the PID namespace but the namespace's init and itself, until none is left
-(setsid daemons and fork bombs included), removes what the run left in System V IPC, wipes /tmp and /dev/shm
-and restores their mode, times and extended attributes, moves itself back to its CPU, checks that its nice
-value, scheduling policy and rlimits are as they were (else it reports itself unclean and the host replaces
-it), and only then replies. So nothing a run leaves (files, processes, locks, IPC objects, the server's CPU
-affinity, priority and limits; modules, globals, environment, signal handlers: those live in the child's own
-copy of the interpreter) reaches the next run.
+the bounding set) before the run's process exists. A program test's child is the solution's process of the
+harness's program mode; its test program runs in the Tester, a process forked once beside the server that serves
+program test after program test (one fork a run where the cold harness makes two; see Tester). When the run
+ends (exit, wall clock, output cap), its init kills and reaps every other process of its namespace (setsid
+daemons and fork bombs included) and reports; its namespaces (files, IPC objects, mounts) go with it. The
+server then checks that no process is left but its own, that its nice value, scheduling policy and rlimits are
+as they were (else it reports itself unclean and the host replaces it), moves itself back to its CPU, and only
+then replies. So nothing a run leaves (files, processes, locks, IPC objects, counters; modules, globals,
+environment, signal handlers: those live in the child's own copy of the interpreter) reaches the next run.
 
 The server is not dumpable (PR_SET_DUMPABLE 0): a process of the same uid can neither ptrace it nor open
 its /proc files (memory, fds). It blocks the signals a process could send it except SIGKILL and SIGSTOP,
@@ -68,17 +67,17 @@ INITS_AHEAD = 1
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
-PR_SET_NAME, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, IPC_RMID = 15, 4, 36, 0
+PR_SET_NAME, PR_SET_DUMPABLE, IPC_RMID = 15, 4, 0
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's; pool.TESTER_NAME)
-RUN_INIT_NAME = b"vt-run-init"  # a run's init's; the run's process gets ours back (child)
-TESTER_GROWTH = 64 << 20
+RUN_INIT_NAME = b"vt-run-init"  # a run's init's comm; the run's process gets ours back (child)
+TESTER_GROWTH = 64 << 20  # resident bytes a tester may gain over its start before it is replaced
 SETUP_FAILED = -1  # what a run's init reports when it could not make the run's namespaces (run_init)
 VERDICT_GRACE_S = 0.5  # after a program test's verdict: for the solution's process to end before it is killed
-MAX_RETIRING = 8  # inits of finished runs left to exit on their own before the server waits for one  # resident bytes a tester may gain over its start before it is replaced
+MAX_RETIRING = 8  # inits of finished runs left to exit on their own before the server waits for one
 # Imported once here so that runs start warm; each child gets its own copy-on-write view of them. Only
 # what solutions import all the time (HumanEval's prompts import typing): every page of the server is
 # copied into each run's page tables at fork, which costs more than a rare import in the child. Never a
@@ -755,9 +754,6 @@ def mount(source, target, fstype, flags, data=None):
     enc = lambda x: None if x is None else x.encode()  # noqa: E731
     if _libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
         raise OSError(ctypes.get_errno(), "mount %s" % target)
-
-
-_RO = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 def mount_proc():
