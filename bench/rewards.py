@@ -108,6 +108,15 @@ sandbox, a run's namespaces cost ~0.3 ms of CPU over a plain fork when its /proc
 /proc, covered and masked), and ~2-3 ms of the kernel's waiting when the parent waits for the namespaces' teardown:
 hence the init that reports before it exits, and the inits made ahead. The rest is the run's init itself (one
 process more per run: the server forks it ahead, it forks the run's process).
+Again later that day with the box quieter (load average 4-6 with the bench itself), 82d4bf1 and main alternated
+twice: HumanEval vt pool / harness 3.38x, 3.70x before vs 2.51x, 2.43x after (warm 4.27x, 4.53x vs 2.95x, 2.84x);
+MBPP-shaped 492, 469 vs 262, 306 test runs/s; stdin/stdout 425, 464 vs 206, 265 test runs/s (pool / bare
+subprocess 2.15x, 2.55x vs 1.47x, 1.33x). One stdin run repeated (one worker, median): 2.3-2.7 ms before; after,
+4.6-4.8 ms as built, 4.3-4.8 ms without the IPC namespace, 4.3-4.4 ms without any mount or IPC work, 3.8-4.0 ms
+without the PID namespace either (the init process alone). So ~1.5 ms of the ~2.2 ms a run now costs is the
+init: a second fork of the warm interpreter per run, its copy-on-write faults and one more wake-up. The way
+back (not built): make each run's init in a small process of its own (cheap to fork, no warm heap) and have the
+server fork the run's process straight into the init's namespaces (setns), one warm fork per run as before.
 """
 from __future__ import annotations
 
