@@ -28,25 +28,29 @@ def program(printed: str) -> str:
     return "import sys\nsys.stdout.write(%r)\n" % printed
 
 
+def _prime_grader():
+    grader = load("verl", "utils/reward_score/prime_code/testing_util.py")
+    # run_test first disables os functions (os.putenv among them), which breaks its own second call: the
+    # programs here are ours and print or return a constant, so the guard is skipped. The comparison is untouched.
+    grader.reliability_guard = lambda *args, **kwargs: None
+    return grader
+
+
+def _verdicts(grade, pairs):
+    """Whether each (candidate, expected) passes: ``grade(candidate, expected)`` is the checker's results list."""
+    return [grade(candidate, expected) == [True] for candidate, expected in pairs]
+
+
 def livecodebench(pairs):
     grader = load("livecodebench", "evaluation/testing_util.py")
-    verdicts = []
-    for printed, expected in pairs:
-        results, _ = grader.grade_stdio(program(printed), [""], [expected], timeout=10)
-        verdicts.append(results == [True])
-    return verdicts
+    return _verdicts(lambda printed, expected: grader.grade_stdio(program(printed), [""], [expected], timeout=10)[0],
+                     pairs)
 
 
 def prime(pairs):
-    grader = load("verl", "utils/reward_score/prime_code/testing_util.py")
-    # run_test first disables os functions (os.putenv among them), which breaks its own second call: the
-    # programs here are ours and print a constant, so the guard is skipped. The comparison is untouched.
-    grader.reliability_guard = lambda *args, **kwargs: None
-    verdicts = []
-    for printed, expected in pairs:
-        results, _ = grader.run_test({"inputs": [""], "outputs": [expected]}, test=program(printed), timeout=10)
-        verdicts.append(results == [True])
-    return verdicts
+    grader = _prime_grader()
+    return _verdicts(lambda printed, expected: grader.run_test({"inputs": [""], "outputs": [expected]},
+                                                               test=program(printed), timeout=10)[0], pairs)
 
 
 def function(returned: str) -> str:
@@ -55,22 +59,17 @@ def function(returned: str) -> str:
 
 def livecodebench_call(pairs):
     grader = load("livecodebench", "evaluation/testing_util.py")
-    verdicts = []
-    for returned, expected in pairs:
-        results, _ = grader.grade_call_based(function(returned), ["0"], [expected], "f", timeout=10)
-        verdicts.append(results == [True])
-    return verdicts
+    return _verdicts(lambda returned, expected: grader.grade_call_based(function(returned), ["0"], [expected], "f",
+                                                                        timeout=10)[0], pairs)
 
 
 def prime_call(pairs):
-    grader = load("verl", "utils/reward_score/prime_code/testing_util.py")
-    grader.reliability_guard = lambda *args, **kwargs: None  # as in prime()
-    verdicts = []
-    for returned, expected in pairs:
+    grader = _prime_grader()
+    def grade(returned, expected):
         case = {"inputs": ["0"], "outputs": [expected], "fn_name": "f"}
-        results, _ = grader.run_test(case, test=function(returned), timeout=10)
-        verdicts.append(results == [True])
-    return verdicts
+        return grader.run_test(case, test=function(returned), timeout=10)[0]
+
+    return _verdicts(grade, pairs)
 
 
 if __name__ == "__main__":
