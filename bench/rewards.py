@@ -89,7 +89,7 @@ pool 254.4 problems/s vs the official harness 80.0 (3.18x), warm 3.67x, pool / c
 --humaneval only, --repeat 3: vt / harness 2.80x, 2.95x before, 3.12x, 2.82x after (vt 268.5, 251.0 vs 263.3, 259.9
 problems/s; the harness 84.5-95.8); warm 3.27x, 3.29x vs 3.28x, 3.47x: the hardening costs nothing measurable here.
 Then one process fewer per program test (59b5fdc): the test program runs in the worker's tester, forked once beside
-the server (_pool_server.Tester), and each run forks only the solution's process. Why: a one-process run ("call"
+the server (inside/pool_server.Tester), and each run forks only the solution's process. Why: a one-process run ("call"
 records, f(a, b) == a + b) went 1.7x faster than the same check as a program test (two processes: 257 vs 147 runs/s
 at one worker, 553 vs 329 at two). After: 297 vs 263 at one worker, 606 vs 510 at two. 82e1c25 (before) and 59b5fdc
 alternated twice (2026-12-04, --humaneval only, --repeat 3): vt pool 219.1, 240.6 -> 307.3, 289.3 problems/s; vt /
@@ -137,7 +137,7 @@ sys.path.insert(0, str(REPO))
 
 from vt.rewards.code import CodeReward  # noqa: E402
 from vt.rewards.math_reward import MathReward  # noqa: E402
-from vt.rewards.sandbox import default_python  # noqa: E402
+from vt.rewards.sandbox.cold import default_python  # noqa: E402
 
 
 def math_items(n: int) -> tuple[list[dict], list[str]]:

@@ -34,7 +34,7 @@ DEFERRED_OK = {
     "libtpu": "optional extra (vt plan: TPU topologies compiled from any host)",
 }
 # Scripts run in their own (sandboxed) process, where what is imported and when is part of the isolation.
-WORKER_SCRIPTS = {"vt.rewards._harness", "vt.rewards._math_worker", "vt.rewards._pool_server"}
+WORKER_SCRIPTS = {"vt.rewards.sandbox.inside.harness", "vt.rewards._math_worker", "vt.rewards.sandbox.inside.pool_server"}
 
 
 def module_name(path: Path) -> str:

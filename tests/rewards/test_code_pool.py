@@ -1,4 +1,4 @@
-"""Attacks aimed at the warm sandbox pool (vt/rewards/pool.py, _pool_server.py).
+"""Attacks aimed at the warm sandbox pool (vt/rewards/sandbox/warm.py, inside/pool_server.py).
 
 A worker serves run after run, so a run could try to leave something for the next one, or turn on the
 server it was forked from. Each attack goes through CodeReward (the path training takes); then:
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from vt.rewards import pool as pool_mod
 from vt.rewards.code import CodeReward
-from vt.rewards.sandbox import force_rmtree, prepare_code_dir
+from vt.rewards.sandbox import warm as pool_mod
+from vt.rewards.sandbox.cold import force_rmtree, prepare_code_dir
 
 from .conftest import processes_matching
 

@@ -1,7 +1,7 @@
 """Attacks on the code sandbox: each must score 0 and leave the host untouched.
 
-They run against the default CodeReward, i.e. the warm sandbox pool (pool.py); attacks aimed at the pool
-itself (state left for the next run, a run against its own server) are in test_code_pool.py.
+They run against the default CodeReward, i.e. the warm sandbox pool (vt/rewards/sandbox/warm.py); attacks aimed at
+the pool itself (state left for the next run, a run against its own server) are in test_code_pool.py.
 
 Most attacks come with a *control*: the same program graded against the output it prints when the
 attack fails must score 1, proving the program really ran and the attack really was blocked (rather
@@ -26,7 +26,7 @@ import pytest
 
 import vt
 from vt.rewards.base import RewardSpecError
-from vt.rewards import sandbox as sandbox_mod
+from vt.rewards.sandbox import cold as sandbox_mod
 from vt.rewards.code import CodeReward, json_equal, last_code_block, normalise_stdout
 
 from .conftest import Sampler, processes_matching, rss_bytes

@@ -32,7 +32,7 @@ from vt.rewards.code import (
     stdout_matches,
     values_equal,
 )
-from vt.rewards.sandbox import RunResult
+from vt.rewards.sandbox.cold import RunResult
 
 NONCE = "0123456789abcdef0123456789abcdef"
 KINDS = {"wrong", "timeout", "runtime_error", "output_limit", "memory"}

@@ -74,8 +74,8 @@ from vt.rewards.base import (
     passed,
     verifier_error,
 )
-from vt.rewards.pool import SandboxPool
-from vt.rewards.sandbox import Limits, RunResult, Sandbox, force_rmtree, prepare_code_dir
+from vt.rewards.sandbox.cold import Limits, RunResult, Sandbox, force_rmtree, prepare_code_dir
+from vt.rewards.sandbox.warm import SandboxPool
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 PYTHON_TAGS = {"", "python", "python3", "py", "py3"}

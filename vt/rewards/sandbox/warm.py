@@ -1,15 +1,15 @@
 """Warm sandboxes: one long-lived bwrap sandbox per worker slot, forking one fresh child per run.
 
-Cold (sandbox.Sandbox.run), every test run starts bubblewrap and a Python interpreter and imports the
+Cold (cold.Sandbox.run), every test run starts bubblewrap and a Python interpreter and imports the
 harness: tens of milliseconds before the first line of the solution runs, most of a short test's cost.
 Here each slot keeps one sandbox with exactly that isolation (same bwrap arguments and layout, the slot's
-own uid, rlimits, capped /tmp, /dev/shm and output) around a server (_pool_server.py) that has imported
+own uid, rlimits, capped /tmp, /dev/shm and output) around a server (inside/pool_server.py) that has imported
 the harness and forks one child per run; the host only sends a request and reads the reply.
 
 What the pool adds to the cold path's guarantees, and how:
   - nothing of a run reaches the next one: each run starts in namespaces of its own (PID, mount with a fresh
     /tmp, /dev/shm and /proc, IPC), made by the server, so its pids, inode numbers and IPC ids start as in a
-    fresh sandbox, and no process of the run outlives its init (see _pool_server.py); interpreter state
+    fresh sandbox, and no process of the run outlives its init (see inside/pool_server.py); interpreter state
     (modules, globals, builtins, environment, signal handlers) lives in the run's own forked copy and dies
     with it;
   - the solution of a sample is written by the host, read-only to the sandbox, at /code/solution.py for
@@ -55,7 +55,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from vt.rewards.sandbox import (
+from vt.rewards.sandbox.cold import (
     STDERR_KEEP,
     Limits,
     RunResult,
@@ -75,12 +75,13 @@ from vt.rewards.sandbox import (
 
 log = logging.getLogger(__name__)
 
-SERVER_SOURCE = Path(__file__).with_name("_pool_server.py")
+# Copied into each worker's /code as _pool_server.py, next to the harness (cold.prepare_code_dir).
+SERVER_SOURCE = Path(__file__).parent / "inside" / "pool_server.py"
 # The server's share of its worker's memory cgroup, on top of the run's budget: the warm interpreter
 # (~15 MiB resident), the two bwrap processes, page tables and kernel memory of the namespace.
 SERVER_MEMORY = 48 << 20
 # Processes of a worker's uid besides a run's own and the two bwrap processes: the server, its parent (see
-# _pool_server.main), its tester and the run's init. Without a memory cgroup they count against the run's
+# inside/pool_server.main), its tester and the run's init. Without a memory cgroup they count against the run's
 # RLIMIT_NPROC but hold none of its address-space budget (Limits.harness_json).
 STANDING_PROCS = 4
 REPLY_GRACE_S = 5.0  # beyond a run's wall clock: the server's kill-all, wipe (of up to tmp_bytes of files) and reply
@@ -349,7 +350,7 @@ class PoolWorker:
         except (OSError, AttributeError):
             return ""
 
-    # ---- protocol (see _pool_server.py) ----------------------------------------------------------
+    # ---- protocol (see inside/pool_server.py) ---------------------------------------------------
 
     def _send(self, header: dict, payload: bytes, deadline: float) -> None:
         head = json.dumps(header).encode()
@@ -431,7 +432,7 @@ def _write_all(fd: int, data: bytes, deadline: float) -> None:
             raise WorkerLost(f"request pipe closed ({e})") from None
 
 
-TESTER_NAME = "vt-tester"  # the comm of a server's tester (_pool_server.TESTER_NAME)
+TESTER_NAME = "vt-tester"  # the comm of a server's tester (inside/pool_server.TESTER_NAME)
 
 
 def _tree(worker: PoolWorker) -> list[tuple[int, int, str]]:

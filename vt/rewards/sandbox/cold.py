@@ -31,7 +31,7 @@ Isolation (bubblewrap, https://github.com/containers/bubblewrap), per run:
   - output is read by the host incrementally and the run is killed at ``output_bytes + 1``: a 200 MB
     print costs the grader at most the cap.
 
-The code reward's default is the warm pool (pool.py): the same bwrap arguments, layout, uid and limits,
+The code reward's default is the warm pool (warm.py): the same bwrap arguments, layout, uid and limits,
 but one sandbox per worker slot (its memory cgroup shared with a small server that forks each run), not
 one per run.
 
@@ -62,7 +62,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-HARNESS_SOURCE = Path(__file__).with_name("_harness.py")
+# The in-sandbox scripts (inside/), copied into each sandbox's /code under the names the sandbox knows them by.
+HARNESS_SOURCE = Path(__file__).parent / "inside" / "harness.py"
 STDERR_KEEP = 8192  # trailing stderr bytes kept for classification and details
 # Unprivileged uids for sandboxes when the host is root; far above any distribution's range.
 _UID_BASE = 1_000_000
@@ -86,7 +87,7 @@ class Limits:
 
     def harness_json(self, with_nproc: bool, memory_cgroup: bool, standing: int = 0) -> str:
         """``standing``: processes of the sandbox's uid that are not the run's and hold no part of its budget
-        (the warm pool's server, its parent, its tester and the run's init: pool.STANDING_PROCS)."""
+        (the warm pool's server, its parent, its tester and the run's init: warm.STANDING_PROCS)."""
         as_bytes, nproc = self.memory_bytes, self.nproc
         if not memory_cgroup and with_nproc:
             # No cgroup to bound the sum: bound it by (process count) x (address space per process).
@@ -404,7 +405,7 @@ def _root_layout(python: str) -> list[str]:
 
 
 class Sandbox:
-    """Runs ``solution.py`` through ``_harness.py`` in a bwrap sandbox (or, if allowed, without one)."""
+    """Runs ``solution.py`` through the harness (inside/harness.py, /code/_harness.py in the sandbox) in a bwrap sandbox (or, if allowed, without one)."""
 
     def __init__(self, python: str | None = None, allow_unsandboxed: bool = False, slots: int = 1,
                  memory_cgroup: bool = True):
@@ -565,7 +566,7 @@ def launch_fds(info_fd: int, seccomp: int | None, *channels: int) -> tuple[int, 
 # count of forks since boot (stat), page faults (vmstat), load, idle time, memory, dentries and inodes
 # (sys/fs), pressure stall times, interrupts, disk I/O, file locks, key and cgroup counts. Hidden in a cold
 # sandbox's /proc (empty files and directories); a warm run's /proc shows processes only (subset=pid, see
-# _pool_server.mount_proc). A run's own view of itself (/proc/self, its namespace's processes) stays.
+# inside/pool_server.mount_proc). A run's own view of itself (/proc/self, its namespace's processes) stays.
 PROC_MASKED = (
     "stat", "vmstat", "loadavg", "uptime", "meminfo", "schedstat", "interrupts", "softirqs", "diskstats",
     "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo", "locks", "key-users", "cgroups", "timer_list",
@@ -607,7 +608,7 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--hostname", "sandbox",
         *_root_layout(python),
         "--proc", "/proc",
-        # The warm pool's server and runs mount /procs of their own (_pool_server.mount_proc): the kernel lets
+        # The warm pool's server and runs mount /procs of their own (inside/pool_server.mount_proc): the kernel lets
         # them only while the /proc above has no mounts over its files.
         *(_proc_masks(code_dir) if not admin else []),
         "--dev", "/dev",  # null, zero, full, random, urandom, tty, pts: no host devices
@@ -743,7 +744,7 @@ def kill_tree(proc: subprocess.Popen, ns_init: int | None = None) -> None:
 
 
 def prepare_code_dir(root: Path, source: str) -> Path:
-    """root/code with solution.py and _harness.py, readable (not writable) by the sandbox's uid."""
+    """root/code with solution.py and _harness.py (inside/harness.py), readable (not writable) by the sandbox's uid."""
     os.chmod(root, 0o711)
     code = root / "code"
     code.mkdir(mode=0o755)

@@ -1,8 +1,9 @@
 """Runs inside the sandbox, with the untrusted solution. Python stdlib only; it never imports vt.
 
-Usage (by sandbox.py): python3 -I /code/_harness.py LIMITS_JSON MODE [IN_FD,OUT_FD]   (solution.py next to it)
+Usage (by cold.py; the warm pool's server loads it as a module instead):
+  python3 -I /code/_harness.py LIMITS_JSON MODE [IN_FD,OUT_FD]   (solution.py next to it)
   IN_FD,OUT_FD: inherited fds that carry the run's stdin and stdout; they are moved onto fds 0 and 1 before
-                anything else (bwrap's own stdio is /dev/null: see sandbox.channel_arg).
+                anything else (bwrap's own stdio is /dev/null: see cold.channel_arg).
   LIMITS_JSON: {"cpu_s": int, "as_bytes": int, "fsize_bytes": int, "nproc": int|null, "nofile": int}
   MODE "stdin": run /code/solution.py as __main__ on the given stdin; the host compares stdout.
   MODE "call":  stdin is {"nonce": str, "fn_name": str, "args": [...]}; import the solution, call the
@@ -107,7 +108,7 @@ def find_function(scope, name):
 # ---- program mode --------------------------------------------------------------------------------
 # The solution and the test program never share a process. The harness forks: the child runs the solution
 # (and only it) and serves calls to its top-level names over a pipe; the parent runs the test code (judge;
-# in the warm pool the server's tester does, _pool_server.Tester) with stand-ins that forward each call
+# in the warm pool the server's tester does, pool_server.Tester) with stand-ins that forward each call
 # and decode the reply into plain values. So nothing the solution does (exiting early, patching builtins
 # or modules, returning an object whose __eq__ is always true, printing "PASSED", writing to stdout)
 # reaches the test code: the tests see only values of plain types (decoded by the parent, which never runs

@@ -1,9 +1,9 @@
-"""The warm sandbox server: one per worker slot, inside that slot's bwrap sandbox (see sandbox.py's
-SandboxPool). Python stdlib only; it never imports vt and never runs candidate code itself.
+"""The warm sandbox server: one per worker slot, inside that slot's bwrap sandbox (see warm.py's
+SandboxPool, which starts it). Python stdlib only; it never imports vt and never runs candidate code itself.
 
-Usage (by pool.py): python3 -I /code/_pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
+Usage (by warm.py, PoolWorker._start): python3 -I /code/_pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
   (next to /code/_harness.py and solution.py). The protocol's two pipes are inherited fds (bwrap's own stdio
-  is /dev/null: see sandbox.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes"}, the sizes of each run's
+  is /dev/null: see cold.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes"}, the sizes of each run's
   /tmp and /dev/shm (see Server.run_init).
 
 It imports the harness (and the modules solutions commonly use) once, then serves runs one at a time: each run
@@ -57,7 +57,7 @@ import sys
 import time
 
 HARNESS = "/code/_harness.py"
-STDERR_KEEP = 8192  # as sandbox.STDERR_KEEP: the tail of stderr the host keeps
+STDERR_KEEP = 8192  # as cold.STDERR_KEEP: the tail of stderr the host keeps
 MAX_REQUEST = 1 << 30
 MAX_HEADER = 1 << 16  # a run's header, as the server passes it to the run's init (launch)
 # Inits forked ahead (prepare_init): one, forked as the server replies, makes its namespaces while the host reads
@@ -72,7 +72,7 @@ PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's; pool.TESTER_NAME)
+TESTER_NAME = b"vt-tester"  # the tester's /proc/PID/comm (its command line is the server's; warm.TESTER_NAME)
 RUN_INIT_NAME = b"vt-run-init"  # a run's init's comm; the run's process gets ours back (child)
 TESTER_GROWTH = 64 << 20  # resident bytes a tester may gain over its start before it is replaced
 SETUP_FAILED = -1  # what a run's init reports when it could not make the run's namespaces (run_init)
@@ -205,7 +205,7 @@ class Server:
         self.harness.warm_up()  # what the harness would otherwise look up in every run
         for name in WARM_MODULES:
             __import__(name)
-        # The CPU(s) the host started us on (pool.claim_cpu): a run (same uid) may move us, and we move back.
+        # The CPU(s) the host started us on (warm.claim_cpu): a run (same uid) may move us, and we move back.
         self.affinity = os.sched_getaffinity(0)
         # What else a run (same uid) can change in this process from outside, no ptrace needed, that every
         # later run would inherit: see scheduling().

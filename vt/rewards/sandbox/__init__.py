@@ -1,0 +1,14 @@
+"""Running untrusted code for the code reward: the host side and the programs that run inside the sandbox.
+
+  cold.py    one fresh bwrap sandbox and interpreter per test run (Sandbox), and what both paths share:
+             Limits, RunResult, the bwrap arguments, cgroups, the seccomp filter, the code directory
+  warm.py    the warm pool (SandboxPool): one long-lived sandbox per worker slot around a server that forks
+             one child per run; the host half of the server's protocol (PoolWorker)
+  inside/    the two programs that run in the sandbox and never import vt: the harness (every test run's
+             process) and the warm pool's server; copied into each sandbox's read-only /code
+
+A test kind (mode "stdin", "call", "program") is matched on both sides of the sandbox: the harness's mode
+dispatch (inside/harness.py, main), the server's routing of program tests to its tester
+(inside/pool_server.py) and the cold argv (cold.py, Sandbox.run); the reward picks the mode and judges the
+verdict (vt/rewards/code).
+"""
