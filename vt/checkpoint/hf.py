@@ -66,8 +66,8 @@ def _linear_rule(hf_name, vt_path, out_dim, in_dim):
                 lambda w, c: np.ascontiguousarray(w.T), lambda w, c: np.ascontiguousarray(w.T))
 
 
-def _norm_rule(hf_name, vt_path):
-    return Rule(hf_name, vt_path, lambda c: (c.hidden_size,), lambda w, c: w, lambda w, c: w)
+def _norm_rule(hf_name, vt_path, dim=lambda c: c.hidden_size):
+    return Rule(hf_name, vt_path, lambda c: (dim(c),), lambda w, c: w, lambda w, c: w)
 
 
 _D = lambda c: c.hidden_size  # noqa: E731
@@ -88,6 +88,8 @@ RULES: list[Rule] = [
          lambda c: (c.hidden_size, c.num_heads * c.head_dim),
          lambda w, c: w.T.reshape(c.num_heads, c.head_dim, c.hidden_size),
          lambda w, c: w.reshape(-1, c.hidden_size).T),
+    _norm_rule("model.layers.{i}.self_attn.q_norm.weight", ("layers", "attn", "q_norm", "weight"), lambda c: c.head_dim),
+    _norm_rule("model.layers.{i}.self_attn.k_norm.weight", ("layers", "attn", "k_norm", "weight"), lambda c: c.head_dim),
     _linear_rule("model.layers.{i}.mlp.gate_proj.weight", ("layers", "mlp", "gate_kernel"), _F, _D),
     _linear_rule("model.layers.{i}.mlp.up_proj.weight", ("layers", "mlp", "up_kernel"), _F, _D),
     _linear_rule("model.layers.{i}.mlp.down_proj.weight", ("layers", "mlp", "down_kernel"), _D, _F),
@@ -95,7 +97,17 @@ RULES: list[Rule] = [
 
 
 def _rules(cfg: ModelConfig) -> list[Rule]:
-    return [r for r in RULES if not (r.hf == "lm_head.weight" and cfg.tie_word_embeddings)]
+    """The rules of `cfg`'s architecture: the head only when untied, q/k/v biases only for Qwen2, q/k norms only
+    for Qwen3 (a tensor of the other family is then an unmatched key, an error)."""
+    def applies(r: Rule) -> bool:
+        if r.hf == "lm_head.weight":
+            return not cfg.tie_word_embeddings
+        if r.hf.endswith("_proj.bias"):
+            return cfg.attention_bias
+        if r.hf.endswith(("q_norm.weight", "k_norm.weight")):
+            return cfg.qk_norm
+        return True
+    return [r for r in RULES if applies(r)]
 
 
 def _hf_keys(rule: Rule, cfg: ModelConfig) -> list[str]:

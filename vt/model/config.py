@@ -1,4 +1,7 @@
-"""Qwen2 / Qwen2.5 architecture settings, presets, and the mapping to and from Hugging Face `config.json`."""
+"""Decoder architecture settings (Qwen2 / Qwen2.5 and dense Qwen3), presets, and the mapping to and from Hugging
+Face `config.json`. The two families differ only in fields of `ModelConfig`: Qwen3 drops the q/k/v bias
+(`attention_bias`), RMS-normalises each head's query and key before the rotary embedding (`qk_norm`) and states
+`head_dim` explicitly; `hf_architecture` names the transformers class a config is."""
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +50,9 @@ class ModelConfig:
     num_layers: int
     num_heads: int
     num_kv_heads: int
-    head_dim: int = 0  # 0 means hidden_size // num_heads, as in Qwen2
+    head_dim: int = 0  # 0 means hidden_size // num_heads, as in Qwen2; Qwen3 states it (0.6B: 1024 / 16 heads, 128)
+    attention_bias: bool = True  # bias on the q/k/v projections (Qwen2); Qwen3 has none
+    qk_norm: bool = False  # RMSNorm over head_dim of each query and key head, before the rotary embedding (Qwen3)
     max_position_embeddings: int = 32768
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
@@ -87,6 +92,7 @@ class ModelConfig:
                               ("param_dtype", DTYPES), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise VtError(f"model config: field '{name}' is {getattr(self, name)!r}; expected one of {allowed}")
+        hf_architecture(self)  # a combination of the architecture fields no family has is refused here, not at export
         if self.lora_rank < 0 or self.lora_alpha <= 0 or not 0.0 <= self.lora_dropout < 1.0:
             raise VtError(f"model config: fields lora_rank={self.lora_rank} (>= 0), lora_alpha={self.lora_alpha} "
                           f"(> 0), lora_dropout={self.lora_dropout} (in [0, 1)) out of range")
@@ -101,6 +107,12 @@ class ModelConfig:
     def padded_vocab_size(self) -> int:
         m = self.vocab_pad_multiple
         return int(math.ceil(self.vocab_size / m) * m)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Model FLOPs of one trained token in rows of `seq_len` (every position of a packed row counts): 6 N for
+        the weights (`param_count`) plus 12 L (heads * head_dim) T for attention scores and values, forward and
+        backward (PaLM appendix B). MFU is these per second over the devices' peak (vt.distributed.PEAK_FLOPS)."""
+        return 6.0 * param_count(self) + 12.0 * self.num_layers * self.num_heads * self.head_dim * seq_len
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -146,13 +158,27 @@ def _check_types(cfg: ModelConfig) -> None:
             object.__setattr__(cfg, f.name, float(value))
 
 
+# (attention_bias, qk_norm) -> Hugging Face (model_type, architecture class)
+ARCHITECTURES = {(True, False): ("qwen2", "Qwen2ForCausalLM"), (False, True): ("qwen3", "Qwen3ForCausalLM")}
+
+
+def hf_architecture(cfg: ModelConfig) -> tuple[str, str]:
+    """The transformers (model_type, class) `cfg` is; a combination of fields that is neither is an error."""
+    arch = ARCHITECTURES.get((cfg.attention_bias, cfg.qk_norm))
+    if arch is None:
+        raise VtError(f"model config: fields attention_bias={cfg.attention_bias}, qk_norm={cfg.qk_norm} describe "
+                      "no supported architecture (Qwen2: bias and no q/k norm; Qwen3: q/k norm and no bias)")
+    return arch
+
+
 def param_count(cfg: ModelConfig, *, padded: bool = False) -> int:
     """Parameters of the model. With padded=False the vocab padding rows are not counted, so the
     number agrees with Hugging Face (coder-3b: 3,085,938,688 with tied embeddings)."""
     V = cfg.padded_vocab_size if padded else cfg.vocab_size
     D, F, H = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     N, K = cfg.num_heads, cfg.num_kv_heads
-    attn = D * N * H + N * H + 2 * (D * K * H + K * H) + N * H * D
+    bias = (N * H + 2 * K * H) if cfg.attention_bias else 0
+    attn = D * N * H + 2 * D * K * H + N * H * D + bias + (2 * H if cfg.qk_norm else 0)
     layer = attn + 3 * D * F + 2 * D
     head = 0 if cfg.tie_word_embeddings else V * D
     return V * D + cfg.num_layers * layer + D + head
@@ -169,10 +195,33 @@ PRESETS: dict[str, ModelConfig] = {
                                     num_heads=16, num_kv_heads=2, tie_word_embeddings=True),
     "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
                               num_heads=28, num_kv_heads=4, tie_word_embeddings=False, max_position_embeddings=131072),
+    # VibeThinker-1.5B's base (RECIPE.md): Qwen2.5-1.5B's shape, but rope_theta 1e4 and a 4,096-token context
+    # (Qwen/Qwen2.5-Math-1.5B config.json; its sliding_window 4096 is unused: use_sliding_window false).
+    "qwen2.5-math-1.5b": ModelConfig(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                                     num_heads=12, num_kv_heads=2, tie_word_embeddings=True, rope_theta=10000.0,
+                                     max_position_embeddings=4096),
+    # Qwen3 dense (Qwen/Qwen3-*/config.json on the Hugging Face hub and the model cards' tables): no q/k/v bias,
+    # q/k RMSNorm, head_dim 128 whatever the width, 8 KV heads, max_position_embeddings 40960, rope_theta 1e6,
+    # embeddings tied up to 4B; eos 151645 (<|im_end|>: the released checkpoints are the post-trained ones).
+    **{name: ModelConfig(vocab_size=151936, hidden_size=D, intermediate_size=F, num_layers=L, num_heads=N,
+                         num_kv_heads=8, head_dim=128, attention_bias=False, qk_norm=True, tie_word_embeddings=tie,
+                         max_position_embeddings=40960, eos_token_id=151645)
+       for name, D, F, L, N, tie in (("qwen3-0.6b", 1024, 3072, 28, 16, True), ("qwen3-1.7b", 2048, 6144, 28, 16, True),
+                                     ("qwen3-4b", 2560, 9728, 36, 32, True), ("qwen3-8b", 4096, 12288, 36, 32, False))},
+    # Qwen3-4B-Instruct-2507 / -Thinking-2507 (one architecture): 4B's shape, rope_theta 5e6, 262,144 positions.
+    "qwen3-4b-2507": ModelConfig(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_layers=36,
+                                 num_heads=32, num_kv_heads=8, head_dim=128, attention_bias=False, qk_norm=True,
+                                 tie_word_embeddings=True, rope_theta=5_000_000.0, max_position_embeddings=262144,
+                                 eos_token_id=151645),
     # Tests and the CPU demo: odd sizes on purpose so shape bugs cannot hide behind square matrices.
     "tiny": ModelConfig(vocab_size=512, hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6,
                         num_kv_heads=2, max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
                         bos_token_id=None, eos_token_id=None),
+    # The tiny model's Qwen3-shaped twin: head_dim 24 != 96 / 6 heads, no q/k/v bias, q/k norms.
+    "tiny-qwen3": ModelConfig(vocab_size=512, hidden_size=96, intermediate_size=160, num_layers=3, num_heads=6,
+                              num_kv_heads=2, head_dim=24, attention_bias=False, qk_norm=True,
+                              max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
+                              bos_token_id=None, eos_token_id=None),
 }
 
 
@@ -188,19 +237,31 @@ _HF_FIELD_KINDS = {
     **dict.fromkeys(("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings"), "int"),
     **dict.fromkeys(("rope_theta", "rms_norm_eps", "initializer_range"), "float"),
-    **dict.fromkeys(("tie_word_embeddings", "use_sliding_window"), "bool"),
+    **dict.fromkeys(("tie_word_embeddings", "use_sliding_window", "attention_bias"), "bool"),
 }
 
 
 def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides) -> ModelConfig:
-    """Read a transformers Qwen2 `config.json` dict. Features vt does not implement are errors, not ignored."""
+    """Read a transformers Qwen2 or Qwen3 (dense) `config.json` dict. Features vt does not implement are errors,
+    not ignored."""
     if not isinstance(hf, dict):
         raise VtError(f"{source}: expected a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     archs = hf.get("architectures") or []
-    if model_type != "qwen2" or (archs and "Qwen2ForCausalLM" not in archs):
-        raise VtError(f"{source}: field 'model_type' is {model_type!r} (architectures {archs}); "
-                      "vt supports only Qwen2/Qwen2.5 ('qwen2', Qwen2ForCausalLM)")
+    known = {mt: cls for mt, cls in ARCHITECTURES.values()}
+    if model_type not in known or (archs and known[model_type] not in archs):
+        raise VtError(f"{source}: field 'model_type' is {model_type!r} (architectures {archs}); vt supports "
+                      + ", ".join(f"'{mt}' ({cls})" for mt, cls in known.items()))
+    for key, kind in _HF_FIELD_KINDS.items():
+        if hf.get(key) is not None and not _kind_ok(hf[key], kind):
+            raise VtError(f"{source}: field '{key}' must be {kind}, got {type(hf[key]).__name__} {hf[key]!r}")
+    qwen3 = model_type == "qwen3"
+    # Qwen3's attention_bias also puts a bias on o_proj; no released Qwen3 sets it and vt does not implement it.
+    if qwen3 and hf.get("attention_bias", False):
+        raise VtError(f"{source}: field 'attention_bias' is true; vt implements Qwen3 without attention biases")
+    if any(t != "full_attention" for t in hf.get("layer_types") or ()):
+        raise VtError(f"{source}: field 'layer_types' lists {sorted(set(hf['layer_types']))}; vt implements only "
+                      "'full_attention' layers")
 
     def need(key):
         if key not in hf:
@@ -208,7 +269,7 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides)
         return hf[key]
 
     if hf.get("hidden_act", "silu") != "silu":
-        raise VtError(f"{source}: field 'hidden_act' is {hf['hidden_act']!r}; Qwen2 uses 'silu'")
+        raise VtError(f"{source}: field 'hidden_act' is {hf['hidden_act']!r}; Qwen2 and Qwen3 use 'silu'")
     # transformers 5 moved rope settings into `rope_parameters`; 4.x keeps `rope_theta`/`rope_scaling`.
     rope = hf.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -219,15 +280,13 @@ def from_hf_config(hf: dict[str, Any], source: str = "config.json", **overrides)
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     if hf.get("use_sliding_window", False):
         raise VtError(f"{source}: field 'use_sliding_window' is true; vt does not implement sliding-window attention")
-    for key, kind in _HF_FIELD_KINDS.items():
-        if hf.get(key) is not None and not _kind_ok(hf[key], kind):
-            raise VtError(f"{source}: field '{key}' must be {kind}, got {type(hf[key]).__name__} {hf[key]!r}")
     layers = need("num_hidden_layers")
     heads = need("num_attention_heads")
     kwargs = dict(
         vocab_size=need("vocab_size"), hidden_size=need("hidden_size"), intermediate_size=need("intermediate_size"),
         num_layers=layers, num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or 0,
+        # Qwen3Config's head_dim defaults to 128 (not hidden / heads), so a config.json without one means 128.
+        head_dim=hf.get("head_dim") or (128 if qwen3 else 0), attention_bias=not qwen3, qk_norm=qwen3,
         max_position_embeddings=hf.get("max_position_embeddings", 32768), rope_theta=float(rope_theta),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=_first_id(hf.get("bos_token_id")), eos_token_id=_first_id(hf.get("eos_token_id")),
@@ -246,10 +305,13 @@ def _first_id(v):
 
 
 def to_hf_config(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
-    """A `config.json` dict that transformers loads as Qwen2ForCausalLM."""
+    """A `config.json` dict that transformers loads as Qwen2ForCausalLM or Qwen3ForCausalLM (`hf_architecture`)."""
+    model_type, cls = hf_architecture(cfg)
+    extra = {"attention_bias": False} if model_type == "qwen3" else {}
     return {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
+        "architectures": [cls],
+        "model_type": model_type,
+        **extra,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,

@@ -1,4 +1,7 @@
-"""Qwen2 / Qwen2.5 decoder in Flax NNX, numerically matching transformers' Qwen2ForCausalLM.
+"""Qwen2 / Qwen2.5 and dense Qwen3 decoder in Flax NNX, numerically matching transformers' Qwen2ForCausalLM and
+Qwen3ForCausalLM. The families differ in the attention only, by ModelConfig fields: Qwen2 adds a bias to the q/k/v
+projections (`attention_bias`); Qwen3 has none, but RMS-normalises every query and key head over head_dim before
+the rotary embedding (`qk_norm`), and its head_dim is not hidden / heads.
 
 Shape letters used in names: B batch, T query length, S key length (cache length when decoding), D hidden,
 N query heads, K key/value heads, G = N // K query heads per KV head, H head dim, F MLP hidden, V vocab, L layers.
@@ -78,12 +81,16 @@ class Attention(nnx.Module):
         w = nnx.initializers.normal(cfg.initializer_range)
         zeros = nnx.initializers.zeros
         self.q_kernel = _param(rngs, w, (D, N, H), ("embed", "heads", "head_dim"), pd, stack)
-        self.q_bias = _param(rngs, zeros, (N, H), ("heads", "head_dim"), pd, stack)
         self.k_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd, stack)
-        self.k_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
         self.v_kernel = _param(rngs, w, (D, K, H), ("embed", "kv_heads", "head_dim"), pd, stack)
-        self.v_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
         self.o_kernel = _param(rngs, w, (N, H, D), ("heads", "head_dim", "embed"), pd, stack)
+        if cfg.attention_bias:
+            self.q_bias = _param(rngs, zeros, (N, H), ("heads", "head_dim"), pd, stack)
+            self.k_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
+            self.v_bias = _param(rngs, zeros, (K, H), ("kv_heads", "head_dim"), pd, stack)
+        if cfg.qk_norm:  # one [H] weight shared by every head, as HF's q_norm / k_norm
+            self.q_norm = RMSNorm(H, cfg.rms_norm_eps, cfg, rngs, stack)
+            self.k_norm = RMSNorm(H, cfg.rms_norm_eps, cfg, rngs, stack)
         self.impl = resolve(cfg.attention_impl, cfg.dtype)  # decided once, for every call's no-cache attention
         self.branches = cfg.segment_branches
 
@@ -91,9 +98,13 @@ class Attention(nnx.Module):
         """One layer's attention (its own, unstacked weights). With a cache, `layer` is this layer's index into
         it, and the cache comes back with this call's keys and values written."""
         cfg, dt = self.cfg, x_BTD.dtype
-        q = lora.project(self, "q", "btd,dnh->btnh", x_BTD) + self.q_bias[...].astype(dt)
-        k = lora.project(self, "k", "btd,dkh->btkh", x_BTD) + self.k_bias[...].astype(dt)
-        v = lora.project(self, "v", "btd,dkh->btkh", x_BTD) + self.v_bias[...].astype(dt)
+        q = lora.project(self, "q", "btd,dnh->btnh", x_BTD)
+        k = lora.project(self, "k", "btd,dkh->btkh", x_BTD)
+        v = lora.project(self, "v", "btd,dkh->btkh", x_BTD)
+        if cfg.attention_bias:
+            q, k, v = (q + self.q_bias[...].astype(dt), k + self.k_bias[...].astype(dt), v + self.v_bias[...].astype(dt))
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = constrain(rope(q, positions_BT, cfg.rope_theta), ("batch", "sequence", "act_heads", "head_dim"))
         k = rope(k, positions_BT, cfg.rope_theta)
         if cache is None:
@@ -149,7 +160,7 @@ _REMAT_POLICIES = {
 
 
 class Qwen2(nnx.Module):
-    """Qwen2ForCausalLM. `__call__` returns (logits_BTV in float32, updated PagedKVCache or None)."""
+    """Qwen2ForCausalLM or Qwen3ForCausalLM (ModelConfig.hf_architecture). `__call__` returns (logits_BTV in float32, updated PagedKVCache or None)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
