@@ -7,8 +7,8 @@ PyTorch peers at the same shapes, one table with ratios, meant to finish within 
 
   sft      one optimiser step of the real SFT train step (vt.train.step): fp32 master weights and AdamW, bf16
            compute, `--attention` (cuDNN flash attention by default), full remat, --batch rows of --seq tokens
-           in --accum micro-batches. MFU = model FLOPs per step (vt.train.metrics: 6 N per token plus
-           attention) / step time / --peak-flops (H100/H200 dense bf16: 989 TFLOP/s). Goal >= 45%.
+           in --accum micro-batches. MFU = model FLOPs per step (ModelConfig.flops_per_token: 6 N per token
+           plus attention) / step time / --peak-flops (H100/H200 dense bf16: 989 TFLOP/s). Goal >= 45%.
   sampler  vt.sampling.Engine, bf16 weights, --sampler-batch slots, --prompt random prompt tokens, --new tokens
            each (no stop tokens, so every slot decodes to the end). Tokens/s of the whole generate call and the
            fraction of the HBM-bandwidth bound: per decode step the weights are read once and each slot's keys
@@ -169,7 +169,6 @@ def check_sft(args, mesh, out: dict) -> Row:
     import numpy as np
     from vt.checkpoint.params import flat_params
     from vt.model.qwen2 import create_model
-    from vt.train.metrics import model_flops_per_token
     from vt.train.optim import OptimConfig, make_optimizer
     from vt.train.state import ModelDef, abstract_train_state, init_train_state, train_state_shardings
     from vt.distributed import global_batch
@@ -203,7 +202,7 @@ def check_sft(args, mesh, out: dict) -> Row:
             nonlocal state
             state, _ = _block(step(state, batch))
         row.numbers["profile"] = device_profile(profiled, args.profile)
-    flops = model_flops_per_token(cfg, T) * B * T
+    flops = cfg.flops_per_token(T) * B * T
     mfu = flops / dt / (args.peak_flops * jax.device_count())
     row.seconds = dt
     row.throughput = f"{B * T / dt:,.0f} tok/s"
@@ -307,7 +306,6 @@ def check_attention(args, mesh) -> Row:
 def check_rl(args, mesh, sft) -> Row:
     import numpy as np
     from vt.rl.step import make_rl_step, make_token_logps, row_sharding
-    from vt.train.metrics import model_flops_per_token
 
     md, optimizer, schedule, sh, state = sft
     N, T = args.rl_rows, args.rl_seq
@@ -344,7 +342,7 @@ def check_rl(args, mesh, sft) -> Row:
     if args.profile:
         row.numbers["profile"] = device_profile(lambda: one(state)[1], args.profile)  # the last use of `state`
     # forward (2N) for the old log-probs + forward/backward (6N) for the update
-    flops = model_flops_per_token(md.cfg, T) * N * T * (8 / 6)
+    flops = md.cfg.flops_per_token(T) * N * T * (8 / 6)
     mfu = flops / dt / (args.peak_flops * jax.device_count())
     row.seconds = dt
     row.throughput = f"{N * T / dt:,.0f} tok/s"
@@ -373,7 +371,6 @@ def torch_sft(args) -> dict:
     """One optimiser step of the peer SFT loop at the sft check's shape; median of --steps after a first one."""
     import numpy as np
     import torch
-    from vt.train.metrics import model_flops_per_token
     model, device = _torch_model(args, torch.float32)
     model.gradient_checkpointing_enable()
     model.config.use_cache = False
@@ -401,7 +398,7 @@ def torch_sft(args) -> dict:
         step()
         times.append(time.perf_counter() - t0)
     dt = sorted(times)[len(times) // 2]
-    mfu = model_flops_per_token(model_cfg(args), T) * B * T / dt / args.peak_flops
+    mfu = model_cfg(args).flops_per_token(T) * B * T / dt / args.peak_flops
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
     return dict(step_s=dt, tokens_per_s=B * T / dt, mfu=mfu, peak_bytes=peak)
 

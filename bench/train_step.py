@@ -300,10 +300,9 @@ def main():
           f"fastest of {args.steps} steps x {args.rounds} interleaved rounds, after {args.warmup} warm-up")
     for name, secs in results.items():
         print(f"  {name:20s} {secs * 1e3:9.1f} ms/step  {tokens / secs:12,.0f} tokens/s")
-    # Model FLOPs (6N + attention per token, vt.train.metrics): what every framework computes at the least. (XLA's
-    # cost analysis is no measure here: it counts a scanned layer's body once, not once per layer.)
-    from vt.train.metrics import model_flops_per_token
-    flops = model_flops_per_token(model_config(args), args.seq) * tokens
+    # Model FLOPs (6N + attention per token, ModelConfig.flops_per_token): what every framework computes at the
+    # least. (XLA's cost analysis is no measure here: it counts a scanned layer's body once, not once per layer.)
+    flops = model_config(args).flops_per_token(args.seq) * tokens
     print(f"  model FLOPs per step {flops / 1e9:.2f} G: " + ", ".join(
         f"{name} {flops / secs / 1e9:.1f} GFLOP/s" for name, secs in results.items()))
     if "vt" in results and VT_PROFILE:

@@ -27,6 +27,7 @@ Also the one home of the multi-process helpers every learner and tool shares:
   - `global_batch(host_rows, shardings)`: global arrays whose rows are every process's host rows;
   - `MeshProgram`: a function compiled ahead of time on a mesh (the one place a jitted call enters the mesh);
   - `enable_compilation_cache(dir)`: the persistent compilation cache;
+  - `peak_flops_per_device()`: the devices' peak FLOP/s (`PEAK_FLOPS`), for MFU;
 and the one documented list of XLA flags for NVIDIA GPUs (`NVIDIA_XLA_FLAGS`, printed for shell scripts by
 `python -m vt.distributed nvidia-env`).
 """
@@ -182,6 +183,24 @@ def enable_compilation_cache(directory: str | os.PathLike, *, min_compile_time_s
         Path(directory).mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_s))
+
+
+# --- peak FLOP/s of the devices, for MFU ---------------------------------------------------------------------------
+
+# Dense bf16 peak FLOP/s per device, by substring of jax's device_kind. Unknown kinds report no MFU unless
+# `peak_flops` is configured.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "TPU v5p": 459e12, "TPU v5 lite": 197e12,
+              "TPU v5e": 197e12, "TPU v4": 275e12, "TPU v6": 918e12}
+
+
+def peak_flops_per_device(configured: float = 0.0) -> float | None:
+    if configured > 0:
+        return configured
+    kind = jax.devices()[0].device_kind
+    for name, flops in PEAK_FLOPS.items():
+        if name.lower() in kind.lower():
+            return flops
+    return None
 
 
 # --- several processes: the mesh of one, gathers, the global batch -----------------------------------------------

@@ -107,14 +107,14 @@ def test_row_length_counts_the_rows_the_micro_batch_computes():
     rounded to 48 (2,304 slots). First-fit's rows alone favour 32 (2,080 vs 2,064 slots, attention dearer at
     48); the rows computed favour 48. A micro-batch that would be full either way keeps the shorter rows."""
     from vt.model.config import preset
-    from vt.rl.learner import micro_batch_sizes, model_flops_per_token, row_length as learner_row_length
+    from vt.rl.learner import micro_batch_sizes, row_length as learner_row_length
     from vt.sharding import MeshConfig, make_mesh
 
     cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
     lengths = np.array([15] * 125 + [16, 16, 18])
     assert (packed_rows(lengths, 32), packed_rows(lengths, 48)) == (65, 43)
     assert micro_batch_sizes(32, 65, 65536, mesh) == [96] and micro_batch_sizes(48, 43, 65536, mesh) == [48]
-    assert 65 * 32 * model_flops_per_token(cfg, 32) < 43 * 48 * model_flops_per_token(cfg, 48)
+    assert 65 * 32 * cfg.flops_per_token(32) < 43 * 48 * cfg.flops_per_token(48)
     assert learner_row_length(scored_lengths(lengths, 16, 8), cfg, True, 65536, mesh) == 48
     # micro-batches of 8 rows of 32 or 5 of 48 compute first-fit's rows (2,080 vs 2,064 slots): 32, as above
     assert micro_batch_sizes(32, 65, 256, mesh) == [8] * 8 + [1]

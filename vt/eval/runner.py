@@ -51,7 +51,8 @@ from vt.rewards.registry import make_reward
 from vt.sampling.engine import Engine, SamplerConfig
 from vt.sharding import MeshConfig
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
-from vt.tracking import LoggingConfig, log_summary
+from vt.tracking import LoggingConfig
+from vt.tracking.wandb import log_summary
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from vt.io import atomic_write_json
 from vt.recipe.report import write_outputs
 from vt.recipe.stages import (MANIFEST, STAGE_BY_NAME, STAGE_NAMES, Context, Plan, RecipeConfig, StageOutput,
                               heldout_accuracy, stage_logging)
-from vt.tracking import log_summary
+from vt.tracking.wandb import log_summary
 
 
 PLAN_FILE = "pipeline.json"  # the enabled stages in order (vt.checkpoint.commands.describe_pipeline reads it)

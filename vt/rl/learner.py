@@ -85,7 +85,6 @@ from vt.sharding import MeshConfig, state_shardings
 from vt.tracking import LoggingConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, initial_params, resolve_model_config,
                            run_loop, run_workdir)
-from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.state import ModelDef, TrainState
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, check_fields
@@ -404,7 +403,7 @@ class Learner:
         T = int(metrics.pop("row_length"))
         out["train_tokens_per_s"] = train_tokens / max(train_s, 1e-9)
         if self.setup.peak_total:
-            flops = model_flops_per_token(self.model_cfg, T) * train_tokens
+            flops = self.model_cfg.flops_per_token(T) * train_tokens
             out["mfu"] = flops / max(train_s, 1e-9) / self.setup.peak_total
         return out
 
@@ -660,7 +659,7 @@ def row_length(s: Scored, model_cfg, pack: bool, tokens_per_micro_batch: int, me
     rows = allgather(np.array([packed_rows(unit_lengths(s, row_units(s, t, share), t), t) for t in options],
                               np.int64)).max(0)
     computed = [sum(micro_batch_sizes(t, int(r), tokens_per_micro_batch, mesh)) * t for r, t in zip(rows, options)]
-    cost = [c * model_flops_per_token(model_cfg, t) for c, t in zip(computed, options)]
+    cost = [c * model_cfg.flops_per_token(t) for c, t in zip(computed, options)]
     return options[int(np.argmin(cost))]
 
 

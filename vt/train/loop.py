@@ -29,16 +29,16 @@ from flax import nnx
 from vt import Preempted, Terminated, VtError
 from vt.checkpoint.manager import CHECKPOINTS_DIR, CheckpointConfig, CheckpointManager
 from vt.checkpoint.params import flat_params, load_model, load_model_config
-from vt.distributed import enable_compilation_cache, is_primary
+from vt.distributed import enable_compilation_cache, is_primary, peak_flops_per_device
 from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, exclusive, out_of_space, writing
 from vt.model.config import ModelConfig, preset
 from vt.model import lora
 from vt.model.qwen2 import Qwen2, create_model
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.losses import DEFAULT_LOSS_CHUNK
-from vt.train.metrics import MetricsWriter, peak_flops_per_device
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.tracking import LoggingConfig
+from vt.tracking.run import RunTracker
 from vt.train.state import ModelDef, TrainState, abstract_train_state, init_train_state, train_state_shardings
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, Range, check_fields
 
@@ -268,7 +268,7 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
             lines = _Lines(setup, start, total, host_metrics)
             if evaluate is not None and eval_at_start and start == 0:
                 history.append((0, evaluate(state, 0)))
-                lines.writer.write(0, {eval_key: history[-1][1]})
+                lines.tracker.log(0, {eval_key: history[-1][1]})
             for step in range(start + 1, total + 1):  # step: learner steps done once step_fn returns
                 state, metrics = step_fn(state, step - 1)
                 pending = lines.add(step, metrics)
@@ -289,11 +289,11 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
             error = e
         preempt.stop(error)
         _test_hold("stopping")
-        error = _close_all([ckpt.close] + ([lines.writer.close] if lines else []) + ([close] if close else []), error)
+        error = _close_all([ckpt.close] + ([lines.tracker.close] if lines else []) + ([close] if close else []), error)
     if error is not None:
         raise _as_reported(error, preempt.requested, ckpt)
     return TrainResult(step=step, status=status, last_metrics=lines.last, eval_history=history,
-                       history=lines.writer.rows)
+                       history=lines.tracker.rows)
 
 
 @dataclasses.dataclass
@@ -305,7 +305,7 @@ class _Pending:
 
 
 class _Lines:
-    """metrics.jsonl (MetricsWriter) of a run. A step's line is written once the next step is dispatched (the
+    """metrics.jsonl (RunTracker) of a run. A step's line is written once the next step is dispatched (the
     host never waits for the device: nanodo's "dispatch step N, then read step N-1's metrics"), or earlier when
     the run needs the step checked (`flush`: before its checkpoint, at the end). Checking it halts the run on a
     skipped update (`finite` 0: non-finite loss or gradient). `host_metrics(metrics, seconds since the last
@@ -317,8 +317,9 @@ class _Lines:
         self.pending: _Pending | None = None
         self.last: dict[str, Any] = {}  # the newest line written
         self.t_prev = time.perf_counter()
-        self.writer = MetricsWriter(setup.workdir, total_steps=total, start_step=start, progress=cfg.train.progress,
-                                    logging_cfg=cfg.logging, config=dataclasses.asdict(cfg), job_type=cfg.learner)
+        self.tracker = RunTracker(setup.workdir, total_steps=total, start_step=start, enabled=jax.process_index() == 0,
+                                  progress=cfg.train.progress, logging_cfg=cfg.logging,
+                                  config=dataclasses.asdict(cfg), job_type=cfg.learner)
 
     def add(self, step: int, metrics: dict[str, Any]) -> _Pending:
         self.flush()  # the previous step's: ready by now, the device is busy with this step
@@ -339,7 +340,7 @@ class _Lines:
         dt, self.t_prev = now - self.t_prev, now
         m |= p.extra
         self.last = self.host_metrics(m, dt) if self.host_metrics is not None else m
-        self.writer.write(p.step, self.last)
+        self.tracker.log(p.step, self.last)
 
 
 def _close_all(closers: list[Callable[[], None]], error: BaseException | None) -> BaseException | None:

@@ -43,7 +43,6 @@ from vt.model.config import ModelConfig
 from vt.sharding import MeshConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, resolve_model_config, run_loop,
                            run_workdir)
-from vt.train.metrics import model_flops_per_token
 from vt.train.optim import OptimConfig
 from vt.train.step import BATCH_DTYPES, BATCH_KEYS, as_microbatches, batch_sharding, make_eval_step, make_train_step
 from vt.tracking import LoggingConfig
@@ -194,7 +193,7 @@ class Learner:
                                        d.grad_accum_steps, rows, d.seq_len, loss_chunk=cfg.model.loss_chunk)
         self.eval_fn = (make_eval_step(s.md, s.sh.params, s.mesh, loss_chunk=cfg.model.loss_chunk)
                         if self.eval_data is not None else None)
-        self.flops_per_step = model_flops_per_token(model_cfg, d.seq_len) * d.global_batch_size * d.seq_len
+        self.flops_per_step = model_cfg.flops_per_token(d.seq_len) * d.global_batch_size * d.seq_len
 
     def device_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """This process's rows of a step's batch -> the global [A, b, T] arrays."""

@@ -9,7 +9,8 @@ import pytest
 from vt import VtError
 from vt.config import load_config, to_dataclass
 from vt.rl.learner import RLConfig, train_rl
-from vt.tracking import RUN_ID_FILE, LoggingConfig, log_summary
+from vt.tracking import LoggingConfig
+from vt.tracking.wandb import RUN_ID_FILE, log_summary
 from vt.train.sft import SftConfig, train
 
 pytest.importorskip("wandb")

@@ -3,7 +3,7 @@
 A run is opened by process 0 only, when the config's `logging.wandb_project` is set:
 
     run = open_wandb_run(cfg.logging, workdir, config=dataclasses.asdict(cfg), job_type="sft")
-    run.log({...}, step=step); run.finish()
+    tracker = WandbTracker(run); tracker.log(step, {...}); tracker.close()
 
 Its id is kept in `<workdir>/wandb_run_id`, written before the run starts, so a restarted job (a preempted
 learner, a re-run pipeline stage) continues the same W&B run instead of starting a second one. W&B writes its
@@ -12,51 +12,21 @@ files under `<workdir>/wandb/`; WANDB_MODE=offline (or `logging.wandb_mode='offl
 
 A resumed run cannot rewind: W&B keeps the first value it was sent for a step, so steps that a killed learner
 logged after its last checkpoint keep the killed run's values there (TensorBoard's purge_step and metrics.jsonl
-drop them; vt.train.metrics).
+drop them: vt.tracking.tensorboard, vt.tracking.jsonl).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import secrets
 from pathlib import Path
 from typing import Any
 
 from vt import VtError
 from vt.io import atomic_write_text
-from vt.validation import FieldError
+from vt.tracking import LoggingConfig, scalars
 
 log = logging.getLogger(__name__)
 RUN_ID_FILE = "wandb_run_id"
-MODES = ("", "online", "offline", "disabled")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoggingConfig:
-    wandb_project: str = ""  # W&B project; "" = no W&B run (TensorBoard and metrics.jsonl are always written)
-    wandb_entity: str = ""  # W&B team or user ("" = the logged-in user's default)
-    wandb_run_name: str = ""  # display name ("" = the work directory's name; the recipe: the stage's name)
-    wandb_group: str = ""  # groups runs in the W&B UI ("" = none; the recipe: one group per pipeline work directory)
-    wandb_tags: tuple[str, ...] = ()
-    wandb_mode: str = ""  # online | offline | disabled ("" = the WANDB_MODE environment variable, else online)
-
-    def __post_init__(self):
-        if self.wandb_mode not in MODES:
-            raise FieldError("LoggingConfig", "wandb_mode", f"{self.wandb_mode!r}: expected one of {', '.join(map(repr, MODES[1:]))}")
-
-
-def logging_defaults() -> dict:
-    """The `logging` section of a config file: every LoggingConfig field at its default, so that each one can
-    be set with --config.logging.<field>=VALUE."""
-    return dataclasses.asdict(LoggingConfig())
-
-
-def scalars(values: dict[str, Any]) -> dict[str, float | int]:
-    """The entries of a metrics line that are plotted: finite numbers (not bools, strings or lists). TensorBoard
-    and W&B are both sent exactly these."""
-    return {k: v for k, v in values.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def open_wandb_run(cfg: LoggingConfig, workdir: Path | str, *, config: dict, job_type: str, name: str = "",
@@ -104,6 +74,22 @@ def flat_scalars(values: dict[str, Any], prefix: str = "") -> dict[str, float | 
     return scalars(out)
 
 
+class WandbTracker:
+    """An open W&B run as a tracker: the plotted values of each step, a job's results as the run's summary."""
+
+    def __init__(self, run):
+        self.run = run
+
+    def log(self, step: int, values: dict[str, Any]) -> None:
+        self.run.log(scalars(values), step=step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.run.summary.update(flat_scalars(values))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 def log_summary(cfg: LoggingConfig, workdir: Path | str, summary: dict[str, Any], *, config: dict, job_type: str,
                 name: str = "") -> None:
     """One job's results (an evaluation's summary, a pipeline stage's metrics) as the summary of the work
@@ -111,7 +97,8 @@ def log_summary(cfg: LoggingConfig, workdir: Path | str, summary: dict[str, Any]
     run = open_wandb_run(cfg, workdir, config=config, job_type=job_type, name=name)
     if run is None:
         return
+    tracker = WandbTracker(run)
     try:
-        run.summary.update(flat_scalars(summary))
+        tracker.summary(summary)
     finally:
-        run.finish()
+        tracker.close()
