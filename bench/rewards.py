@@ -135,7 +135,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vt.rewards.code import CodeReward  # noqa: E402
+from vt.rewards.code.reward import CodeReward  # noqa: E402
 from vt.rewards.math_reward import MathReward  # noqa: E402
 from vt.rewards.sandbox.cold import default_python  # noqa: E402
 

@@ -743,7 +743,7 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
     import numpy as np
     from rl_helpers import metrics, rl_config
     from vt.rewards.base import failed
-    from vt.rewards.code import CodeReward
+    from vt.rewards.code.reward import CodeReward
     from vt.rewards.rubric import RubricReward
     from vt.rl.learner import Learner
 

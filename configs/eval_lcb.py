@@ -2,7 +2,7 @@
 
 Rows: {"prompt": ..., "tests": [{"input", "output"} | {"fn_name", "args", "expected"}], "ability": "code"}, or
 LiveCodeBench's own rows as they come ({"question_content", "public_test_cases", "private_test_cases",
-"metadata"}); HumanEval, MBPP and verl code rows are read too (vt.rewards.code.code_tests).
+"metadata"}); HumanEval, MBPP and verl code rows are read too (vt.rewards.code.formats.code_tests).
 
     vt eval --config configs/eval_lcb.py --ckpt DIR --tokenizer DIR --out runs/eval/lcb_v6 \
         --config.data=data/eval/lcb_v6.jsonl

@@ -39,7 +39,7 @@ def test_code_reward_from_a_jax_process_forks_nothing():
     code = textwrap.dedent("""
         import jax, jax.numpy as jnp
         jnp.ones(4).block_until_ready()  # JAX's threads are up: a fork now is what it warns about
-        from vt.rewards.code import CodeReward
+        from vt.rewards.code.reward import CodeReward
         with CodeReward(workers=2, allow_unsandboxed=True) as r:
             res = r([{"tests": [{"input": "1 2", "output": "3"}]}],
                     ["```python\\na, b = map(int, input().split())\\nprint(a + b)\\n```"])

@@ -21,7 +21,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from vt.rewards.code import CodeReward, StdioTest, code_tests, judge_call_result, stdout_matches, values_equal
+from vt.rewards.code.formats import code_tests
+from vt.rewards.code.grading import judge_call_result, stdout_matches, values_equal
+from vt.rewards.code.reward import CodeReward
+from vt.rewards.code.tests import StdioTest
 
 from .reference_graders import load
 

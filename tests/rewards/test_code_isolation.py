@@ -20,7 +20,7 @@ import textwrap
 
 import pytest
 
-from vt.rewards.code import CodeReward
+from vt.rewards.code.reward import CodeReward
 
 TEST_LIMIT_S = 4.0
 

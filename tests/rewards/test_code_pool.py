@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from vt.rewards.code import CodeReward
+from vt.rewards.code.reward import CodeReward
 from vt.rewards.sandbox import warm as pool_mod
 from vt.rewards.sandbox.cold import force_rmtree, prepare_code_dir
 

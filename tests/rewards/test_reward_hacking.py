@@ -14,7 +14,9 @@ import builtins
 
 import pytest
 
-from vt.rewards.code import CodeReward, code_tests, free_names
+from vt.rewards.code.formats import code_tests
+from vt.rewards.code.reward import CodeReward
+from vt.rewards.code.tests import free_names
 
 from .test_code_programs import MBPP, TIME_LIMIT_S, block, mutate, official_verdicts
 

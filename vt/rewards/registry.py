@@ -9,7 +9,7 @@ from vt.rewards.base import RewardFunction
 # domain -> (module, class): the one list of reward domains (`vt reward --domain` offers these).
 DOMAINS: dict[str, tuple[str, str]] = {
     "math": ("vt.rewards.math_reward", "MathReward"),
-    "code": ("vt.rewards.code", "CodeReward"),
+    "code": ("vt.rewards.code.reward", "CodeReward"),
     "stem": ("vt.rewards.stem", "StemReward"),
     "instruct": ("vt.rewards.instruct", "InstructReward"),
     "rubric": ("vt.rewards.rubric", "RubricReward"),
