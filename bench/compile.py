@@ -78,7 +78,7 @@ STEPS_PER_CALL = 8  # decode steps per call
 def _sampler(args, cfg, mesh):
     """The sampler's programs for --sampler-batch slots and a pool holding --cache tokens for each."""
     from vt.plan import programs as pg
-    from vt.sampling.engine import SamplerConfig
+    from vt.sampling.config import SamplerConfig
     sc = SamplerConfig(batch_size=args.sampler_batch, steps_per_call=STEPS_PER_CALL)
     pages = -(-args.cache // sc.page_size)
     return pg.sampler_setup(cfg, mesh, sc), args.sampler_batch * pages, pages

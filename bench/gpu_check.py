@@ -217,7 +217,8 @@ def check_sampler(args, mesh, kernel: str = "auto") -> Row:
     import numpy as np
     from vt.model.config import param_count
     from vt.model.qwen2 import create_model
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
 
     cfg = model_cfg(args, param_dtype="bfloat16", dtype="bfloat16", attention_impl="xla")
     B, P, N = args.sampler_batch, args.prompt, args.new

@@ -34,7 +34,8 @@ def main(argv=None) -> int:
     from vt.model import lora
     from vt.model.config import preset
     from vt.model.qwen2 import create_model
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     from vt.train.state import ModelDef
 
     over = {} if args.size == "tiny" else dict(hidden_size=512, intermediate_size=1408, num_layers=8, num_heads=8,

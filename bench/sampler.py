@@ -10,7 +10,7 @@ measures, instead of tokens/s, the bytes XLA's cost analysis says one compiled d
 accesses (abstract shapes, nothing allocated; batch 256, every slot at context 2048, pages of 16) against the
 ideal: the weights plus the live KV read once. The cost analysis counts a loop body once, so the measured step
 is the engine's own `vt.sampling.steps.decode_step` over the cache's cost-analysis form
-(vt.model.kv_pages.CostAnalysisKVCache: page blocks and layers unrolled, per-slot writes). `--json FILE` writes the numbers:
+(`cost_analysis_cache()` below: page blocks and layers unrolled, per-slot writes). `--json FILE` writes the numbers:
 {"roofline": {"bytes_accessed", "ideal_bytes", "ratio", ...}} or {"throughput": {...}}.
 
 Workload (RL-shaped): `--prompts` random prompts of 16..64 tokens, `--n` samples each at temperature 1.0 (no
@@ -83,7 +83,8 @@ def make_weights(args, out: Path) -> None:
 
 def run_vt(args, hf_dir: Path, work) -> dict:
     from vt.checkpoint.params import model_from_hf
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     engine = Engine(model_from_hf(hf_dir), SamplerConfig(batch_size=args.batch_size, temperature=1.0,
                                                          stop_token_ids=(), n=args.n))
     requests = [Request(p, max_new_tokens=m) for p, m in work]
@@ -101,6 +102,48 @@ def run_vt(args, hf_dir: Path, work) -> dict:
                 host_seconds=st.host_seconds)
 
 
+def cost_analysis_cache():
+    """The paged KV cache in a form whose every byte XLA's cost analysis counts, for the same decode step
+    (`--roofline`; tests/sampling/test_pages.py checks it computes what vt.model.kv_pages.PagedKVCache does).
+    The analysis counts a loop body once, so the layers are unrolled and attention reads exactly every page
+    block, unrolled; and it counts a scatter as reading and writing its whole operand (the pool) although it
+    updates in place, so each slot's token is written by its own dynamic-update-slice (a loop whose body,
+    counted once, leaves out B - 1 tokens: a negligible fraction of a step). Single-token steps only. A factory,
+    so that importing this script imports no JAX."""
+    import dataclasses
+    from typing import ClassVar
+
+    import jax
+    import jax.numpy as jnp
+
+    from vt.model import online_softmax
+    from vt.model.kv_pages import PagedKVCache, page_blocks
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class CostAnalysisKVCache(PagedKVCache):
+        scan_unroll: ClassVar[bool] = True
+
+        def write(self, layer, k_BTKH, v_BTKH, positions_BT) -> "CostAnalysisKVCache":
+            Z = self.page_size
+            page_B = jnp.take_along_axis(self.page_table, positions_BT // Z, axis=1)[:, 0]
+
+            def write_slots(pool, new_BTKH):
+                new_BKH = new_BTKH[:, 0].astype(pool.dtype)
+                one = lambda b, pool: jax.lax.dynamic_update_slice(  # noqa: E731
+                    pool, new_BKH[b][None, :, None, None, :], (layer, 0, page_B[b], positions_BT[b, 0] % Z, 0))
+                return jax.lax.fori_loop(0, new_BTKH.shape[0], one, pool)
+            return dataclasses.replace(self, k=write_slots(self.k, k_BTKH), v=write_slots(self.v, v_BTKH))
+
+        def attend(self, layer, q_BTNH, k_BTKH, v_BTKH, positions_BT, segment_ids_BT, impl: str):
+            fold, carry, n_blocks, _ = page_blocks(q_BTNH, self.k, self.v, self.page_table, positions_BT,
+                                                   q_BTNH.shape[-1] ** -0.5, layer=layer, slice_layer=True)
+            for i in range(n_blocks):
+                carry = fold(i, carry)
+            return online_softmax.finish(carry, q_BTNH.dtype)
+    return CostAnalysisKVCache
+
+
 def roofline(args) -> dict:
     """Bytes accessed by one compiled decode step (XLA cost analysis) vs the weights plus the live KV."""
     import jax
@@ -109,7 +152,6 @@ def roofline(args) -> dict:
 
     from vt.model.config import param_count, preset
     from vt.model.qwen2 import abstract_model
-    from vt.model.kv_pages import CostAnalysisKVCache
     from vt.sampling import steps
     from vt.sampling.rules import SamplingParams
     B, ctx, Z = 256, 2048, 16
@@ -119,7 +161,7 @@ def roofline(args) -> dict:
     n_pages = B * M + 1
     SDS = jax.ShapeDtypeStruct
     pool = SDS((mc.num_layers, mc.num_kv_heads, n_pages, Z, mc.head_dim), jnp.dtype(mc.dtype))
-    cache = CostAnalysisKVCache(k=pool, v=pool, page_table=SDS((B, M), jnp.int32))
+    cache = cost_analysis_cache()(k=pool, v=pool, page_table=SDS((B, M), jnp.int32))
     i32, b1 = SDS((B,), jnp.int32), SDS((B,), jnp.bool_)
     slots = steps.Slots(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
                         key=SDS((B, 2), jnp.uint32))

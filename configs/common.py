@@ -3,7 +3,7 @@ import dataclasses
 
 import ml_collections
 
-from vt.sampling.engine import SamplerConfig
+from vt.sampling.config import SamplerConfig
 from vt.tracking import logging_defaults
 
 

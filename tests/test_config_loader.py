@@ -1,10 +1,13 @@
 """vt/config.py: config files, typed command-line overrides and the dataclass boundary; every config file
 declares every field of the dataclasses it fills."""
 import dataclasses
+import subprocess
+import sys
 import typing
 
 import pytest
 
+from testutil import REPO
 from vt import VtError
 from vt.config import load_config, to_dataclass
 from vt.distill.run import SelfDistillConfig
@@ -149,3 +152,17 @@ def test_instruct_rl_runs_without_the_ifeval_quirk_and_can_set_it(spec):
     assert load_config(spec, ["--config.rewards.instruct.ifeval_quirks=True"]).rewards.instruct.ifeval_quirks is True
     recipe = load_config("configs/vibethinker_3b.py")
     assert recipe.stages.rl_instruct.rewards.instruct.ifeval_quirks is False
+
+
+def test_loading_a_config_file_imports_no_jax():
+    """Config files are host-side (vt.sampling.config, vt.tracking): loading each one, in a fresh process, starts
+    neither JAX nor the model. The first file that does is named."""
+    files = [str(p) for p in sorted(REPO.glob("configs/*.py")) if "def get_config" in p.read_text()]
+    assert len(files) > 10
+    code = ("import sys, vt.config\n"
+            "for f in sys.argv[1:]:\n"
+            "    vt.config.load_config(f)\n"
+            "    heavy = [m for m in ('jax', 'flax', 'torch') if m in sys.modules]\n"
+            "    assert not heavy, f'{f} imports {heavy}'\n")
+    r = subprocess.run([sys.executable, "-c", code, *files], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

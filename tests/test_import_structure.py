@@ -1,4 +1,5 @@
-"""vt's import graph has no cycles: not between its files, and not between its packages.
+"""vt's import graph has no cycles: not between its files, and not between its packages. Commands that use no
+device import no JAX (run as `vt` runs them, in a fresh process).
 
 Read from the source (ast), so every import counts, deferred ones inside functions too: a cycle hidden behind a
 function-level import is still two modules that cannot be understood (or tested) apart. Library modules import
@@ -7,6 +8,11 @@ at the top; deferred imports are allowed only in `commands.py` files, `vt/cli.py
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -162,3 +168,35 @@ def test_library_modules_import_at_the_top(module):
                 if not all(any(x == e or x.startswith(e + ".") for e in DEFERRED_OK) for x in names):
                     deferred.append(f"{MODULES[module].relative_to(ROOT)}:{n.lineno} {', '.join(names)}")
     assert not deferred, "deferred imports of non-optional modules (import them at the top):\n" + "\n".join(deferred)
+
+
+# `vt` commands that use no device, each run for real in a fresh process: none may import JAX (the CLI joins a
+# multi-process run only when launched as one: vt.cluster). Each: (arguments, exit status), given a directory.
+HOST_COMMANDS = {
+    "reward": (lambda d: ["reward", "--domain", "math", "--input", d / "math.jsonl", "--out", d / "out.jsonl",
+                          "--no-progress"], 0),
+    "data filter": (lambda d: ["data", "filter", d / "data.jsonl", d / "out.jsonl", "--no-progress"], 0),
+    "data dedup": (lambda d: ["data", "dedup", d / "data.jsonl", d / "out.jsonl", "--no-progress"], 0),
+    # a wheel without the BPE ranks: the command runs until it reads the wheel (no network, no cache)
+    "tokenizer": (lambda d: ["tokenizer", "build-qwen2.5", d / "tok", "--wheel", d / "dashscope-2.0.2-py3-none-any.whl"],
+                  2),
+}
+
+
+@pytest.mark.parametrize("command", sorted(HOST_COMMANDS))
+def test_host_commands_import_no_jax(command, tmp_path):
+    (tmp_path / "math.jsonl").write_text(json.dumps({"completion": "so \\boxed{4}", "ground_truth": "4"}) + "\n")
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"prompt": f"question {i}", "response": "an answer "
+                                                                         f"that is long enough {i}"}) + "\n"
+                                                 for i in range(3)))
+    with zipfile.ZipFile(tmp_path / "dashscope-2.0.2-py3-none-any.whl", "w") as z:
+        z.writestr("dashscope/__init__.py", "")
+    args, status = HOST_COMMANDS[command]
+    code = ("import sys; from vt.cli import main; rc = main(sys.argv[1:]); "
+            "heavy = [m for m in ('jax', 'flax', 'torch') if m in sys.modules]; "
+            "print('exit', rc, 'imported', heavy, file=sys.stderr)")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args(tmp_path))], cwd=ROOT, capture_output=True,
+                       text=True, env={k: v for k, v in os.environ.items()
+                                       if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS_ID",
+                                                            "SLURM_"))})
+    assert f"exit {status} imported []" in r.stderr, r.stderr[-2000:]

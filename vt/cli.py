@@ -14,6 +14,7 @@ import warnings
 
 from vt import EXIT_PREEMPTED, Terminated, VtError
 from vt.checkpoint.seal import set_verify
+from vt.cluster import detect
 from vt.io import error_detail, out_of_space
 from vt.validation import ArgumentParser
 
@@ -22,7 +23,8 @@ COMMAND_MODULES = (
     "vt.checkpoint.commands",  # convert, info
     "vt.sampling.commands",  # sample
     "vt.rewards.commands",  # reward
-    "vt.train.commands",  # train, merge
+    "vt.learners.commands",  # train
+    "vt.train.commands",  # merge
     "vt.rl.commands",  # profile
     "vt.eval.commands",  # eval
     "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
@@ -112,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     args.config_overrides = extra
     name = args.command_name  # "vt data filter"
     try:
-        # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM); a no-op otherwise.
-        from vt.distributed import initialize
-        initialize()
+        # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM). One process needs nothing
+        # first: a command that uses no device (vt reward, vt data filter, vt tokenizer) never imports JAX.
+        if detect()[0] != "single":
+            from vt.distributed import initialize
+            initialize()
         set_verify(not getattr(args, "trust_checkpoint", False))  # the flag vt.checkpoint.seal.add_trust_flag adds
         return int(args.func(args) or 0)
     except VtError as e:

@@ -88,7 +88,8 @@ def _checkpoint(tmp: Path, vocab_size: int, *, stop_after: int | None = None, to
 
 
 def _vt_greedy(model, tok, prompts, max_new_tokens, stop=None):
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     sc = SamplerConfig(temperature=0.0, max_new_tokens=max_new_tokens, batch_size=8,
                        stop_token_ids=tuple(tok.eos_token_ids) if stop is None else tuple(stop))
     engine = Engine(model, sc, tokenizer=tok if stop is None else None)

@@ -89,7 +89,8 @@ def test_vt_sample_stops_and_decodes_across_token_boundaries(chain_ckpt, qwen_di
 
 def test_engine_stop_ids_are_the_tokenizers(chain_ckpt, qwen_dir, qwen_tok):
     from vt.checkpoint.params import load_model
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
 
     gen = json.loads((qwen_dir / "generation_config.json").read_text())
     engine = Engine(load_model(chain_ckpt), SamplerConfig(batch_size=2, max_new_tokens=40, temperature=0.0),

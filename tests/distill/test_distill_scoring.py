@@ -100,7 +100,7 @@ def test_self_distill_end_to_end(tmp_path, aime_rows, math_reward, tiny_model):
     """Stand-in RL checkpoint on AIME -> verified traces only -> S_LP by the tiny student -> band selection."""
     from vt.data.tokenizer import build_tiny_tokenizer
     from vt.distill.run import Rules, Selection, SelfDistillConfig, Source, Sources, run_self_distill
-    from vt.sampling.engine import SamplerConfig
+    from vt.sampling.config import SamplerConfig
     tok = build_tiny_tokenizer(tmp_path / "tok")
     cfg = SelfDistillConfig(sources=Sources(math=Source(data=str(AIME), n=4, limit=8)),
                             sampling=SamplerConfig(n=4), progress=False,

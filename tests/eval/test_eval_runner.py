@@ -10,7 +10,7 @@ from eval_helpers import AIME, PATTERNS, StandIn
 from eval_helpers import aime_rows, math_reward  # noqa: F401 (session fixtures)
 from vt import VtError
 from vt.eval.runner import ClrConfig, EvalConfig, run_eval
-from vt.sampling.engine import SamplerConfig
+from vt.sampling.config import SamplerConfig
 
 
 def config(**kw):

@@ -68,7 +68,8 @@ def test_fewer_kv_heads_than_tensor_shards():
     from vt.checkpoint.params import flat_params
     from vt.model.config import preset
     from vt.model.qwen2 import create_model
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     from vt.sharding import MeshConfig, make_mesh, use_mesh
     from vt.train.state import ModelDef
 

@@ -14,7 +14,7 @@ from vt.model.attention import resolve
 from vt.model.config import preset
 from vt.plan import programs as pg
 from vt.plan import topology
-from vt.sampling.engine import SamplerConfig
+from vt.sampling.config import SamplerConfig
 from vt.sharding import MeshConfig, make_mesh, platform, use_mesh
 
 

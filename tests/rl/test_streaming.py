@@ -18,7 +18,8 @@ from vt.rewards.registry import make_reward
 from vt.rewards.rubric import RubricReward
 from vt.rewards.streaming import StreamingScorer, busy_seconds
 from vt.rl.rollouts import rollout_and_score
-from vt.sampling.engine import Engine, SamplerConfig
+from vt.sampling.config import SamplerConfig
+from vt.sampling.engine import Engine
 
 
 class HashReward(RewardFunction):

@@ -145,7 +145,8 @@ def test_work_too_large_for_memory_is_refused_before_allocating(extra, record, m
 
 
 def test_engine_refuses_a_batch_too_large_for_memory_before_allocating(sampling_model):
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     engine = Engine(sampling_model, SamplerConfig(batch_size=10_000_000, max_new_tokens=8))
     with pytest.raises(VtError, match="sampler batch_size 10000000: the KV cache"):
         engine.generate([Request(prompt_ids=[1, 2, 3])])

@@ -5,7 +5,8 @@ import numpy as np
 from vt.buckets import bucket
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
-from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.sampling.config import Request, SamplerConfig
+from vt.sampling.engine import Engine
 from vt.sampling.page_table import pages_for
 
 

@@ -1,5 +1,7 @@
 """The paged KV cache pieces: host page pool (refcounts, sharing, copy-on-write) and device page writes and
-decode attention over pages against dense attention."""
+decode attention over pages against dense attention (and bench/sampler.py's cost-analysis form against both)."""
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,9 +9,14 @@ import pytest
 
 from vt import VtError
 from vt.model.attention import dense_attention as _xla_attention
-from vt.model.kv_pages import (CostAnalysisKVCache, copy_pages, paged_attention_gpu, paged_attention_xla,
-                                write_pages)
+from testutil import REPO
+from vt.model.kv_pages import copy_pages, paged_attention_gpu, paged_attention_xla, write_pages
 from vt.sampling.page_table import PagePool, PageTables, pool_pages, prompt_need, prompt_pages
+
+sys.path.insert(0, str(REPO / "bench"))
+from sampler import cost_analysis_cache  # noqa: E402  (bench/sampler.py --roofline's form of the cache)
+
+CostAnalysisKVCache = cost_analysis_cache()
 
 
 def test_pool_refcounts_share_and_copy_on_write():

@@ -8,7 +8,8 @@ from flax import nnx
 from vt import VtError
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
-from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.sampling.config import Request, SamplerConfig
+from vt.sampling.engine import Engine
 from vt.sharding import MeshConfig, make_mesh
 
 

@@ -1,4 +1,4 @@
-"""vt.distributed: how initialize() decides to start (explicit, SLURM, TPU VM, single), the NVIDIA settings, and
+"""vt.cluster and vt.distributed: how initialize() decides to start (explicit, SLURM, TPU VM, single), the NVIDIA settings, and
 the persistent compilation cache."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+import vt.cluster as cluster
 import vt.distributed as dist
 from testutil import REPO
 from vt import VtError
@@ -19,14 +20,14 @@ SLURM = {"SLURM_JOB_ID": "17", "SLURM_STEP_NODELIST": "gpu[001-002]", "SLURM_NTA
 
 def test_explicit_from_environment():
     env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2", **SLURM}
-    method, kwargs = dist.detect(env=env, sysfs="/nonexistent")
+    method, kwargs = cluster.detect(env=env, sysfs="/nonexistent")
     assert method == "explicit"  # explicit settings win over SLURM's
     assert kwargs == {"coordinator_address": "10.0.0.1:1234", "num_processes": 4, "process_id": 2}
 
 
 def test_explicit_arguments_beat_environment():
     env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "2"}
-    _, kwargs = dist.detect("h:1", 2, 1, env=env, sysfs="/nonexistent")
+    _, kwargs = cluster.detect("h:1", 2, 1, env=env, sysfs="/nonexistent")
     assert kwargs == {"coordinator_address": "h:1", "num_processes": 2, "process_id": 1}
 
 
@@ -40,31 +41,31 @@ def test_explicit_arguments_beat_environment():
 ])
 def test_partial_or_bad_settings_are_errors(env, message):
     with pytest.raises(VtError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        dist.detect(env=env, sysfs="/nonexistent")
+        cluster.detect(env=env, sysfs="/nonexistent")
 
 
 def test_slurm_step_uses_jax_slurm_detection():
-    assert dist.detect(env=SLURM, sysfs="/nonexistent") == ("slurm", {"cluster_detection_method": "slurm"})
+    assert cluster.detect(env=SLURM, sysfs="/nonexistent") == ("slurm", {"cluster_detection_method": "slurm"})
     # the batch script itself (no srun step: no SLURM_STEP_NODELIST) is a single process
     batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_NODELIST"}
-    assert dist.detect(env=batch, sysfs="/nonexistent") == ("single", {})
-    assert dist.detect(env={**SLURM, "VT_DISTRIBUTED": "off"}, sysfs="/nonexistent") == ("single", {})
+    assert cluster.detect(env=batch, sysfs="/nonexistent") == ("single", {})
+    assert cluster.detect(env={**SLURM, "VT_DISTRIBUTED": "off"}, sysfs="/nonexistent") == ("single", {})
 
 
 def test_tpu_vm_detected_from_pci_vendor(tmp_path):
     for i, vendor in enumerate(["0x8086", "0x1ae0", "0x1ae0"]):
         (tmp_path / f"0000:00:0{i}.0").mkdir()
         (tmp_path / f"0000:00:0{i}.0" / "vendor").write_text(vendor + "\n")
-    assert dist.detect(env={}, sysfs=str(tmp_path)) == ("tpu", {})
-    assert dist.detect(env={"VT_DISTRIBUTED": "off"}, sysfs=str(tmp_path)) == ("single", {})
-    assert dist.detect(env={}, sysfs=str(tmp_path / "none")) == ("single", {})
+    assert cluster.detect(env={}, sysfs=str(tmp_path)) == ("tpu", {})
+    assert cluster.detect(env={"VT_DISTRIBUTED": "off"}, sysfs=str(tmp_path)) == ("single", {})
+    assert cluster.detect(env={}, sysfs=str(tmp_path / "none")) == ("single", {})
 
 
 def test_single_process_initialize(monkeypatch):
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", *SLURM):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(dist, "_INFO", None)
-    monkeypatch.setattr(dist, "_tpu_chips", lambda sysfs: 0)
+    monkeypatch.setattr(cluster, "_tpu_chips", lambda sysfs: 0)
     info = dist.initialize()
     assert info == dist.DistributedInfo("single", 0, 1) and dist.initialize() is info
     assert dist.is_primary() and dist.process_count() == 1

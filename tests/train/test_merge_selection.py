@@ -69,7 +69,8 @@ def test_distillation_picks_per_domain_over_real_samples(three_ckpts, tmp_path):
     """Real samples from vt.sampling's engine, a stand-in verifier (answer = first token's parity, which
     random-init models get right at different rates per domain), then choice and merge."""
     from vt.checkpoint.params import flat_params, load_model
-    from vt.sampling.engine import Engine, Request, SamplerConfig
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
     rng = np.random.default_rng(0)
     n, k = 8, 2
     prompts = {d: [[int(t) for t in rng.integers(4, 100, 6)] for _ in range(4)] for d in ("math", "code")}

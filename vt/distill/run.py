@@ -27,7 +27,7 @@ from vt.distill.selection import DomainRule, ScoredTrace, select
 from vt.distributed import barrier, is_primary, process_mesh
 from vt.eval.runner import EvalConfig, EvalModelConfig, load_problems, read_results, run_eval
 from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
-from vt.sampling.engine import SamplerConfig
+from vt.sampling.config import SamplerConfig
 from vt.sharding import MeshConfig
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 

@@ -23,7 +23,8 @@ from vt import VtError
 from vt.checkpoint.params import load_model
 from vt.data.tokenizer import load_tokenizer
 from vt.rewards.rubric import OpenAIChatJudge
-from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.sampling.config import Request, SamplerConfig
+from vt.sampling.engine import Engine
 
 Messages = list[dict[str, str]]
 Teacher = Callable[[list[Messages]], list[Any]]  # list[str | BaseException]

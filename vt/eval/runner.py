@@ -48,7 +48,8 @@ from vt.io import append_lines, exclusive, read_complete_jsonl, read_rows
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.rewards.registry import make_reward
-from vt.sampling.engine import Engine, SamplerConfig
+from vt.sampling.config import SamplerConfig
+from vt.sampling.engine import Engine
 from vt.sharding import MeshConfig
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
 from vt.tracking import LoggingConfig

@@ -31,9 +31,6 @@ PAGE_POOL_AXES = (None, "kv_heads", None, None, None)
 # Pages per block of the decode attention's online softmax (the XLA path), and per compute block of the kernels.
 PAGES_PER_BLOCK = 8
 
-DECODE_KERNELS = ("auto", "xla", "pallas")  # PagedKVCache.decode_kernel
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PagedKVCache:
@@ -45,11 +42,12 @@ class PagedKVCache:
     # tokens attend to one another as without a cache (vt.model.attention). True (chunked scoring): every call
     # continues what the pages already hold and attends to them.
     continues: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    # The kernel of a single-token step (`DECODE_KERNELS`): "auto" is the Pallas kernel on TPU (heads of 128 or a
+    # The kernel of a single-token step (vt.sampling.config.DECODE_KERNELS): "auto" is the Pallas kernel on TPU (heads of 128 or a
     # multiple: `tpu_kernel_fits`) and the XLA path elsewhere; "pallas" also takes JAX's Pallas (Triton) kernel on
     # GPU, and on CPU runs that kernel in Pallas's interpreter (tests); "xla" always takes the XLA path.
     decode_kernel: str = dataclasses.field(default="auto", metadata=dict(static=True))
-    # `unroll` of the model's scan over layers while this cache rides in it (a cost-analysis form unrolls them).
+    # `unroll` of the model's scan over layers while this cache rides in it (bench/sampler.py's cost-analysis
+    # form unrolls them).
     scan_unroll: ClassVar[int] = 1
 
     @classmethod
@@ -106,35 +104,6 @@ class PagedKVCache:
         return paged_attention_xla(q_BTNH, self.k, self.v, self.page_table, positions_BT, scale, layer=layer)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class CostAnalysisKVCache(PagedKVCache):
-    """Bench only (bench/sampler.py --roofline): the same decode step in a form whose every byte XLA's cost
-    analysis counts. The analysis counts a loop body once, so the layers are unrolled and attention reads exactly
-    every page block, unrolled; and it counts a scatter as reading and writing its whole operand (the pool)
-    although it updates in place, so each slot's token is written by its own dynamic-update-slice (a loop whose
-    body, counted once, leaves out B - 1 tokens: a negligible fraction of a step). Single-token steps only."""
-    scan_unroll: ClassVar[bool] = True
-
-    def write(self, layer, k_BTKH, v_BTKH, positions_BT) -> "CostAnalysisKVCache":
-        Z = self.page_size
-        page_B = jnp.take_along_axis(self.page_table, positions_BT // Z, axis=1)[:, 0]
-
-        def write_slots(pool, new_BTKH):
-            new_BKH = new_BTKH[:, 0].astype(pool.dtype)
-            one = lambda b, pool: jax.lax.dynamic_update_slice(  # noqa: E731
-                pool, new_BKH[b][None, :, None, None, :], (layer, 0, page_B[b], positions_BT[b, 0] % Z, 0))
-            return jax.lax.fori_loop(0, new_BTKH.shape[0], one, pool)
-        return dataclasses.replace(self, k=write_slots(self.k, k_BTKH), v=write_slots(self.v, v_BTKH))
-
-    def attend(self, layer, q_BTNH, k_BTKH, v_BTKH, positions_BT, segment_ids_BT, impl: str):
-        fold, carry, n_blocks, _ = page_blocks(q_BTNH, self.k, self.v, self.page_table, positions_BT,
-                                               q_BTNH.shape[-1] ** -0.5, layer=layer, slice_layer=True)
-        for i in range(n_blocks):
-            carry = fold(i, carry)
-        return online_softmax.finish(carry, q_BTNH.dtype)
-
-
 def write_pages(pool_LKPZH, layer: int, new_BTKH, positions_BT, page_table_BM):
     """Write each token's key (or value) of `layer` at its page and offset. Tokens whose page entry is
     unowned (= num_pages) are dropped: prefill padding past a prompt's pages writes nothing."""
@@ -180,7 +149,7 @@ def page_blocks(q_BTNH, k_KPZH, v_KPZH, page_table_BM, positions_BT, scale, page
                 layer: int | None = None, slice_layer: bool = False):
     """The pieces of paged attention: (fold(i, carry): block i of `pages_per_block` pages folded into an online
     softmax, the empty carry, the number of blocks the table holds, the blocks up to the batch's largest
-    position). `paged_attention_xla` loops over them; `CostAnalysisKVCache` unrolls them, with `slice_layer`:
+    position). `paged_attention_xla` loops over them; bench/sampler.py's cost form unrolls them, with `slice_layer`:
     XLA's CPU cost analysis charges a gather indexed by (layer, page) the whole pool, but fuses a layer slice
     into the gather and then charges only the gathered pages."""
     B, T, N, H = q_BTNH.shape

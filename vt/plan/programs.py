@@ -22,7 +22,8 @@ from vt.distill.scoring import SCORING_PAGE, _chunk, _full
 from vt.model.kv_pages import PagedKVCache
 from vt.model.qwen2 import abstract_model
 from vt.sampling import steps
-from vt.sampling.engine import SamplerConfig, _programs
+from vt.sampling.config import SamplerConfig
+from vt.sampling.engine import _programs
 from vt.rl.step import make_rl_step, make_token_logps, row_sharding
 from vt.sampling.rules import SamplingParams
 from vt.sharding import param_sharding, state_shardings, use_mesh

@@ -37,7 +37,7 @@ from vt.plan import topology as tp
 from vt.recipe.stages import STAGE_NAMES
 from vt.rl.learner import RLConfig
 from vt.rl.rollouts import bucket_length
-from vt.sampling.engine import SamplerConfig
+from vt.sampling.config import SamplerConfig
 from vt.sampling.page_table import kv_pool_plan
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.sft import SftConfig

@@ -37,7 +37,8 @@ from vt.rewards.registry import make_reward
 from vt.rl.learner import RLConfig, load_records, train_rl
 from vt.rl.profile import profile
 from vt.rl.rollouts import rollout_and_score
-from vt.sampling.engine import Engine, Request, SamplerConfig
+from vt.sampling.config import Request, SamplerConfig
+from vt.sampling.engine import Engine
 from vt.tracking import LoggingConfig
 from vt.train.selection import mean_pass_at_k, select_and_merge
 from vt.train.sft import SftConfig, train

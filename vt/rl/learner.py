@@ -80,7 +80,8 @@ from vt.rl.hosts import LocalReplicas, process_slice
 from vt.rl.rollouts import (TIMES, Scored, batch_length, bucket_length, build_rows, per_token, rollout_and_score,
                              row_units, unit_lengths)
 from vt.rl.step import ROW_KEYS, make_rl_step, make_token_logps, row_sharding
-from vt.sampling.engine import Engine, SamplerConfig
+from vt.sampling.config import SamplerConfig
+from vt.sampling.engine import Engine
 from vt.sharding import MeshConfig, state_shardings
 from vt.tracking import LoggingConfig
 from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, initial_params, resolve_model_config,

@@ -23,7 +23,8 @@ from vt.data.tokenizer import load_tokenizer
 from vt.rewards.registry import make_reward
 from vt.rl.learner import load_records
 from vt.rl.rollouts import rollout_and_score
-from vt.sampling.engine import Engine, SamplerConfig
+from vt.sampling.config import SamplerConfig
+from vt.sampling.engine import Engine
 
 log = logging.getLogger(__name__)
 

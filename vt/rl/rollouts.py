@@ -21,7 +21,8 @@ from vt.data.sources import Record
 from vt.model.segments import BRANCH
 from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.rewards.streaming import StreamingScorer, busy_seconds
-from vt.sampling.engine import Engine, Request, Sample
+from vt.sampling.config import Request
+from vt.sampling.engine import Engine, Sample
 
 
 def reward_record(record: Record) -> dict[str, Any]:

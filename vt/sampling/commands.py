@@ -21,13 +21,12 @@ from pathlib import Path
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag
 from vt.io import atomic_write_json, exclusive, write_jsonl
+from vt.sampling.config import DECODE_KERNELS
 from vt.validation import (check_output_path, non_empty, non_negative_float, non_negative_int, number,
                            parse_json_line, positive_int, refuse_same_file, top_k)
 
 PROMPT_FIELDS = ("prompt_ids", "prompt", "messages")
 OPTIONAL_FIELDS = ("max_new_tokens", "n")
-# vt.model.kv_pages.DECODE_KERNELS, which imports jax: the parser stays light
-DECODE_KERNELS = ("auto", "xla", "pallas")
 
 
 def register(subparsers) -> None:
@@ -62,7 +61,8 @@ def register(subparsers) -> None:
 
 def read_requests(path: Path, tokenizer, vocab_size: int, max_context: int) -> tuple[list, list[int]]:
     """Parse and check every line; VtError names the line at fault. Returns the requests and their line numbers."""
-    from vt.sampling.engine import Request, check_prompt
+    from vt.sampling.config import Request
+    from vt.sampling.engine import check_prompt
     if not path.is_file():
         raise VtError(f"{path}: no such prompts file")
     requests, lines = [], []
@@ -136,7 +136,8 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vt.checkpoint.params import load_model, load_model_config
-    from vt.sampling.engine import Engine, SamplerConfig
+    from vt.sampling.config import SamplerConfig
+    from vt.sampling.engine import Engine
 
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop),

@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Annotated, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,59 +40,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vt import VtError
 from vt.buckets import bucket
-from vt.model.kv_pages import DECODE_KERNELS, PagedKVCache
+from vt.model.kv_pages import PagedKVCache
 from vt.sampling import steps
+from vt.sampling.config import Request, SamplerConfig
 from vt.sampling.page_table import (PagePool, PageTables, check_memory, device_memory_bytes, free_device_bytes,
                                    host_memory_bytes, kv_pool_plan, pages_for, prompt_need, prompt_pages)
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
 from vt.sharding import param_sharding, state_shardings, use_mesh
-from vt.validation import AT_LEAST_1, NON_NEGATIVE, FieldError, Range, check_fields
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplerConfig:
-    batch_size: Annotated[int, AT_LEAST_1] = 64  # decode slots B: samples generated concurrently
-    max_new_tokens: Annotated[int, AT_LEAST_1] = 256  # default per request; a Request may set its own
-    temperature: Annotated[float, NON_NEGATIVE] = 1.0  # 0 = greedy
-    top_p: Annotated[float, Range(gt=0, le=1)] = 1.0  # 1 = off
-    top_k: Annotated[int, Range(ge=-1)] = -1  # -1 = off (0 is refused)
-    n: Annotated[int, AT_LEAST_1] = 1  # samples per request (a Request may set its own); they share one prefill
-    seed: Annotated[int, NON_NEGATIVE] = 0
-    stop_token_ids: tuple[int, ...] | None = None  # None: tokenizer eos ids, else the Qwen ids in the vocab
-    stop_strings: tuple[str, ...] = ()  # need a tokenizer; checked on the host between decode calls
-    max_context: Annotated[int | None, AT_LEAST_1] = None  # prompt + completion; None: the model's maximum
-    steps_per_call: Annotated[int, AT_LEAST_1] = 64  # most decode steps per host round trip
-    refill: bool = True  # False: fixed batches (a batch waits for its longest sample); for comparison
-    refill_min_free: Annotated[int, NON_NEGATIVE] = 0  # free slots ending a decode call; 0: max(1, B // 8)
-    prefill_tokens: Annotated[int, AT_LEAST_1] = 8192  # most (padded prompts x bucket length) per prefill call
-    min_prompt_bucket: Annotated[int, AT_LEAST_1] = 16
-    min_prefill_rows: Annotated[int, AT_LEAST_1] = 8  # prefill rows padded to a power of two >= this: fewer programs
-    page_size: Annotated[int, AT_LEAST_1] = 16  # tokens per KV page
-    kv_pages: Annotated[int, NON_NEGATIVE] = 0  # KV pool size in pages; 0: kv_memory_fraction of the free device memory
-    kv_memory_fraction: Annotated[float, Range(gt=0, le=1)] = 0.5  # capped at every slot at its longest
-    # The kernel of a decode step's attention (vt.model.kv_pages.PagedKVCache.decode_kernel): "auto" (Pallas on
-    # TPU, XLA elsewhere), "pallas" (also JAX's Pallas kernel on GPU; needs each KV head's pages whole on a
-    # device) or "xla".
-    decode_attention: str = "auto"
-
-    def __post_init__(self):
-        # FieldError: a config file's sampler section names the bad field by its dotted path (vt.config)
-        check_fields(self)
-        if self.stop_strings and any(not s for s in self.stop_strings):
-            raise FieldError(type(self).__name__, "stop_strings", "holds an empty string")
-        if self.top_k == 0:
-            raise FieldError(type(self).__name__, "top_k", "must be -1 (off) or >= 1, got 0")
-        if self.decode_attention not in DECODE_KERNELS:
-            raise FieldError(type(self).__name__, "decode_attention",
-                             f"must be one of {', '.join(DECODE_KERNELS)}, got {self.decode_attention!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    prompt_ids: Sequence[int]
-    max_new_tokens: int | None = None  # None: SamplerConfig.max_new_tokens
-    n: int | None = None  # None: SamplerConfig.n
+from vt.validation import FieldError
 
 
 @dataclasses.dataclass
