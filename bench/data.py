@@ -200,8 +200,8 @@ def main():
     ap.add_argument("--corpus", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.tokenizer is None:
-        from vt.data.qwen_tokenizer import ensure_qwen25_tokenizer
-        args.tokenizer = ensure_qwen25_tokenizer()
+        from vt.data.qwen_tokenizer import ensure_qwen_tokenizer
+        args.tokenizer = ensure_qwen_tokenizer()
     if args.worker:
         return _worker(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from vt.data.qwen_tokenizer import ensure_qwen25_tokenizer
+from vt.data.qwen_tokenizer import ensure_qwen_tokenizer
 from vt.data.tokenizer import load_tokenizer
 
 
 @pytest.fixture(scope="session")
 def qwen_dir() -> Path:
-    return ensure_qwen25_tokenizer()
+    return ensure_qwen_tokenizer()
 
 
 @pytest.fixture(scope="session")

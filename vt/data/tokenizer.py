@@ -99,18 +99,23 @@ class _JinjaTemplate:
             raise VtError(f"{where}: chat_template does not parse: {e}") from e
         self._special = special
 
-    def render(self, messages: Sequence[dict], add_generation_prompt: bool, tools: Sequence[dict] | None = None) -> str:
+    def render(self, messages: Sequence[dict], add_generation_prompt: bool, tools: Sequence[dict] | None = None,
+               **switches) -> str:
+        """`switches`: template variables such as Qwen3's enable_thinking, passed as transformers passes its
+        apply_chat_template keyword arguments (left undefined when not given)."""
         return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                     tools=list(tools) if tools else None, **self._special)
+                                     tools=list(tools) if tools else None, **self._special, **switches)
 
 
 class Tokenizer:
     """A tokenizer with a chat template. Build it with :func:`load_tokenizer` or :func:`build_tiny_tokenizer`."""
 
     def __init__(self, backend, *, kind: str, path: str, chat_template: str | None = None,
-                 special_tokens: dict[str, str | None] | None = None):
+                 special_tokens: dict[str, str | None] | None = None, enable_thinking: bool | None = None):
         # kind: "hf" (a `tokenizers.Tokenizer`) or "spm" (a `sentencepiece.SentencePieceProcessor`).
+        # enable_thinking: the default of apply_chat_template's switch (None: left to the template).
         self._backend = backend
+        self.enable_thinking = enable_thinking
         self.kind = kind
         self.path = path
         special_tokens = dict(special_tokens or {})
@@ -215,23 +220,28 @@ class Tokenizer:
 
     # ---- chat -------------------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = False,
-                            tools: Sequence[dict] | None = None) -> str:
+                            tools: Sequence[dict] | None = None, enable_thinking: bool | None = None) -> str:
         """The chat rendered as text (Qwen ChatML unless the HF directory ships another template).
 
         ``tools``: JSON function schemas, for templates with a tool-calling branch (Qwen2.5's lists them in
-        the system turn); vt's own ChatML template has none and rejects them.
+        the system turn); vt's own ChatML template has none and rejects them. ``enable_thinking``: Qwen3's
+        template switch (False: the generation prompt closes an empty <think> block); None takes the
+        tokenizer's default (`load_tokenizer`), and None there leaves it undefined, as transformers does.
         """
         _check_messages(messages)
+        thinking = self.enable_thinking if enable_thinking is None else enable_thinking
         if self._template is None:
-            if tools:
-                raise VtError(f"{self.path}: vt's ChatML template has no tool-calling branch; load a tokenizer "
-                              f"directory whose chat template renders tools (e.g. Qwen2.5's)")
+            if tools or thinking is not None:
+                raise VtError(f"{self.path}: vt's ChatML template has no tool-calling branch and no thinking switch; "
+                              "load a tokenizer directory whose chat template has them (Qwen2.5's: tools; Qwen3's: "
+                              "both)")
             return render_qwen_chat(messages, add_generation_prompt)
-        return self._template.render(messages, add_generation_prompt, tools)
+        switches = {} if thinking is None else {"enable_thinking": thinking}
+        return self._template.render(messages, add_generation_prompt, tools, **switches)
 
     def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = False,
-                    tools: Sequence[dict] | None = None) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools))
+                    tools: Sequence[dict] | None = None, enable_thinking: bool | None = None) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools, enable_thinking))
 
     def stream_decoder(self, skip_special_tokens: bool = True) -> "StreamDecoder":
         """An incremental decoder for tokens arriving one chunk at a time (see :class:`StreamDecoder`)."""
@@ -294,13 +304,15 @@ def _token_str(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None) -> Tokenizer:
+def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None,
+                   enable_thinking: bool | None = None) -> Tokenizer:
     """Load an HF tokenizer directory (``tokenizer.json`` [+ ``tokenizer_config.json``]) or a ``.model``
     SentencePiece file.
 
     ``chat_template``: None uses the directory's own template (``tokenizer_config.json["chat_template"]`` or
     ``chat_template.jinja``), falling back to vt's Qwen ChatML; ``"qwen"`` forces vt's; any other string is
     a jinja template. SentencePiece models always use vt's Qwen ChatML unless a template string is given.
+    ``enable_thinking``: the default of every rendering's thinking switch (Qwen3's template; None: undefined).
     Raises :class:`vt.VtError` naming the path when the files are missing or corrupt.
     """
     p = Path(path)
@@ -329,13 +341,14 @@ def load_tokenizer(path: str | os.PathLike, chat_template: str | None = None) ->
         elif override is not None:
             template = override
         special = {k: _token_str(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-        return Tokenizer(backend, kind="hf", path=str(p), chat_template=template, special_tokens=special)
+        return Tokenizer(backend, kind="hf", path=str(p), chat_template=template, special_tokens=special,
+                         enable_thinking=enable_thinking)
     sp = spm.SentencePieceProcessor()
     try:
         sp.load(str(p))
     except (OSError, RuntimeError) as e:
         raise VtError(f"{p}: not a SentencePiece model: {e}") from e
-    return Tokenizer(sp, kind="spm", path=str(p), chat_template=override)
+    return Tokenizer(sp, kind="spm", path=str(p), chat_template=override, enable_thinking=enable_thinking)
 
 
 # ---- tiny tokenizers built on the spot (tests, `make demo`: no downloads, ever) ---------------------------
