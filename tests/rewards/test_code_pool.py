@@ -28,7 +28,7 @@ import pytest
 
 from vt.rewards.code.reward import CodeReward
 from vt.rewards.sandbox import warm as pool_mod
-from vt.rewards.sandbox.cold import force_rmtree, prepare_code_dir
+from vt.rewards.sandbox.cold import Limits, force_rmtree, prepare_code_dir
 
 from .conftest import processes_matching
 
@@ -268,9 +268,15 @@ def reward():
     assert processes_matching(uids) == []  # after every attack of this module, closing leaves nothing
 
 
+def limits_of(reward, wall_s: float) -> Limits:
+    """A run's limits as the reward sets them for a test of ``wall_s`` seconds."""
+    c = reward.config
+    return Limits(wall_s, c.memory_bytes, c.output_bytes, c.file_bytes, c.nproc, tmp_bytes=c.tmp_bytes)
+
+
 def fingerprint(reward) -> bytes:
     with reward.pool.worker(textwrap.dedent(PROBE)) as worker:
-        run = worker.run("stdin", b"", reward.config.limits(TEST_LIMIT_S * 2))
+        run = worker.run("stdin", b"", limits_of(reward, TEST_LIMIT_S * 2))
     assert run.status == "exited" and run.returncode == 0, run
     return run.stdout
 
@@ -342,7 +348,7 @@ def test_a_warm_run_gets_the_stdio_of_a_fresh_interpreter(reward):
     its stdin, stdout and stderr afresh, and every property a program can read of them is what a cold
     sandbox's fresh interpreter gives it, before and after reading, on the same input."""
     stdin = b"first line\nthe rest\n"
-    limits = reward.config.limits(TEST_LIMIT_S * 2)
+    limits = limits_of(reward, TEST_LIMIT_S * 2)
     with reward.pool.worker(STDIO) as worker:
         warm = worker.run("stdin", stdin, limits)
     root = Path(tempfile.mkdtemp(prefix="vt-test-"))
@@ -764,7 +770,7 @@ def test_each_worker_runs_on_a_cpu_of_its_own_and_gives_it_back(tmp_path, monkey
     claims = []
     try:
         with CodeReward(workers=2, test_time_limit_s=5) as r:
-            limits = r.config.limits(5)
+            limits = limits_of(r, 5)
             seen = [affinity_of_runs(w, limits) for w in r.pool.workers]
             cpus = [w.cpu for w in r.pool.workers if w.cpu is not None]
             assert seen == [[w.cpu] if w.cpu is not None else allowed for w in r.pool.workers], seen
@@ -834,12 +840,10 @@ def test_a_server_that_cannot_make_a_runs_namespaces_is_a_verifier_error_never_a
     the run's init, and the server is replaced."""
     server = tmp_path / "_pool_server.py"
     source = pool_mod.SERVER_SOURCE.read_text()
-    marker = "            mount_proc()\n            drop_capabilities()\n"
-    assert marker in source
-    server.write_text(source.replace(marker, "            mount_proc()\n"
-                                             "            if os.path.exists('/code/fail-setup'):\n"
-                                             "                raise OSError('injected')\n"
-                                             "            drop_capabilities()\n"))
+    marker = "            drop_capabilities()\n            if _libc.prctl(PR_SET_NO_NEW_PRIVS"
+    assert source.count(marker) == 1
+    server.write_text(source.replace(marker, "            if os.path.exists('/code/fail-setup'):\n"
+                                             "                raise OSError('injected')\n" + marker))
     monkeypatch.setattr(pool_mod, "SERVER_SOURCE", server)
     with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
         worker = r.pool.workers[0]

@@ -201,6 +201,10 @@ class Server:
         # Not dumpable (main, before the fork that made us): a process of our uid can neither trace us nor
         # open our /proc files. PID 1 of our namespace: orphans of every run's init are re-parented to us.
         signal.pthread_sigmask(signal.SIG_BLOCK, SHIELDED)
+        # Capabilities: the bounding set goes now, once (it needs CAP_SETPCAP, which goes with it), and only
+        # CAP_SYS_ADMIN stays: every process forked from here then sheds its capabilities with one capset.
+        drop_bounding_set()
+        set_capabilities(CAP_SYS_ADMIN_MASK)
         self.harness = load_harness()
         self.harness.warm_up()  # what the harness would otherwise look up in every run
         for name in WARM_MODULES:
@@ -218,6 +222,12 @@ class Server:
         for d in SCRATCH:
             st = os.stat(d)
             self.scratch[d] = (st.st_mode & 0o7777, st.st_atime_ns, st.st_mtime_ns)
+        # A run's mounts (run_init), as mount(2) takes them, encoded once here rather than in every init.
+        sizes = {"/tmp": self.config["tmp_bytes"], "/dev/shm": self.config["shm_bytes"]}
+        self.run_mounts = [(None, b"/", None, MS_REC | MS_PRIVATE, None)]  # nothing it mounts reaches our view
+        self.run_mounts += [(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                             b"size=%d,mode=%o" % (sizes[d], self.scratch[d][0])) for d in SCRATCH]
+        self.run_mounts.append(PROC_MOUNT)
         # Everything allocated so far is the server's: out of the garbage collector's sight, so that a
         # collection in a run's child never walks (and so copies, page by page) the inherited heap.
         gc.collect()
@@ -377,7 +387,7 @@ class Server:
         must not start (the host reports a sandbox error), rather than fail every run as if its answer had."""
         pid, status_r, status_w = self.fork_run()
         if pid == 0:
-            self.run_init(status_w, lambda: (lambda: _exit(0)))  # never returns
+            self.run_init(status_w, lambda: _exit(0))  # never returns
         try:
             code = self.reported(pid, status_r)
         finally:
@@ -387,7 +397,8 @@ class Server:
 
     def prepare_init(self):
         """Fork the next run's init ahead of its request, where fds can be passed (socket.send_fds): it makes
-        the run's namespaces (run_init) while we wait, then waits for the run's header and fds (launch)."""
+        the run's namespaces and forks the run's process (run_init) while we wait; that process waits for
+        the run's header and fds (launch, await_run)."""
         while len(self.next_inits) < INITS_AHEAD and hasattr(socket, "send_fds"):
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid, status_r, status_w = self.fork_run()
@@ -397,20 +408,20 @@ class Server:
                     os.close(other_r)
                     other.close()
                 close_all_but((0, 1, 2, status_w, theirs.fileno()))
-                self.run_init(status_w, lambda: self.received_run(theirs))  # never returns
+                self.run_init(status_w, lambda: self.await_run(theirs))  # never returns
             theirs.close()
             self.next_inits.append((pid, status_r, ours))
 
     def launch(self, request, body, fds):
-        """Start a run (its header, its body and fds as run_body takes them) on the init forked ahead, or on
-        one forked now; (the init's pid, the read end of its status pipe)."""
+        """Start a run (its header, its body and fds as run_body takes them) in the process an init forked
+        ahead, or under an init forked now; (the init's pid, the read end of its status pipe)."""
         init = self.next_inits.pop(0) if self.next_inits else None
         if init is not None:
             pid, status_r, sock = init
             try:
                 socket.send_fds(sock, [json.dumps([request, body]).encode()], fds)
                 return pid, status_r
-            except OSError:  # it died before any run (none of this run's code ran): one forked now
+            except OSError:  # it died before any run (none of this run's code ran): a fresh one now
                 os.close(status_r)
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -421,17 +432,18 @@ class Server:
                 sock.close()
         pid, status_r, status_w = self.fork_run()
         if pid == 0:
-            self.run_init(status_w, lambda: self.run_body(request, body, fds))  # never returns
+            self.run_init(status_w, lambda: self.run_body(request, body, fds)())  # never returns
         return pid, status_r
 
-    def received_run(self, sock):
-        """In an init forked ahead: wait for its run (launch) and return the run's body; exit if none comes."""
+    def await_run(self, sock):
+        """The run's process forked ahead (PID 2 of its namespace, under its init): wait for the run (launch)
+        and become it; exit if none comes. Never returns."""
         msg, fds, _, _ = socket.recv_fds(sock, MAX_HEADER, 3)
         sock.close()
         if not msg:
-            _exit(0)  # the server is gone
+            _exit(0)  # the server is gone, or gave up this init
         request, body = json.loads(msg)
-        return self.run_body(request, body, fds)
+        self.run_body(request, body, fds)()
 
     def run_body(self, request, body, fds):
         """What the run's process (forked by its init) does: a program test's solution, served to the
@@ -467,30 +479,30 @@ class Server:
         if _libc.setns(self.pidns, CLONE_NEWPID) != 0:
             raise OSError(ctypes.get_errno(), "setns(own PID namespace) failed")
 
-    def run_init(self, status_w, run_body):
+    def run_init(self, status_w, run):
         """PID 1 of a run's own namespaces (in the forked child of fork_run); never returns.
 
         A new mount namespace with a fresh tmpfs at /tmp and /dev/shm (their sizes, modes as the sandbox's)
-        and a /proc of the run's PID namespace (mount_proc); a new IPC namespace. Then every capability goes
-        (effective, permitted, inheritable, ambient, bounding set; no new privileges); ``run_body()`` gives
-        what the run's process does (an init forked ahead waits there for its run), and the run's process
-        is forked (PID 2, as the harness is in a fresh sandbox). When it ends, the run ends: every
-        other process of the namespace is killed and reaped, and only then is the run's status reported
-        on ``status_w`` (4 bytes, as bwrap reports an exit status) and we exit."""
+        and a /proc of the run's PID namespace (run_mounts); a new IPC namespace. Then every capability goes
+        (the bounding set went in the server; no new privileges), and the run's process is forked at once
+        (PID 2, as the harness is in a fresh sandbox) to do ``run()`` (an init forked ahead: wait for its
+        run there, so that the fork is off the run's path). When it ends, the run ends: every other process
+        of the namespace is killed and reaped, and only then is the run's status reported on ``status_w``
+        (4 bytes, as bwrap reports an exit status) and we exit.
+
+        This process is a copy of the warm server, and every page of it that its Python touches is copied
+        once more (copy-on-write faults: a few microseconds each, hundreds per run), so it does as little
+        as it can: its mounts are encoded in the server, and the run's request is the run's process's."""
         try:
             _libc.prctl(PR_SET_NAME, RUN_INIT_NAME, 0, 0, 0)
             if _libc.unshare(CLONE_NEWNS | CLONE_NEWIPC) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
-            c = self.config
-            mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount reaches the server's view
-            for d, size in (("/tmp", c["tmp_bytes"]), ("/dev/shm", c["shm_bytes"])):
-                mode = self.scratch[d][0]
-                mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=%o" % (size, mode))
-            mount_proc()
+            for source, target, fstype, flags, data in self.run_mounts:
+                if _libc.mount(source, target, fstype, flags, data) != 0:
+                    raise OSError(ctypes.get_errno(), "mount %s" % target)
             drop_capabilities()
             if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-            start_run = run_body()
             pid = os.fork()
         except BaseException:  # noqa: BLE001 - a run whose namespaces could not be made runs nothing
             try:
@@ -499,8 +511,10 @@ class Server:
                 pass
             _exit(125)
         if pid == 0:
-            start_run()  # never returns
-        close_all_but((status_w,))  # the run's fds are the run's process's alone
+            os.close(status_w)  # the run's status is the init's to report
+            run()  # never returns
+            _exit(125)
+        close_all_but((status_w,))  # the run's fds (and the socket of a run forked ahead) are the run's process's
         code = None
         while code is None:
             try:
@@ -634,11 +648,13 @@ class Server:
                 self.tester = None
 
     def others(self):
-        """Every process of the namespace (and those below it) but us, our tester, the inits forked ahead and
-        those of runs that reported (each done with its run: see supervise), zombies included."""
+        """Every process of the namespace (and those below it) but us, our tester, the inits forked ahead (and
+        the run processes they forked, waiting for their runs) and those of runs that reported (each done with
+        its run: see supervise), zombies included."""
         spared = {1, self.me, self.tester.pid if self.tester is not None else 1} | self.retiring
-        spared.update(pid for pid, _, _ in self.next_inits)
-        return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
+        ahead = {pid for pid, _, _ in self.next_inits}
+        found = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared and int(p) not in ahead]
+        return [p for p in found if parent_of(p) not in ahead] if found and ahead else found
 
     def clear(self):
         if self.broken:  # a run's namespaces could not be made: the host replaces us
@@ -756,10 +772,14 @@ def mount(source, target, fstype, flags, data=None):
         raise OSError(ctypes.get_errno(), "mount %s" % target)
 
 
+# A /proc of the caller's PID namespace over /proc, with its processes' directories only (subset=pid): none of the
+# host-wide files (stat, meminfo, loadavg, sys/, ...) through which runs could see each other.
+PROC_MOUNT = (b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"subset=pid")
+
+
 def mount_proc():
-    """A /proc of the caller's PID namespace over /proc, with its processes' directories only (subset=pid):
-    none of the host-wide files (stat, meminfo, loadavg, sys/, ...) through which runs could see each other."""
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "subset=pid")
+    if _libc.mount(*PROC_MOUNT) != 0:
+        raise OSError(ctypes.get_errno(), "mount /proc")
 
 
 class _CapHeader(ctypes.Structure):
@@ -770,17 +790,29 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def drop_capabilities():
-    """No capability left in any set: the bounding set (needs CAP_SETPCAP, dropped last), then effective,
-    permitted and inheritable (the ambient set empties with them)."""
+CAP_SYS_ADMIN_MASK = 1 << 21
+
+
+def drop_bounding_set():
+    """Empty the bounding set (needs CAP_SETPCAP): no process forked from here can gain a capability again."""
     for cap in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             if ctypes.get_errno() == 22:  # EINVAL: past the kernel's last capability
                 break
             raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP %d" % cap)
+
+
+def set_capabilities(mask):
+    """Effective and permitted = ``mask`` (capabilities 0-31), inheritable none (the ambient set empties)."""
     header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    data[0].effective = data[0].permitted = mask
     if _libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset")
+
+
+def drop_capabilities():
+    """No capability left in any set (the bounding set is empty since the server's start)."""
+    set_capabilities(0)
 
 
 def close_all_but(keep):
@@ -790,6 +822,15 @@ def close_all_but(keep):
         if low < fd:  # never an empty range: closerange(n, n) would close from n up (close_range(n, n - 1))
             os.closerange(low, fd)
         low = fd + 1
+
+
+def parent_of(pid):
+    """The parent's pid of ``pid`` (a string, as /proc lists it) in our namespace; None if it is gone."""
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as f:
+            return int(f.read().rpartition(b")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def resident_bytes(pid):
