@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vt import VtError
 from vt.checkpoint.seal import add_trust_flag, verify_seal
-from vt.validation import positive_float
+from vt.validation import positive_float, positive_int
 
 
 def register(subparsers) -> None:
@@ -18,6 +18,9 @@ def register(subparsers) -> None:
     h2o.add_argument("ckpt_dir", type=Path)
     h2o.add_argument("--param-dtype", choices=["float32", "bfloat16"], default=None,
                      help="dtype to store parameters in (default float32)")
+    h2o.add_argument("--max-position-embeddings", type=positive_int, default=None,
+                     help="context length to record instead of config.json's (weights and rope_theta unchanged): "
+                          "extends a short-context base, e.g. Qwen2.5-Math-1.5B's 4096 (configs/vibethinker_1p5b.py)")
     add_trust_flag(h2o)
     h2o.set_defaults(func=_hf_to_orbax)
     o2h = sub.add_parser("orbax-to-hf", help="vt checkpoint -> HF directory loadable by transformers")
@@ -51,7 +54,8 @@ def register(subparsers) -> None:
 def _hf_to_orbax(args: argparse.Namespace) -> int:
     from vt.checkpoint.params import import_from_hf
     from vt.model.config import param_count
-    cfg = import_from_hf(args.hf_dir, args.ckpt_dir, param_dtype=args.param_dtype)
+    cfg = import_from_hf(args.hf_dir, args.ckpt_dir, param_dtype=args.param_dtype,
+                         max_position_embeddings=args.max_position_embeddings)
     print(f"wrote {args.ckpt_dir} ({param_count(cfg):,} parameters, {cfg.param_dtype})")
     return 0
 

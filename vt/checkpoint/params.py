@@ -189,9 +189,14 @@ def model_from_hf(hf_dir: Path | str, mesh: Mesh | None = None, **config_overrid
 
 
 def import_from_hf(hf_dir: Path | str, ckpt_dir: Path | str, *, param_dtype: str | None = None,
-                   progress: Callable | None = None) -> ModelConfig:
-    """`vt convert hf-to-orbax`: HF directory -> vt checkpoint directory."""
+                   max_position_embeddings: int | None = None, progress: Callable | None = None) -> ModelConfig:
+    """`vt convert hf-to-orbax`: HF directory -> vt checkpoint directory. `max_position_embeddings` replaces
+    config.json's context length (the weights are unchanged; rope_theta too): a base whose config states a short
+    context (Qwen2.5-Math-1.5B: 4,096) is fine-tuned to longer rows, and vt's sampler and RL learner bound their
+    windows by this field."""
     overrides = {"param_dtype": param_dtype} if param_dtype else {}
+    if max_position_embeddings is not None:
+        overrides["max_position_embeddings"] = max_position_embeddings
     model = model_from_hf(hf_dir, **overrides)
     save_model(ckpt_dir, model)
     return model.cfg
