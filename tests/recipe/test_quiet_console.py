@@ -54,7 +54,7 @@ def test_code_reward_from_a_jax_process_forks_nothing():
 
 # Modules that may fork: the code harness and the warm pool's server run inside the sandbox, in processes that never
 # import JAX.
-MAY_FORK = {"vt/rewards/sandbox/inside/harness.py", "vt/rewards/sandbox/inside/pool_server.py"}
+MAY_FORK = {f"vt/rewards/sandbox/inside/{f}.py" for f in ("harness", "pool_server", "inits", "tester")}
 
 
 def test_no_module_forks_without_exec():

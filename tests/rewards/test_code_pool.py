@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import textwrap
 import time
@@ -702,6 +703,14 @@ FAKE_SERVERS = {
 }
 
 
+def server_with(tmp_path, monkeypatch, part: str, edit) -> None:
+    """The pool's workers start a copy of the server whose ``part`` (a file of it) is ``edit(its source)``."""
+    server = tmp_path / "server"
+    shutil.copytree(pool_mod.SERVER_DIR, server)
+    (server / part).write_text(edit((server / part).read_text()))
+    monkeypatch.setattr(pool_mod, "SERVER_DIR", server)
+
+
 @pytest.mark.parametrize("how", sorted(FAKE_SERVERS))
 def test_a_misbehaving_server_fails_the_run_and_is_replaced(tmp_path, monkeypatch, how):
     fake = tmp_path / "fake_server.py"
@@ -714,7 +723,7 @@ def test_a_misbehaving_server_fails_the_run_and_is_replaced(tmp_path, monkeypatc
         "os.write(1, len(h).to_bytes(8, 'big') + h)\n"
         "os.read(0, 1 << 16)\n" + FAKE_SERVERS[how] + "\ntime.sleep(100)\n"
     )
-    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", fake)
+    server_with(tmp_path, monkeypatch, "pool_server.py", lambda _: fake.read_text())
     with CodeReward(workers=1, test_time_limit_s=1.0) as r:
         t0 = time.monotonic()
         res = r([HONEST[0]], [HONEST[1]])[0]
@@ -819,10 +828,8 @@ def test_cpu_claims_and_solutions_never_follow_someone_elses_paths(tmp_path, mon
 def test_without_fd_passing_program_tests_take_the_harness_s_own_program_mode(tmp_path, monkeypatch):
     """A sandbox Python without socket.send_fds (< 3.9) cannot feed a tester: the server runs program tests as
     the cold path does (the harness forks the solution's process from the test's) and grades them alike."""
-    server = tmp_path / "_pool_server.py"
-    source = pool_mod.SERVER_SOURCE.read_text()
-    server.write_text(source.replace("import socket\n", "import socket\ndel socket.send_fds\n", 1))
-    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", server)
+    server_with(tmp_path, monkeypatch, "pool_server.py",
+                lambda source: source.replace("import socket\n", "import socket\ndel socket.send_fds\n", 1))
     good = block("def add(a, b):\n    return a + b\n")
     right, wrong = ({"tests": [{"program": f"assert add(3, 4) == {n}\n"}]} for n in (7, 8))
     with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
@@ -838,13 +845,14 @@ def test_a_server_that_cannot_make_a_runs_namespaces_is_a_verifier_error_never_a
     refuses one, no code of the run ever ran: a sandbox error (score None), never a 0 the answer would be
     blamed for. The server checks one empty run before it says ready; a failure after that is reported by
     the run's init, and the server is replaced."""
-    server = tmp_path / "_pool_server.py"
-    source = pool_mod.SERVER_SOURCE.read_text()
     marker = "            drop_capabilities()\n            if _libc.prctl(PR_SET_NO_NEW_PRIVS"
-    assert source.count(marker) == 1
-    server.write_text(source.replace(marker, "            if os.path.exists('/code/fail-setup'):\n"
-                                             "                raise OSError('injected')\n" + marker))
-    monkeypatch.setattr(pool_mod, "SERVER_SOURCE", server)
+
+    def inject(source):
+        assert source.count(marker) == 1
+        return source.replace(marker, "            if os.path.exists('/code/fail-setup'):\n"
+                                      "                raise OSError('injected')\n" + marker)
+
+    server_with(tmp_path, monkeypatch, "inits.py", inject)
     with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
         worker = r.pool.workers[0]
         assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0

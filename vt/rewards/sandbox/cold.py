@@ -566,7 +566,7 @@ def launch_fds(info_fd: int, seccomp: int | None, *channels: int) -> tuple[int, 
 # count of forks since boot (stat), page faults (vmstat), load, idle time, memory, dentries and inodes
 # (sys/fs), pressure stall times, interrupts, disk I/O, file locks, key and cgroup counts. Hidden in a cold
 # sandbox's /proc (empty files and directories); a warm run's /proc shows processes only (subset=pid, see
-# inside/pool_server.mount_proc). A run's own view of itself (/proc/self, its namespace's processes) stays.
+# inside/kernel.PROC_MOUNT). A run's own view of itself (/proc/self, its namespace's processes) stays.
 PROC_MASKED = (
     "stat", "vmstat", "loadavg", "uptime", "meminfo", "schedstat", "interrupts", "softirqs", "diskstats",
     "zoneinfo", "buddyinfo", "pagetypeinfo", "slabinfo", "locks", "key-users", "cgroups", "timer_list",
@@ -608,7 +608,7 @@ def bwrap_argv(bwrap: str, python: str, code_dir: Path, tmp_bytes: int, info_fd:
         "--hostname", "sandbox",
         *_root_layout(python),
         "--proc", "/proc",
-        # The warm pool's server and runs mount /procs of their own (inside/pool_server.mount_proc): the kernel lets
+        # The warm pool's server and runs mount /procs of their own (inside/kernel.PROC_MOUNT): the kernel lets
         # them only while the /proc above has no mounts over its files.
         *(_proc_masks(code_dir) if not admin else []),
         "--dev", "/dev",  # null, zero, full, random, urandom, tty, pts: no host devices

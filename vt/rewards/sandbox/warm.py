@@ -75,8 +75,10 @@ from vt.rewards.sandbox.cold import (
 
 log = logging.getLogger(__name__)
 
-# Copied into each worker's /code as _pool_server.py, next to the harness (cold.prepare_code_dir).
-SERVER_SOURCE = Path(__file__).parent / "inside" / "pool_server.py"
+# The server and its parts (inside/), copied into each worker's /code/pool; the harness is /code/_harness.py
+# (cold.prepare_code_dir).
+SERVER_DIR = Path(__file__).parent / "inside"
+SERVER_PARTS = ("pool_server.py", "inits.py", "run_process.py", "supervise.py", "tester.py", "framing.py", "kernel.py")
 # The server's share of its worker's memory cgroup, on top of the run's budget: the warm interpreter
 # (~15 MiB resident), the two bwrap processes, page tables and kernel memory of the namespace.
 SERVER_MEMORY = 48 << 20
@@ -166,8 +168,11 @@ class PoolWorker:
         self._cpu_lock: int | None = None
         self._cpu_claimed = False
         self.code_dir = prepare_code_dir(self.root, "")
-        shutil.copyfile(SERVER_SOURCE, self.code_dir / "_pool_server.py")
-        os.chmod(self.code_dir / "_pool_server.py", 0o644)
+        (self.code_dir / "pool").mkdir()
+        os.chmod(self.code_dir / "pool", 0o755)
+        for part in SERVER_PARTS:
+            shutil.copyfile(SERVER_DIR / part, self.code_dir / "pool" / part)
+            os.chmod(self.code_dir / "pool" / part, 0o644)
         self._solution, self._solution_tmp = str(self.code_dir / "solution.py"), str(self.code_dir / ".solution.tmp")
         self.proc: subprocess.Popen | None = None
         self.requests: int | None = None  # our ends of the protocol's pipes (the server's: channel_arg)
@@ -256,7 +261,7 @@ class PoolWorker:
         argv = bwrap_argv(sb.bwrap, sb.python, self.code_dir, limits.tmp_bytes, info_w, limits.shm_bytes, seccomp,
                           admin=True)
         config = {"tmp_bytes": limits.tmp_bytes, "shm_bytes": limits.shm_bytes}
-        argv += [sb.python, "-I", "/code/_pool_server.py", channel_arg((req_r, rep_w)), json.dumps(config)]
+        argv += [sb.python, "-I", "/code/pool/pool_server.py", channel_arg((req_r, rep_w)), json.dumps(config)]
         prefix, ids = _launcher(sb.cgroups.procs(self.cgroup) if self.cgroup is not None else [], self.uid)
         if not self._cpu_claimed:
             self._cpu_claimed = True
@@ -432,7 +437,7 @@ def _write_all(fd: int, data: bytes, deadline: float) -> None:
             raise WorkerLost(f"request pipe closed ({e})") from None
 
 
-TESTER_NAME = "vt-tester"  # the comm of a server's tester (inside/pool_server.TESTER_NAME)
+TESTER_NAME = "vt-tester"  # the comm of a server's tester (inside/tester.TESTER_NAME)
 
 
 def _tree(worker: PoolWorker) -> list[tuple[int, int, str]]:

@@ -1,3 +1,3 @@
-"""The programs that run inside the sandbox, next to the untrusted solution: Python stdlib only, never importing vt
-(or each other by package name). The host copies them into each sandbox's read-only /code: harness.py as
-/code/_harness.py, pool_server.py as /code/_pool_server.py (cold.prepare_code_dir, warm.PoolWorker)."""
+"""The programs that run inside the sandbox, next to the untrusted solution: Python stdlib only, never importing vt.
+The host copies them into each sandbox's read-only /code: harness.py as /code/_harness.py (cold.prepare_code_dir),
+the warm pool's server (pool_server.py and its parts, each a file here) into /code/pool (warm.SERVER_PARTS)."""

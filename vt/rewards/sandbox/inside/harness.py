@@ -108,7 +108,7 @@ def find_function(scope, name):
 # ---- program mode --------------------------------------------------------------------------------
 # The solution and the test program never share a process. The harness forks: the child runs the solution
 # (and only it) and serves calls to its top-level names over a pipe; the parent runs the test code (judge;
-# in the warm pool the server's tester does, pool_server.Tester) with stand-ins that forward each call
+# in the warm pool the server's tester does, inside/tester.py) with stand-ins that forward each call
 # and decode the reply into plain values. So nothing the solution does (exiting early, patching builtins
 # or modules, returning an object whose __eq__ is always true, printing "PASSED", writing to stdout)
 # reaches the test code: the tests see only values of plain types (decoded by the parent, which never runs
