@@ -22,26 +22,30 @@ DEMO = str(REPO / "configs" / "demo.py")
 PRE_RL = ("data", "sft1", "profile", "sft2", "select")
 
 
-def test_full_config_validates_every_stage_and_names_missing_inputs(tmp_path):
-    cfg = recipe_config(load_config(str(REPO / "configs" / "vibethinker_3b.py")), tmp_path)
+@pytest.mark.parametrize("recipe,base", [("vibethinker_3b", "qwen2.5-coder-3b"), ("vibethinker_1p5b", "qwen2.5-math-1.5b")])
+def test_full_config_validates_every_stage_and_names_missing_inputs(recipe, base, tmp_path):
+    cfg = recipe_config(load_config(str(REPO / "configs" / f"{recipe}.py")), tmp_path)
     cwd = os.getcwd()
     os.chdir(REPO)  # the config's paths are relative to where vt runs
     try:
         report = validate(cfg, tmp_path)
     finally:
         os.chdir(cwd)
-    assert list(report["stages"]) == [s for s in STAGE_NAMES if s != "data"]
+    enabled = [s for s in STAGE_NAMES if s != "data" and cfg.stages.get(s, {}).get("enabled", True)]
+    assert list(report["stages"]) == enabled
     problems = "\n".join(report["problems"])
-    for missing in ("config.base_checkpoint: checkpoints/qwen2.5-coder-3b", "config.tokenizer:",
+    # every problem is a missing input: the stage configs themselves are valid
+    assert all("does not exist" in p or "no file matches" in p for p in report["problems"]), problems
+    for missing in (f"config.base_checkpoint: checkpoints/{base}", "config.tokenizer:",
                     "config.stages.sft1.data.train: no file matches data/sft/stage1/*.jsonl",
                     "config.stages.rl_code.data.train: data/rl/code.jsonl", "config.stages.select.probes.math",
                     "config.stages.eval.benchmarks.ifeval.data"):
         assert missing in problems, missing
     assert "aime25" not in problems  # that one ships with the repository
     # The command: --validate lists the problems and exits 1; a real run refuses at once, before any stage.
-    proc = run_vt("pipeline", "--config", "configs/vibethinker_3b.py", "--workdir", str(tmp_path / "v"), "--validate")
+    proc = run_vt("pipeline", "--config", f"configs/{recipe}.py", "--workdir", str(tmp_path / "v"), "--validate")
     assert proc.returncode == 1 and "config.stages.rl_math.data.train" in proc.stdout, proc.stdout + proc.stderr
-    proc = run_vt("pipeline", "--config", "configs/vibethinker_3b.py", "--workdir", str(tmp_path / "r"))
+    proc = run_vt("pipeline", "--config", f"configs/{recipe}.py", "--workdir", str(tmp_path / "r"))
     assert proc.returncode == 2 and "missing or invalid inputs" in proc.stderr, proc.stderr
     assert not (tmp_path / "r").exists()
 
