@@ -775,7 +775,7 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
     if workload != "math":
         for r in learner.rewards.values():
             r.close()
-        learner.rewards = {d: ToyRubric(url=judge_url, model="judge", concurrency=8, timeout_s=30.0)
+        learner.rewards = {d: ToyRubric(judge_url=judge_url, judge_model="judge", workers=8, timeout_s=30.0)
                            if workload == "judge" else ToyCode(workers=args.code_workers) for d in learner.rewards}
     ends = []
     throughput = learner.throughput

@@ -1,8 +1,9 @@
-"""What config files share: variant parsing and the sampler section."""
+"""What config files share: variant parsing, the sampler and rewards sections."""
 import dataclasses
 
 import ml_collections
 
+from vt.rewards.registry import RewardsConfig
 from vt.sampling.config import SamplerConfig
 from vt.tracking import logging_defaults
 
@@ -19,6 +20,12 @@ def logging_section() -> ml_collections.ConfigDict:
     """A `logging` section (vt.tracking.LoggingConfig: W&B project, entity, run name, group, tags, mode), every
     field at its default (W&B off), so each can be set with --config.logging.<field>=VALUE."""
     return ml_collections.ConfigDict(logging_defaults())
+
+
+def rewards_section() -> ml_collections.ConfigDict:
+    """A `rewards` section (vt.rewards.registry.RewardsConfig, where every option is documented): each domain's
+    options at their defaults, so each can be set with --config.rewards.<domain>.<option>=VALUE."""
+    return ml_collections.ConfigDict(dataclasses.asdict(RewardsConfig()))
 
 
 def sampler(**values) -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ middling accuracy that RL then raises; every number below is a demo-size stand-i
 import ml_collections
 
 from configs import eval_demo_tasks, vibethinker_3b
-from configs.common import parse_arg
+from configs.common import parse_arg, rewards_section
 
 DOMAINS = ("math", "code", "stem", "instruct")
 DATA = "{workdir}/data"
@@ -67,7 +67,7 @@ def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
     c.checkpoint.every = 5
     c.checkpoint.keep = 2
     c.checkpoint.async_save = False
-    c.rewards = {}
+    c.rewards = rewards_section()  # every domain at its defaults
     return c
 
 

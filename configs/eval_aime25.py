@@ -15,7 +15,7 @@ Smoke (tiny random model and tokenizer, 2 problems, a few tokens, on CPU):
 """
 import ml_collections
 
-from configs.common import parse_arg, sampler, logging_section
+from configs.common import logging_section, parse_arg, rewards_section, sampler
 
 
 def get_config(arg=None):
@@ -32,8 +32,9 @@ def get_config(arg=None):
     c.chunk_problems = 8  # problems per generate call; the resume unit (seeds are per chunk)
     c.cluster_with_math_verify = True  # wrong answers equal under math-verify vote together
     c.save_text = True  # keep completions in results.jsonl (CLR and error analysis need them)
-    c.reward_workers = 2  # math-verify worker processes
     c.progress = True  # tqdm bar over problems
+    c.rewards = rewards_section()  # the domain's options (vt.rewards.registry)
+    c.rewards.math.workers = 2  # math-verify worker processes
 
     c.model = ml_collections.ConfigDict()
     c.model.ckpt = ""  # set with --ckpt
@@ -54,6 +55,9 @@ def get_config(arg=None):
         top_k=-1,  # RECIPE: top-k off
         max_new_tokens=65536,  # RECIPE: no extra length cap beyond the context (64K in the report)
         batch_size=256,  # concurrent decode slots
+        # on one TPU chip (mesh fsdp 1) the decode kernel holds the page table (slots x pages, int32) in 1 MiB of
+        # scalar memory: 256 slots x 2048 pages of 16 tokens are 2 MiB and do not compile (`vt plan`); 128: 256 KiB
+        page_size=128,
     )
 
     c.clr = ml_collections.ConfigDict()
@@ -82,7 +86,7 @@ def get_config(arg=None):
         c.ks = (1, 2, 4)
         c.maj_ks = (4,)
         c.chunk_problems = 2  # one generate call for both problems
-        c.reward_workers = 1
+        c.rewards.math.workers = 1
         c.progress = False
         c.clr.enabled = True
         c.clr.K = 2

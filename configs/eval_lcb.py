@@ -21,5 +21,5 @@ def get_config(arg=None):
     c.sampling.temperature = 0.6  # RECIPE: the 1.5B work's code evals used 0.6 (set 1.0 for the 3B setting)
     c.ks = (1, 2, 4, 8)
     c.maj_ks = ()  # no votable answer for code
-    c.reward_workers = 8  # concurrent sandboxed programs
+    c.rewards.code.workers = 8  # concurrent sandboxed programs
     return c

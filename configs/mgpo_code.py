@@ -5,8 +5,6 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-import ml_collections
-
 from configs import mgpo_math
 from configs.common import parse_arg
 
@@ -14,7 +12,6 @@ from configs.common import parse_arg
 def get_config(arg=None):
     smoke = parse_arg(arg, "smoke") == "smoke"
     c = mgpo_math.get_config(arg)
-    c.rewards.code = ml_collections.ConfigDict()
     c.rewards.code.workers = 2 if smoke else 16  # problems graded concurrently, each in its own bubblewrap sandbox
     c.rewards.code.test_time_limit_s = 6.0  # LiveCodeBench: about 6 s per test
     c.rewards.code.problem_time_limit_s = 60.0  # all of one problem's tests

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from configs.common import parse_arg, logging_section
+from configs.common import logging_section, parse_arg, rewards_section
 
 SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
 
@@ -128,8 +128,7 @@ def get_config(arg=None):
     c.checkpoint.async_save = True  # write while the next rollouts run
     c.checkpoint.checksum = True  # sha256 seal per step, verified on restore
 
-    c.rewards = ml_collections.ConfigDict()  # per-domain options for vt.rewards.make_reward
-    c.rewards.math = ml_collections.ConfigDict()
+    c.rewards = rewards_section()  # each domain's options (vt.rewards.registry)
     c.rewards.math.workers = 8  # killable math-verify worker processes
 
     c.logging = logging_section()  # W&B beside TensorBoard: --config.logging.wandb_project=NAME (vt.tracking)

@@ -5,8 +5,6 @@
 
 Everything else is configs/mgpo_math.py; only the fields below differ.
 """
-import ml_collections
-
 from configs import mgpo_math
 from configs.common import parse_arg
 
@@ -14,7 +12,6 @@ from configs.common import parse_arg
 def get_config(arg=None):
     smoke = parse_arg(arg, "smoke") == "smoke"
     c = mgpo_math.get_config(arg)
-    c.rewards.stem = ml_collections.ConfigDict()
     c.rewards.stem.rel_tol = 1e-2  # numeric answers: 1% relative tolerance (answers are often rounded)
     if smoke:
         c.data.train = c.data.eval = str(mgpo_math.SMOKE_DATA / "stem.jsonl")

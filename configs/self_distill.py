@@ -23,7 +23,7 @@ Missing inputs are named by their config field before anything loads.
 """
 import ml_collections
 
-from configs.common import parse_arg, sampler
+from configs.common import parse_arg, rewards_section, sampler
 
 
 def rule(min_tokens, edges, lo, hi, weight):
@@ -77,7 +77,7 @@ def get_config(arg=None):
     c.selection.total = 0  # 0 = keep every in-band trace; else the mixed set's size
     c.selection.seed = 0
 
-    c.reward_workers = 2
+    c.rewards = rewards_section()  # the verifiers' options (vt.rewards.registry): rewards.code.workers, ...
     c.progress = True
 
     if variant == "smoke":

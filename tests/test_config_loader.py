@@ -142,11 +142,11 @@ def test_unknown_variant_is_named_with_the_known_ones():
 def test_instruct_rl_runs_without_the_ifeval_quirk_and_can_set_it(spec):
     """The production instruct RL fails text with no detectable language on language constraints (IFEval's quirk
     off), in the recipe's stage too; the setting is declared, so an override can turn it back on."""
-    from vt.rewards.registry import make_reward
+    from vt.rewards.registry import RewardsConfig, make_reward
 
     cfg = load_config(spec)
     assert cfg.rewards.instruct.ifeval_quirks is False
-    with make_reward("instruct", **cfg.rewards.instruct) as reward:
+    with make_reward("instruct", to_dataclass(RewardsConfig, cfg.rewards)) as reward:
         record = {"constraints": [{"type": "language", "language": "ru"}]}
         assert reward([record], ["12345"])[0].score == 0.0
     assert load_config(spec, ["--config.rewards.instruct.ifeval_quirks=True"]).rewards.instruct.ifeval_quirks is True

@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 
 from vt.rewards.code.grading import (classify_run, judge_call_result, judge_program_result, loads_result,
                                      stdout_matches, values_equal)
-from vt.rewards.code.reward import CodeConfig, CodeReward
+from vt.rewards.code.reward import CodeReward
 from vt.rewards.code.tests import CallTest, ProgramTest, StdioTest
+from vt.rewards.registry import CodeConfig
 from vt.rewards.sandbox.cold import RunResult
 
 NONCE = "0123456789abcdef0123456789abcdef"

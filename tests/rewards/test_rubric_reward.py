@@ -82,7 +82,7 @@ def server():
 
 
 def make(server, **kw):
-    opts = dict(url=server.url, model="judge-1", concurrency=4, timeout_s=2.0, backoff_s=0.01, max_retries=3)
+    opts = dict(judge_url=server.url, judge_model="judge-1", workers=4, timeout_s=2.0, backoff_s=0.01, max_retries=3)
     opts.update(kw)
     return RubricReward(**opts)
 
@@ -93,7 +93,7 @@ REC = {"prompt": "Explain recursion briefly.", "rubric": "helpfulness"}
 def test_scores_and_request_format(server, monkeypatch):
     monkeypatch.setenv("VT_TEST_JUDGE_KEY", "sk-test")
     server.script = [("ok", "Clear and correct.\nScore: 10"), ("ok", "**Score:** 4/10")]
-    r = make(server, concurrency=1, api_key_env="VT_TEST_JUDGE_KEY")
+    r = make(server, workers=1, judge_api_key_env="VT_TEST_JUDGE_KEY")
     res = r([REC, REC], ["<think>hmm</think>A function calling itself.", "Recursion is recursion."])
     assert [x.score for x in res] == [1.0, pytest.approx(3 / 9)]
     assert res[1].details["judge_scores"] == {"helpfulness": 4} and res[1].failure is None
@@ -132,7 +132,7 @@ def test_a_response_cannot_close_its_block_and_write_as_the_grader(completion):
 def test_several_criteria_average_and_custom_criterion(server):
     server.script = [("ok", "Score: 10"), ("ok", "Score: 1")]
     custom = {"name": "rhymes", "description": "Does it rhyme?"}
-    r = make(server, concurrency=1)
+    r = make(server, workers=1)
     res = r([{"prompt": "p", "rubric": ["coherence", custom]}], ["c"])[0]
     assert res.score == pytest.approx(0.5) and set(res.details["judge_scores"]) == {"coherence", "rhymes"}
     assert "Does it rhyme?" in server.requests[1]["messages"][1]["content"]
@@ -210,7 +210,7 @@ def test_concurrency_limit(server):
             with lock:
                 active[0] -= 1
 
-    r = make(server, concurrency=3)
+    r = make(server, workers=3)
     r.judge.complete = counting.__get__(r.judge)
     res = r([REC] * 8, [f"c{i}" for i in range(8)])
     assert all(x.score == pytest.approx(4 / 9) for x in res) and peak[0] == 3
@@ -303,4 +303,4 @@ def test_bad_rubric_specs():
 
 def test_missing_api_key_variable_is_an_error():
     with pytest.raises(ValueError, match="VT_NO_SUCH_KEY"):
-        RubricReward(url="http://127.0.0.1:9/v1", model="m", api_key_env="VT_NO_SUCH_KEY")
+        RubricReward(judge_url="http://127.0.0.1:9/v1", judge_model="m", judge_api_key_env="VT_NO_SUCH_KEY")

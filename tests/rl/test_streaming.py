@@ -118,7 +118,7 @@ def mixed_records():
 
 @pytest.fixture(scope="module")
 def rewards():
-    r = {"math": make_reward("math", workers=2), "code": make_reward("code", workers=2),
+    r = {"math": make_reward("math"), "code": make_reward("code"),  # 2 workers each (the default)
          "instruct": make_reward("instruct"), "stem": make_reward("stem"), "hash": HashReward(),
          "rubric": RubricReward(judge)}
     yield r

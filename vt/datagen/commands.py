@@ -86,7 +86,8 @@ def register(subparsers) -> None:
                    help="math, stem, code or instruct ('' = each row's own)")
     p.add_argument("--min-agreement", type=fraction, default=0.5, help="pseudo-label vote share of k")
     p.add_argument("--no-reference", action="store_true", help="ignore references: vote even when present")
-    p.add_argument("--reward-workers", type=positive_int, default=2)
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="concurrent verifications per reward domain (rewards.<domain>.workers; default: the domain's)")
     p.set_defaults(func=run_distill)
 
     p = sub.add_parser("stratify", help="curriculum manifests (stage1/stage2/pass_rates) by difficulty and length")
@@ -188,12 +189,13 @@ def run_judge(args) -> int:
 def run_distill(args) -> int:
     from vt.datagen.stages import run_stage
     from vt.datagen.teacher import DistillConfig, distill_batch
-    from vt.rewards.registry import make_reward
+    from vt.rewards.registry import RewardsConfig, make_reward, with_options
     cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
+    options = with_options(RewardsConfig(), workers=args.workers)
 
     class Rewards(dict):  # a domain's verifier starts when its first row shows up
         def __missing__(self, d):
-            self[d] = make_reward(d, **({"workers": args.reward_workers} if d in ("math", "code") else {}))
+            self[d] = make_reward(d, options)
             return self[d]
 
     rewards = Rewards()

@@ -27,6 +27,7 @@ from vt.distill.selection import DomainRule, ScoredTrace, select
 from vt.distributed import barrier, is_primary, process_mesh
 from vt.eval.runner import EvalConfig, EvalModelConfig, load_problems, read_results, run_eval
 from vt.io import append_lines, atomic_write_json, read_complete_jsonl, write_jsonl
+from vt.rewards.registry import RewardsConfig
 from vt.sampling.config import SamplerConfig
 from vt.sharding import MeshConfig
 from vt.validation import AT_LEAST_1, NON_NEGATIVE, check_fields
@@ -80,7 +81,7 @@ class SelfDistillConfig:
     sampling: SamplerConfig = SamplerConfig(n=8, top_p=0.95, max_new_tokens=32768, batch_size=256)
     scoring: ScoringConfig = ScoringConfig()
     selection: Selection = Selection()
-    reward_workers: Annotated[int, AT_LEAST_1] = 2
+    rewards: RewardsConfig = RewardsConfig()  # the verifiers' options: rewards.math.workers, ...
     progress: bool = True
 
     def __post_init__(self):
@@ -89,7 +90,7 @@ class SelfDistillConfig:
 
 def sample_config(cfg: SelfDistillConfig, domain: str, src: Source) -> EvalConfig:
     return EvalConfig(name=f"self_distill_{domain}", data=src.data, domain=domain, limit=src.limit, ks=(1,),
-                      maj_ks=(), cluster_with_math_verify=False, save_text=True, reward_workers=cfg.reward_workers,
+                      maj_ks=(), cluster_with_math_verify=False, save_text=True, rewards=cfg.rewards,
                       progress=cfg.progress, sampling=dataclasses.replace(cfg.sampling, n=src.n),
                       model=EvalModelConfig(ckpt=src.ckpt, tokenizer=cfg.tokenizer, dtype=cfg.dtype, mesh=cfg.mesh))
 

@@ -47,7 +47,7 @@ from vt.eval.generation import EngineGenerator, Generator
 from vt.io import append_lines, exclusive, read_complete_jsonl, read_rows
 from vt.model.config import preset
 from vt.model.qwen2 import create_model
-from vt.rewards.registry import make_reward
+from vt.rewards.registry import RewardsConfig, make_reward
 from vt.sampling.config import SamplerConfig
 from vt.sampling.engine import Engine
 from vt.sharding import MeshConfig
@@ -102,11 +102,11 @@ class EvalConfig:
     chunk_problems: Annotated[int, AT_LEAST_1] = 8  # problems per generate call (also the resume unit)
     cluster_with_math_verify: bool = True  # merge wrong answers that math-verify finds equal before voting
     save_text: bool = True  # keep completion texts in results.jsonl
-    reward_workers: Annotated[int, AT_LEAST_1] = 2
     progress: bool = True
     model: EvalModelConfig = EvalModelConfig()
     sampling: SamplerConfig = SamplerConfig(n=64, top_p=0.95, max_new_tokens=32768, batch_size=256)  # n per problem
     clr: ClrConfig = ClrConfig()
+    rewards: RewardsConfig = RewardsConfig()  # the domain's options: rewards.math.workers, ...
     logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
@@ -128,8 +128,9 @@ class EvalConfig:
 def fingerprint(cfg: EvalConfig) -> dict:
     """The settings results depend on (not progress bars, worker counts or where the weights live)."""
     d = dataclasses.asdict(cfg)
-    for k in ("progress", "reward_workers", "save_text", "ks", "maj_ks", "logging"):
+    for k in ("progress", "save_text", "ks", "maj_ks", "logging"):
         d.pop(k)
+    d["rewards"] = {k: v for k, v in d["rewards"][cfg.domain].items() if k != "workers"}  # the domain's
     d["model"] = {k: v for k, v in d["model"].items() if k in ("ckpt", "preset", "dtype")}
     for k in _SAMPLER_SPEED_FIELDS:
         d["sampling"].pop(k)
@@ -302,8 +303,7 @@ def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | N
     todo_chunks = [c for c in todo_chunks if c % count == index]  # every P-th chunk is this process's
     own_reward = reward is None
     if own_reward:
-        options = {"workers": cfg.reward_workers} if cfg.domain in ("math", "code") else {}
-        reward = make_reward(cfg.domain, **options)
+        reward = make_reward(cfg.domain, cfg.rewards)
     try:
         equivalent = None
         if cfg.domain == "math" and cfg.cluster_with_math_verify:

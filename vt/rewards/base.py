@@ -162,7 +162,8 @@ class RewardFunction(abc.ABC):
     completion i, never on the rest of the batch), so an RL step may score completions one by one as the
     sampler finishes them (vt.rewards.streaming) and get exactly the batch's verdicts. Off by default: a
     reward that batches across items (rubric: one judge call for the batch) is scored after decoding.
-    ``workers``: how many items it verifies at once (its map_bounded bound).
+    ``workers``: how many items it verifies at once (its map_bounded bound): its options' ``workers``
+    (``config``, vt.rewards.registry), else 1.
     """
 
     domain: str = ""
@@ -170,7 +171,7 @@ class RewardFunction(abc.ABC):
 
     @property
     def workers(self) -> int:
-        return 1
+        return getattr(getattr(self, "config", None), "workers", 1)
 
     def __call__(self, records: Sequence[Mapping[str, Any]], completions: Sequence[str]) -> list[RewardResult]:
         if len(records) != len(completions):
@@ -192,9 +193,10 @@ class RewardFunction(abc.ABC):
     def reference(self, record: Mapping[str, Any], index: int) -> Any:
         """Extract and validate this domain's reference from a record; raise RewardSpecError if bad."""
 
-    @abc.abstractmethod
     def score_batch(self, references: list[Any], completions: list[str]) -> list[RewardResult]:
-        ...
+        """``score_one(reference, completion)`` over the items on ``workers`` threads; a reward that batches
+        across items overrides this instead."""
+        return map_bounded(lambda rc: self.score_one(*rc), list(zip(references, completions)), self.workers)
 
     def close(self) -> None:
         pass

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 from vt import VtError
 from vt.io import write_jsonl
-from vt.rewards.registry import DOMAINS, make_reward
+from vt.rewards.registry import DOMAINS, RewardsConfig, make_reward, takes
 from vt.validation import check_output_path, integer, number, parse_json_line, positive_int, refuse_same_file
 
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
@@ -41,15 +41,17 @@ def register(subparsers) -> None:
     p.add_argument("--domain", required=True, choices=DOMAINS)
     p.add_argument("--input", required=True, type=Path, help="JSONL: one {'completion': ..., <reference>} per line")
     p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
-    p.add_argument("--workers", type=integer(ge=1, le=MAX_WORKERS), default=2,
-                   help=f"concurrent verifications (processes / sandboxes), 1 to {MAX_WORKERS}")
+    # Each flag sets the option of its name in the domain's options (vt.rewards.registry; --timeout the one its
+    # ``timeout`` names); a flag the domain does not take is refused.
+    p.add_argument("--workers", type=integer(ge=1, le=MAX_WORKERS), default=None,
+                   help=f"concurrent verifications (processes, sandboxes, judge requests), 1 to {MAX_WORKERS}")
     p.add_argument("--timeout", type=number(gt=0, le=MAX_TIMEOUT_S), default=None,
-                   help=f"seconds (at most {MAX_TIMEOUT_S}): math per-item deadline, code per-test limit, rubric "
-                        "per-request timeout")
+                   help=f"seconds (at most {MAX_TIMEOUT_S}): math and stem per-item deadline, code per-test limit, "
+                        "rubric per-request timeout")
     p.add_argument("--batch-size", type=positive_int, default=256, help="records scored per batch")
-    p.add_argument("--allow-unsandboxed", action="store_true",
+    p.add_argument("--allow-unsandboxed", action="store_true", default=None,
                    help="code: run untrusted programs WITHOUT isolation if bubblewrap is unavailable")
-    p.add_argument("--mode", choices=("strict", "loose"), default="strict", help="instruct: IFEval scoring mode")
+    p.add_argument("--mode", choices=("strict", "loose"), default=None, help="instruct: IFEval scoring mode")
     p.add_argument("--judge-url", help="rubric: OpenAI-compatible API base, e.g. http://localhost:8000/v1")
     p.add_argument("--judge-model", help="rubric: judge model name")
     p.add_argument("--judge-api-key-env", help="rubric: name of the environment variable holding the API key")
@@ -57,28 +59,23 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def build_reward(args: argparse.Namespace):
-    opts: dict[str, Any] = {}
-    t = args.timeout
-    if args.domain == "math":
-        opts = {"workers": args.workers, **({"deadline_s": t} if t else {})}
-    elif args.domain == "stem":
-        from vt.rewards.math_reward import MathConfig
+OPTION_FLAGS = ("workers", "timeout", "allow_unsandboxed", "mode", "judge_url", "judge_model", "judge_api_key_env")
 
-        opts = {"math": MathConfig(workers=args.workers, **({"deadline_s": t} if t else {}))}
-    elif args.domain == "code":
-        opts = {"workers": args.workers, "allow_unsandboxed": args.allow_unsandboxed}
-        opts.update({"test_time_limit_s": t} if t else {})
-    elif args.domain == "instruct":
-        opts = {"mode": args.mode}
-    elif args.domain == "rubric":
-        if not args.judge_url or not args.judge_model:
-            raise VtError("--domain rubric needs --judge-url and --judge-model")
-        opts = {"url": args.judge_url, "model": args.judge_model, "api_key_env": args.judge_api_key_env,
-                "concurrency": args.workers, **({"timeout_s": t} if t else {})}  # fmt: skip
+
+def build_reward(args: argparse.Namespace):
+    domain, options = args.domain, getattr(RewardsConfig(), args.domain)
+    flags = {name: getattr(args, name) for name in OPTION_FLAGS if getattr(args, name) is not None}
+    given = {}
+    for flag, value in flags.items():
+        name = options.timeout if flag == "timeout" else flag
+        if name is None or not takes(domain, name):
+            raise VtError(f"--{flag.replace('_', '-')}: --domain {domain} takes no such option")
+        given[name] = value
+    if domain == "rubric" and not (args.judge_url and args.judge_model):
+        raise VtError("--domain rubric needs --judge-url and --judge-model")
     try:
-        return make_reward(args.domain, **opts)
-    except (ValueError, RuntimeError) as e:  # SandboxUnavailable, a missing API key variable, bad options
+        return make_reward(domain, dataclasses.replace(RewardsConfig(), **{domain: dataclasses.replace(options, **given)}))
+    except (ValueError, RuntimeError) as e:  # SandboxUnavailable, a missing API key variable
         raise VtError(str(e)) from e
 
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, answer_region, field, passed
+from vt.rewards.registry import InstructConfig
 
 RELATIONS = ("less than", "at most", "exactly", "at least", "more than")
 
@@ -701,19 +702,6 @@ def response_text(completion: str) -> str:
     if "</think>" in completion:
         return answer_region(completion).lstrip()
     return "" if completion.lstrip().startswith("<think>") else completion
-
-
-@dataclasses.dataclass(frozen=True)
-class InstructConfig:
-    mode: str = "strict"  # "strict" or "loose": which verdicts the score uses
-    # IFEval counts a response in which langdetect finds no language (only digits or punctuation) as
-    # satisfying the language and English-case constraints. True reproduces that; False fails it (a
-    # reward hack in RL: "12345" would satisfy "answer in Russian").
-    ifeval_quirks: bool = True
-
-    def __post_init__(self):
-        if self.mode not in ("strict", "loose"):
-            raise ValueError(f"mode must be 'strict' or 'loose', got {self.mode!r}")
 
 
 class InstructReward(RewardFunction):

@@ -31,18 +31,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from vt.rewards.base import (
-    RewardFunction,
-    RewardResult,
-    RewardSpecError,
-    answer_region,
-    clip,
-    failed,
-    field,
-    map_bounded,
-    passed,
-    verifier_error,
-)
+from vt.rewards.base import (RewardFunction, RewardResult, RewardSpecError, answer_region, clip, failed, field, passed,
+                             verifier_error)
+from vt.rewards.registry import MathConfig
 from vt.rewards.workers import WorkerError, WorkerPool
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -246,22 +237,6 @@ def hedge_candidates(boxes: list[str], gold: str = "") -> tuple[list[str], list[
     return distinct, (values if len(distinct) > 1 or len(values) > 1 else None)
 
 
-@dataclasses.dataclass(frozen=True)
-class MathConfig:
-    workers: int = 2  # math-verify worker processes = concurrent verifications
-    deadline_s: float = 15.0  # hard wall-clock limit per item; the worker is killed beyond it
-    verify_timeout_s: int = 4  # math-verify's own SIGALRM timeout per parse/verify call inside the worker
-    tail_chars: int = 2000  # only this many trailing characters of the answer region are scored
-    worker_memory_mb: int = 2048  # address-space cap of a worker (huge sympy integers hit it, not the host)
-    startup_timeout_s: float = 120.0  # a worker's imports (sympy, antlr) on a loaded machine
-
-    def __post_init__(self):
-        # An hour at most: a deadline of 1e308 s overflows the wait and made every item a verifier error.
-        if not (0 < self.deadline_s <= 3600 and 1 <= self.verify_timeout_s <= 3600) or self.tail_chars < 16 \
-                or self.workers < 1:
-            raise ValueError(f"invalid MathConfig: {self}")
-
-
 def ground_truth_text(value: Any, index: int) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise RewardSpecError(
@@ -281,10 +256,6 @@ class MathReward(RewardFunction):
     domain = "math"
     streams = True  # score_batch maps score_one over the items
 
-    @property
-    def workers(self) -> int:
-        return self.config.workers
-
     def __init__(self, config: MathConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or MathConfig(), **overrides)
         args = ["--memory-mb", str(self.config.worker_memory_mb)]
@@ -292,9 +263,6 @@ class MathReward(RewardFunction):
 
     def reference(self, record: Mapping[str, Any], index: int) -> str:
         return ground_truth_text(field(record, "ground_truth", index), index)
-
-    def score_batch(self, references: list[str], completions: list[str]) -> list[RewardResult]:
-        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), self.workers)
 
     def score_one(self, gold: str, completion: str) -> RewardResult:
         boxes = boxed_answers(answer_region(completion, self.config.tail_chars))

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vt.rewards.base import RewardFunction, RewardResult, RewardSpecError, answer_region, field, verifier_error
+from vt.rewards.registry import RubricConfig
 
 log = logging.getLogger(__name__)
 
@@ -296,28 +297,20 @@ class RubricReward(RewardFunction):
     # streams stays False: score_batch sends the whole batch's uncached (item, criterion) pairs to the judge in
     # one call (a judge may be a batched local sampler), so the batch is scored after decoding.
 
-    def __init__(
-        self,
-        judge: Judge | None = None,
-        *,
-        url: str | None = None,
-        model: str | None = None,
-        api_key_env: str | None = None,
-        concurrency: int = 8,
-        cache_entries: int = 100_000,
-        judge_identity: str | None = None,
-        **judge_options: Any,
-    ):
-        if (judge is None) == (url is None):
+    def __init__(self, judge: Judge | None = None, *, config: RubricConfig | None = None,
+                 judge_identity: str | None = None, **overrides: Any):
+        self.config = c = dataclasses.replace(config or RubricConfig(), **overrides)
+        if (judge is None) == (not c.judge_url):
             raise ValueError("give exactly one of a judge callable or an endpoint url (+ model)")
         if judge is None:
-            if not model:
+            if not c.judge_model:
                 raise ValueError("an endpoint judge needs a model name")
-            judge = OpenAIChatJudge(url, model, api_key_env, concurrency=concurrency, **judge_options)
+            judge = OpenAIChatJudge(c.judge_url, c.judge_model, c.judge_api_key_env or None, c.workers, c.timeout_s,
+                                    c.max_retries, c.backoff_s, c.max_backoff_s, c.temperature, c.max_tokens)
         self.judge = judge
         # Part of every cache key: two judges never share verdicts.
         self.judge_identity = judge_identity or getattr(judge, "identity", None) or repr(judge)
-        self.cache = _Cache(cache_entries)
+        self.cache = _Cache(c.cache_entries)
 
     def reference(self, record: Mapping[str, Any], index: int) -> tuple[str, list[Criterion]]:
         prompt = prompt_text(field(record, "prompt", index), f"record {index}: field 'prompt'")

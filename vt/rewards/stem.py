@@ -25,18 +25,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from vt.rewards.base import (
-    RewardFunction,
-    RewardResult,
-    answer_region,
-    clip,
-    failed,
-    field,
-    map_bounded,
-    passed,
-)
-from vt.rewards.math_reward import (MathConfig, MathReward, boxed_answers, equation_values, ground_truth_text,
-                                   top_level_items)
+from vt.rewards.base import RewardFunction, RewardResult, answer_region, clip, failed, field, passed
+from vt.rewards.math_reward import MathReward, boxed_answers, equation_values, ground_truth_text, top_level_items
+from vt.rewards.registry import MathConfig, StemConfig
 
 OPTIONS = "ABCDEFGHIJ"
 _OPTION_ONLY_RE = re.compile(r"^\s*[\(\[]?\s*([A-J])\s*[\)\]]?\s*[.:]?\s*$")
@@ -141,21 +132,9 @@ def parse_number(text: str) -> float | None:
     return float(f"{m.group(1)}e{int(exp)}" if exp else m.group(1))  # one rounding, not mantissa * 10**k
 
 
-@dataclasses.dataclass(frozen=True)
-class StemConfig:
-    rel_tol: float = 1e-2  # relative tolerance for numeric answers (answers are often rounded to 3 s.f.)
-    abs_tol: float = 1e-8
-    tail_chars: int = 2000
-    math: MathConfig = MathConfig()  # for expression-valued ground truths
-
-
 class StemReward(RewardFunction):
     domain = "stem"
     streams = True  # score_batch maps score_one over the items
-
-    @property
-    def workers(self) -> int:
-        return self.config.math.workers
 
     def __init__(self, config: StemConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or StemConfig(), **overrides)
@@ -164,9 +143,6 @@ class StemReward(RewardFunction):
 
     def reference(self, record: Mapping[str, Any], index: int) -> str:
         return ground_truth_text(field(record, "ground_truth", index), index)
-
-    def score_batch(self, references: list[str], completions: list[str]) -> list[RewardResult]:
-        return map_bounded(lambda gc: self.score_one(*gc), list(zip(references, completions)), self.workers)
 
     def score_one(self, gold: str, completion: str) -> RewardResult:
         region = answer_region(completion, self.config.tail_chars)
@@ -213,7 +189,8 @@ class StemReward(RewardFunction):
     def _math_reward(self) -> MathReward:
         with self._math_lock:
             if self._math is None:
-                self._math = MathReward(self.config.math)
+                c = self.config
+                self._math = MathReward(MathConfig(c.workers, c.deadline_s, tail_chars=c.tail_chars))
             return self._math
 
     def close(self) -> None:

@@ -71,7 +71,7 @@ from vt.data.tokenizer import load_tokenizer
 from vt.distributed import allgather, global_batch, process_mesh
 from vt.model.attention import resolve, supports_branches
 from vt.model.lora import base_config, merged_params
-from vt.rewards.registry import make_reward
+from vt.rewards.registry import RewardsConfig, make_reward
 from vt.rewards.shaping import long2short
 from vt.rewards.streaming import busy_seconds
 from vt.rl import objectives as obj
@@ -191,7 +191,7 @@ class RLConfig:
     optim: OptimConfig = OptimConfig(lr=1e-6, final_lr=1e-6, warmup_frac=0.0)
     train: RLTrain = RLTrain()
     checkpoint: CheckpointConfig = CheckpointConfig()
-    rewards: dict = dataclasses.field(default_factory=dict)  # domain -> reward constructor options
+    rewards: RewardsConfig = RewardsConfig()  # each domain's options: rewards.code.workers, ...
     logging: LoggingConfig = LoggingConfig()
 
     def __post_init__(self):
@@ -246,7 +246,7 @@ class Learner:
                 raise VtError(f"data.profile={cfg.data.profile}: every prompt has pass rate 0 or 1")
         self.eval_records = load_records(cfg.data.eval, "data.eval") if cfg.data.eval else []
         domains = {cfg.data.domain} if cfg.data.domain else {r.domain for r in self.records + self.eval_records}
-        self.rewards = {d: make_reward(d, **cfg.rewards.get(d, {})) for d in sorted(domains)}
+        self.rewards = {d: make_reward(d, cfg.rewards) for d in sorted(domains)}
 
         self.model_cfg = resolve_model_config(cfg.model)
         if self.model_cfg.lora_dropout:

@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vt.rewards.base import RewardFunction, RewardResult, answer_region, failed, map_bounded, passed, verifier_error
+from vt.rewards.base import RewardFunction, RewardResult, answer_region, failed, passed, verifier_error
 from vt.rewards.code.formats import code_tests
 from vt.rewards.code.grading import run_test
 from vt.rewards.code.tests import CodeTest
+from vt.rewards.registry import CodeConfig
 from vt.rewards.sandbox.cold import Limits, Sandbox, force_rmtree, prepare_code_dir
 from vt.rewards.sandbox.warm import SandboxPool
 
@@ -40,35 +41,11 @@ def last_code_block(text: str) -> tuple[str, str] | None:
     return last.group(1).lower(), last.group(2)
 
 
-@dataclasses.dataclass(frozen=True)
-class CodeConfig:
-    workers: int = 2  # problems graded concurrently (each runs its tests one after another)
-    test_time_limit_s: float = 6.0  # wall clock per test run, interpreter start-up included
-    problem_time_limit_s: float = 60.0  # budget for all of a problem's tests
-    memory_bytes: int = 2 << 30
-    output_bytes: int = 16 << 20
-    file_bytes: int = 64 << 20
-    tmp_bytes: int = 64 << 20
-    nproc: int = 64
-    python: str | None = None  # interpreter inside the sandbox; default: the system python3
-    allow_unsandboxed: bool = False  # run WITHOUT isolation when bwrap is unavailable (warns loudly)
-    pool: bool = True  # warm sandboxes (sandbox/warm.py); False: a cold sandbox per test run (for comparison)
-
-    def limits(self, wall_s: float) -> Limits:
-        return Limits(
-            wall_s, self.memory_bytes, self.output_bytes, self.file_bytes, self.nproc, tmp_bytes=self.tmp_bytes
-        )
-
-
 class CodeReward(RewardFunction):
     """1 if the completion's last Python code block passes every test in the sandbox, else 0."""
 
     domain = "code"
     streams = True  # score_batch maps score_one over the items
-
-    @property
-    def workers(self) -> int:
-        return self.config.workers
 
     def __init__(self, config: CodeConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or CodeConfig(), **overrides)
@@ -90,9 +67,6 @@ class CodeReward(RewardFunction):
 
     def reference(self, record: Mapping[str, Any], index: int) -> list[CodeTest]:
         return code_tests(record, index)
-
-    def score_batch(self, references: list, completions: list[str]) -> list[RewardResult]:
-        return map_bounded(lambda tc: self.score_one(*tc), list(zip(references, completions)), self.config.workers)
 
     def score_one(self, tests: list[CodeTest], completion: str) -> RewardResult:
         block = last_code_block(answer_region(completion))
@@ -122,7 +96,8 @@ class CodeReward(RewardFunction):
             if left <= 0:
                 return failed("timeout", reason="problem time limit", tests_passed=j, tests_total=len(tests))
             wall = min(c.test_time_limit_s, left)
-            verdict = run_test(execute, test, c.limits(wall))
+            limits = Limits(wall, c.memory_bytes, c.output_bytes, c.file_bytes, c.nproc, tmp_bytes=c.tmp_bytes)
+            verdict = run_test(execute, test, limits)
             if verdict is not None:
                 kind, info = verdict
                 details = {"tests_passed": j, "tests_total": len(tests), "failed_test": j, **info}
