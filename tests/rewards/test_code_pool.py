@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from vt.rewards.code.reward import CodeReward
+from vt.rewards.sandbox import placement
 from vt.rewards.sandbox import warm as pool_mod
 from vt.rewards.sandbox.cold import Limits, force_rmtree, prepare_code_dir
 
@@ -803,23 +804,23 @@ def test_cpu_claims_and_solutions_never_follow_someone_elses_paths(tmp_path, mon
     """The lock directory sits in a shared sticky directory: a link or a foreign, writable directory
     under its name means no pinning, never a file made where the link points. Without a usable tmpfs the
     pool keeps its files in the default temporary directory and works the same."""
-    monkeypatch.setattr(pool_mod, "HOST_TMPFS", str(tmp_path))
-    assert pool_mod.scratch_base() == str(tmp_path)
+    monkeypatch.setattr(placement, "HOST_TMPFS", str(tmp_path))
+    assert placement.scratch_base() == str(tmp_path)
     lock_dir = tmp_path / f"vt-cpus-{os.getuid()}"
     target = tmp_path / "elsewhere"
     target.mkdir()
     lock_dir.symlink_to(target)
-    assert pool_mod.claim_cpu() is None and list(target.iterdir()) == []
+    assert placement.claim_cpu() is None and list(target.iterdir()) == []
     lock_dir.unlink()
     lock_dir.mkdir(mode=0o777)
     os.chmod(lock_dir, 0o777)
-    assert pool_mod.claim_cpu() is None
+    assert placement.claim_cpu() is None
     os.chmod(lock_dir, 0o700)
-    claim = pool_mod.claim_cpu()
+    claim = placement.claim_cpu()
     assert claim is not None
     os.close(claim[1])
-    monkeypatch.setattr(pool_mod, "HOST_TMPFS", str(tmp_path / "missing"))
-    assert pool_mod.scratch_base() is None
+    monkeypatch.setattr(placement, "HOST_TMPFS", str(tmp_path / "missing"))
+    assert placement.scratch_base() is None
     with CodeReward(workers=1, test_time_limit_s=5) as r:
         assert str(r.pool.workers[0].root.parent) == tempfile.gettempdir()
         assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0

@@ -405,7 +405,8 @@ def _root_layout(python: str) -> list[str]:
 
 
 class Sandbox:
-    """Runs ``solution.py`` through the harness (inside/harness.py, /code/_harness.py in the sandbox) in a bwrap sandbox (or, if allowed, without one)."""
+    """Runs ``solution.py`` through the harness (inside/harness.py, /code/_harness.py in the sandbox) in a bwrap
+    sandbox (or, if allowed, without one)."""
 
     def __init__(self, python: str | None = None, allow_unsandboxed: bool = False, slots: int = 1,
                  memory_cgroup: bool = True):

@@ -24,8 +24,8 @@ What the pool adds to the cold path's guarantees, and how:
     gets a fresh worker. Only a worker that cannot *start* (before any candidate code ran) is a sandbox error,
     as a cold sandbox that cannot start is.
 
-Placement, for speed: each worker's sandbox (its server and every process of every run, all forked from
-the server) runs on one CPU of its own (``claim_cpu``). A run's processes wake each other at every step
+Placement, for speed (placement.py): each worker's sandbox (its server and every process of every run, all
+forked from the server) runs on one CPU of its own (``claim_cpu``). A run's processes wake each other at every step
 of the run and at every call a test makes to the solution, and a wake-up on the same CPU costs a fraction
 of one on another (a pipe round trip between two Python processes on a 2-core VM: ~8 us on one CPU, ~60
 us across two). A run may move its server (same uid); the server moves back before its next run. Each
@@ -38,16 +38,12 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import math
 import queue
-import select
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import threading
@@ -55,8 +51,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from vt.rewards.sandbox.channel import WorkerLost, _read_to_eof, read_message, receive, send_request
 from vt.rewards.sandbox.cold import (
-    STDERR_KEEP,
     Limits,
     RunResult,
     Sandbox,
@@ -72,6 +68,7 @@ from vt.rewards.sandbox.cold import (
     prepare_code_dir,
     seccomp_fd,
 )
+from vt.rewards.sandbox.placement import _started_on, claim_cpu, scratch_base
 
 log = logging.getLogger(__name__)
 
@@ -88,73 +85,10 @@ SERVER_MEMORY = 48 << 20
 STANDING_PROCS = 4
 REPLY_GRACE_S = 5.0  # beyond a run's wall clock: the server's kill-all, wipe (of up to tmp_bytes of files) and reply
 START_TIMEOUT_S = 60.0  # bwrap + interpreter + warm imports, on a loaded machine
-MAX_HEADER = 1 << 16
 # The solution is written twice per sample (load, unload): on a disk file system each write is a journal
 # commit (~0.2 ms of the host's time on ext4 here), on tmpfs ~0.03 ms.
-HOST_TMPFS = "/dev/shm"
-TMPFS_MIN_FREE = 64 << 20
 
 
-def scratch_base() -> str | None:
-    """The host's tmpfs when it is a writable directory with room to spare, else None (the default
-    temporary directory). The pool's code directories hold only the server and one solution each."""
-    try:
-        st = os.statvfs(HOST_TMPFS)
-    except OSError:
-        return None
-    if os.access(HOST_TMPFS, os.W_OK | os.X_OK) and st.f_bavail * st.f_frsize >= TMPFS_MIN_FREE:
-        return HOST_TMPFS
-    return None
-
-
-def claim_cpu(directory: str | None = None) -> tuple[int, int] | None:
-    """(cpu, lock fd): a CPU of this process's affinity that no other worker holds, in this process or any
-    other of this user's (one lock file per CPU, flock'ed while the worker lives: several trainer processes
-    on one host spread their workers over the CPUs rather than stacking them on the same ones). None
-    when every CPU is taken or the lock directory is not ours: the worker then runs where the scheduler
-    puts it. Highest CPUs first: CPU 0 is where a host's interrupts and main threads tend to land."""
-    directory = directory or os.path.join(scratch_base() or tempfile.gettempdir(), f"vt-cpus-{os.getuid()}")
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        st = os.lstat(directory)
-    except OSError:
-        return None
-    # A shared, sticky directory: someone else's file or link under our name must not be followed.
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-        return None
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    for cpu in sorted(os.sched_getaffinity(0), reverse=True):
-        try:
-            fd = os.open(os.path.join(directory, str(cpu)), flags, 0o600)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # per open file: two workers of one process conflict too
-            return cpu, fd
-        except OSError:
-            os.close(fd)
-    return None
-
-
-def _started_on(cpu: int | None, start):
-    """``start()`` (a Popen) with this thread pinned to ``cpu``: the processes it forks inherit the
-    affinity, the thread gets its own back."""
-    if cpu is None:
-        return start()
-    allowed = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        return start()
-    finally:
-        os.sched_setaffinity(0, allowed)
-
-
-class WorkerLost(Exception):
-    """The server died, stopped replying, or replied with something malformed."""
-
-    def __init__(self, reason: str, timed_out: bool = False):
-        super().__init__(reason)
-        self.timed_out = timed_out
 
 
 class PoolWorker:
@@ -220,19 +154,20 @@ class PoolWorker:
         try:
             # The server is idle and reading: a failed send means it died between runs (not this run's
             # doing: no candidate code of it ran), so it is a sandbox error if a fresh one fails too.
-            self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
+            send_request(self.requests, request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
         except WorkerLost as e:
             self._lose(e)
             if self._start(limits) is not None:
                 return RunResult("sandbox_error", None, b"", f"sandbox server lost between runs: {e}".encode(), 0.0)
             start = time.monotonic()
             try:
-                self._send(request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
+                send_request(self.requests, request, stdin, start + REPLY_GRACE_S + len(stdin) / (16 << 20))
             except WorkerLost as e2:
                 self._lose(e2)
                 return RunResult("sandbox_error", None, b"", f"sandbox server lost: {e2}".encode(), 0.0)
         try:
-            reply, out, err = self._receive(start + limits.wall_s + REPLY_GRACE_S, limits.output_bytes)
+            reply, out, err = receive(self.replies, start + limits.wall_s + REPLY_GRACE_S, limits.output_bytes,
+                                      self._stderr_tail)
         except WorkerLost as e:
             # This run killed, stopped or starved its server (or the server broke): the run fails.
             wall = time.monotonic() - start
@@ -296,7 +231,7 @@ class PoolWorker:
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             self.ns_init = _child_pid(_read_to_eof(info_r, deadline, 4096))
-            hello = self._read_message(deadline)
+            hello = read_message(self.replies, deadline, self._stderr_tail)
             if hello != {"ready": True}:
                 raise WorkerLost(f"sent {str(hello)[:100]!r} instead of ready")
         except WorkerLost as e:
@@ -355,86 +290,6 @@ class PoolWorker:
         except (OSError, AttributeError):
             return ""
 
-    # ---- protocol (see inside/pool_server.py) ---------------------------------------------------
-
-    def _send(self, header: dict, payload: bytes, deadline: float) -> None:
-        head = json.dumps(header).encode()
-        _write_all(self.requests, len(head).to_bytes(8, "big") + head + payload, deadline)
-
-    def _read_message(self, deadline: float) -> dict:
-        fd = self.replies
-        size = int.from_bytes(_read_exactly(fd, 8, deadline, self._stderr_tail), "big")
-        if size > MAX_HEADER:
-            raise WorkerLost(f"reply header of {size} bytes")
-        try:
-            header = json.loads(_read_exactly(fd, size, deadline, self._stderr_tail))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise WorkerLost(f"unparseable reply header ({e})") from None
-        if not isinstance(header, dict):
-            raise WorkerLost("reply header is not an object")
-        return header
-
-    def _receive(self, deadline: float, output_bytes: int) -> tuple[dict, bytes, bytes]:
-        reply = self._read_message(deadline)
-        ok = (
-            reply.get("status") in ("exited", "timeout", "output_limit", "sandbox_error")
-            and (reply.get("returncode") is None or type(reply.get("returncode")) is int)
-            and type(reply.get("wall_s")) in (int, float)
-            and type(reply.get("clean")) is bool
-            and type(reply.get("stdout")) is int
-            and 0 <= reply["stdout"] <= output_bytes + 1
-            and type(reply.get("stderr")) is int
-            and 0 <= reply["stderr"] <= STDERR_KEEP
-        )
-        if not ok:
-            raise WorkerLost(f"malformed reply {str(reply)[:200]!r}")
-        fd = self.replies
-        out = _read_exactly(fd, reply["stdout"], deadline, self._stderr_tail)
-        err = _read_exactly(fd, reply["stderr"], deadline, self._stderr_tail)
-        return reply, out, err
-
-
-def _wait_fd(fd: int, events: int, deadline: float) -> bool:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return False
-    poller = select.poll()  # no descriptor of its own to create and close, unlike epoll
-    poller.register(fd, events)
-    return bool(poller.poll(max(1, math.ceil(left * 1000))))
-
-
-def _read_exactly(fd: int, n: int, deadline: float, why=lambda: "") -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        if not _wait_fd(fd, select.POLLIN, deadline):
-            raise WorkerLost("no reply in time", timed_out=True)
-        chunk = os.read(fd, min(n - len(buf), 1 << 20))
-        if not chunk:
-            detail = why()
-            raise WorkerLost("the server exited" + (f": {detail}" if detail else ""))
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_to_eof(fd: int, deadline: float, limit: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < limit and _wait_fd(fd, select.POLLIN, deadline):
-        chunk = os.read(fd, limit - len(buf))
-        if not chunk:
-            break
-        buf += chunk
-    return bytes(buf)
-
-
-def _write_all(fd: int, data: bytes, deadline: float) -> None:
-    view = memoryview(data)
-    while view:
-        if not _wait_fd(fd, select.POLLOUT, deadline):
-            raise WorkerLost("the server stopped reading", timed_out=True)
-        try:
-            view = view[os.write(fd, view[: 1 << 16]) :]
-        except (BrokenPipeError, OSError) as e:
-            raise WorkerLost(f"request pipe closed ({e})") from None
 
 
 TESTER_NAME = "vt-tester"  # the comm of a server's tester (inside/tester.TESTER_NAME)

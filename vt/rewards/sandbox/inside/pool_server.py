@@ -2,9 +2,9 @@
 SandboxPool, which starts it). Python stdlib only; it never imports vt and never runs candidate code itself.
 
 Usage (by warm.py, PoolWorker._start): python3 -I /code/pool/pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
-  (its parts next to it in /code/pool, /code/_harness.py and solution.py beside). The protocol's two pipes are inherited fds (bwrap's own stdio
-  is /dev/null: see cold.channel_arg); CONFIG_JSON: {"tmp_bytes", "shm_bytes"}, the sizes of each run's
-  /tmp and /dev/shm (see inits.Inits.run_init).
+  (its parts next to it in /code/pool, /code/_harness.py and solution.py beside). The protocol's two pipes
+  are inherited fds (bwrap's own stdio is /dev/null: see cold.channel_arg); CONFIG_JSON: {"tmp_bytes",
+  "shm_bytes"}, the sizes of each run's /tmp and /dev/shm (see inits.Inits.run_init).
 
 Its parts, each a file of /code/pool (imported from there at start-up, then taken off sys.path and
 sys.modules, so that a run's interpreter looks as a fresh one):
