@@ -10,6 +10,7 @@ from eval_helpers import AIME, PATTERNS, StandIn
 from eval_helpers import aime_rows, math_reward  # noqa: F401 (session fixtures)
 from vt import VtError
 from vt.eval.runner import ClrConfig, EvalConfig, run_eval
+from vt.rewards.registry import CodeConfig, MathConfig, RewardsConfig
 from vt.sampling.config import SamplerConfig
 
 
@@ -92,6 +93,13 @@ def test_resume_refuses_other_settings_and_ks_can_change(tmp_path, aime_rows, ma
     assert run_eval(config(limit=4, sampling=speed), tmp_path, generator=gen, reward=math_reward) and gen.calls == 0
     with pytest.raises(VtError, match="different settings"):
         run_eval(config(limit=4, sampling=SamplerConfig(n=4, stop_strings=("x",))), tmp_path,
+                 generator=StandIn(aime_rows), reward=math_reward)
+    # The domain's reward options are result settings, its worker count and other domains' options are not.
+    gen = StandIn(aime_rows)
+    more = RewardsConfig(math=MathConfig(workers=5), code=CodeConfig(test_time_limit_s=1.0))
+    assert run_eval(config(limit=4, rewards=more), tmp_path, generator=gen, reward=math_reward) and gen.calls == 0
+    with pytest.raises(VtError, match=r"different settings \(differs in \['rewards'\]\)"):
+        run_eval(config(limit=4, rewards=RewardsConfig(math=MathConfig(tail_chars=100))), tmp_path,
                  generator=StandIn(aime_rows), reward=math_reward)
 
 
