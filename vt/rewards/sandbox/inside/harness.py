@@ -451,16 +451,17 @@ def fresh_stdio(fd):
     return text
 
 
+# The test kinds (argv's MODE), a copy of vt.rewards.code.tests.MODES (this program never imports vt;
+# tests/rewards/test_code_programs.py checks that the copies agree).
+MODES = ("stdin", "call", "program")
+RUN_MODE = dict(zip(MODES, (run_stdin, run_call, run_program)))
+
+
 def main():
     if len(sys.argv) > 3:
         take_stdio(sys.argv[3])
     set_limits(json.loads(sys.argv[1]))
-    if sys.argv[2] == "call":
-        run_call()
-    elif sys.argv[2] == "program":
-        run_program()
-    else:
-        run_stdin()
+    RUN_MODE[sys.argv[2]]()
 
 
 if __name__ == "__main__":

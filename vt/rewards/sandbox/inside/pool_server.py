@@ -91,6 +91,11 @@ del sys.path[0]  # a run's sys.path and sys.modules are a fresh interpreter's: n
 for _part in ("framing", "inits", "kernel", "run_process", "supervise", "tester"):
     del sys.modules[_part]
 
+# The test kinds (a request's "mode"), a copy of vt.rewards.code.tests.MODES (the server never imports vt;
+# tests/rewards/test_code_programs.py checks that the copies agree). A program test runs in two processes here:
+# the solution's (a run's) and the tester's.
+MODES = ("stdin", "call", "program")
+TESTED_MODES = ("program",)
 HARNESS = "/code/_harness.py"
 STDERR_KEEP = 8192  # as cold.STDERR_KEEP: the tail of stderr the host keeps
 _exit = os._exit  # a run may rebind os._exit in its own copy of the interpreter; it must still end here
@@ -179,7 +184,7 @@ class Server:
             out, err = Output(int(request["output_bytes"])), Output(STDERR_KEEP, keep_tail=True)
             try:
                 # (Python < 3.9 in the sandbox has no socket.send_fds: the harness's own program mode there.)
-                tested = request["mode"] == "program" and hasattr(socket, "send_fds")
+                tested = request["mode"] in TESTED_MODES and hasattr(socket, "send_fds")
                 run = self.run_program if tested else self.run
                 reply = run(request, stdin_fd, out, err)
                 reply["clean"] = self.clear()
