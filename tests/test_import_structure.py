@@ -183,6 +183,21 @@ HOST_COMMANDS = {
 }
 
 
+def _imports_of_a_run(args) -> str:
+    """`vt ARGS` in a fresh process, as a single-process launch: its exit status and the heavy modules it imported."""
+    code = ("import sys; from vt.cli import main; rc = main(sys.argv[1:]); "
+            "heavy = [m for m in ('jax', 'flax', 'torch') if m in sys.modules]; "
+            "print('exit', rc, 'imported', heavy, file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS_ID", "SLURM_"))}
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=env).stderr
+
+
+def test_info_on_a_hugging_face_directory_imports_no_jax(hf_dir):
+    assert "exit 0 imported []" in _imports_of_a_run(["info", hf_dir])
+
+
 @pytest.mark.parametrize("command", sorted(HOST_COMMANDS))
 def test_host_commands_import_no_jax(command, tmp_path):
     (tmp_path / "math.jsonl").write_text(json.dumps({"completion": "so \\boxed{4}", "ground_truth": "4"}) + "\n")
@@ -192,11 +207,5 @@ def test_host_commands_import_no_jax(command, tmp_path):
     with zipfile.ZipFile(tmp_path / "dashscope-2.0.2-py3-none-any.whl", "w") as z:
         z.writestr("dashscope/__init__.py", "")
     args, status = HOST_COMMANDS[command]
-    code = ("import sys; from vt.cli import main; rc = main(sys.argv[1:]); "
-            "heavy = [m for m in ('jax', 'flax', 'torch') if m in sys.modules]; "
-            "print('exit', rc, 'imported', heavy, file=sys.stderr)")
-    r = subprocess.run([sys.executable, "-c", code, *map(str, args(tmp_path))], cwd=ROOT, capture_output=True,
-                       text=True, env={k: v for k, v in os.environ.items()
-                                       if not k.startswith(("JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS_ID",
-                                                            "SLURM_"))})
-    assert f"exit {status} imported []" in r.stderr, r.stderr[-2000:]
+    err = _imports_of_a_run(args(tmp_path))
+    assert f"exit {status} imported []" in err, err[-2000:]

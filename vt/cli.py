@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     name = args.command_name  # "vt data filter"
     try:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM). One process needs nothing
-        # first: a command that uses no device (vt reward, vt data filter, vt tokenizer) never imports JAX.
+        # first: a command that uses no device (vt reward, vt data filter, vt tokenizer, vt info) never imports JAX.
         if detect()[0] != "single":
             from vt.distributed import initialize
             initialize()

@@ -82,12 +82,11 @@ def _orbax_to_hf(args: argparse.Namespace) -> int:
 def describe(path: Path) -> dict:
     """Config, parameter count, and per-tensor shapes/dtypes, read from metadata only (no weights loaded), after
     verifying the checkpoint's seal (a Hugging Face directory from elsewhere has none and is described as is)."""
-    from vt.checkpoint.manager import architecture
-    from vt.model.config import PRESETS, param_count
+    from vt.model.config import PRESETS, architecture, param_count
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "model_config.json").is_file():
         verify_seal(path, f"Hugging Face directory {path}", required=False)
-        from vt.checkpoint.hf import SafetensorsReader, read_hf_config
+        from vt.checkpoint.hf_dir import SafetensorsReader, read_hf_config
         cfg = read_hf_config(path)
         reader = SafetensorsReader(path)
         tensors = {}
@@ -112,7 +111,7 @@ def describe(path: Path) -> dict:
 def describe_run(path: Path) -> dict:
     """A training workdir (vt.checkpoint.manager.is_run_dir): its learner, its sealed steps, and the newest one,
     the model checkpoint the other commands take."""
-    from vt.checkpoint.manager import CHECKPOINTS_DIR
+    from vt.checkpoint.workdir import CHECKPOINTS_DIR
     from vt.checkpoint.seal import sealed_steps
     path = Path(path)
     try:
@@ -199,7 +198,7 @@ def _print_pipeline(d: dict) -> None:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from vt.checkpoint.manager import is_run_dir
+    from vt.checkpoint.workdir import is_run_dir
     if not args.path.exists():
         raise VtError(f"{args.path}: no such file or directory")
     if is_pipeline_dir(args.path) and not (args.path / "model_config.json").is_file():

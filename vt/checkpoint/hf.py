@@ -18,16 +18,15 @@ from typing import Callable, Iterator
 
 import ml_dtypes
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from vt import VtError
+from vt.checkpoint.hf_dir import SafetensorsReader, read_hf_config
 from vt.checkpoint.io import atomic_output_dir, umask
 from vt.checkpoint.seal import write_seal
 from vt.data.tokenizer import Tokenizer, load_tokenizer, save_hf_tokenizer
 from vt.distributed import is_primary
-from vt.model.config import ModelConfig, from_hf_config, to_hf_config
-from vt.model.lora import PROJECTIONS, targets
+from vt.model.config import PROJECTIONS, ModelConfig, targets, to_hf_config
 
 
 
@@ -121,63 +120,6 @@ def _sort_key(hf_key: str):
 
 
 # --- reading -----------------------------------------------------------------------------------------------------
-
-def read_hf_config(hf_dir: Path, **overrides) -> ModelConfig:
-    path = Path(hf_dir) / "config.json"
-    if not path.is_file():
-        raise VtError(f"{path}: no such file (is {hf_dir} a Hugging Face model directory?)")
-    try:
-        raw = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise VtError(f"{path}: not valid JSON ({e})") from None
-    return from_hf_config(raw, source=str(path), **overrides)
-
-
-class SafetensorsReader:
-    """Lazy access to the tensors of an HF directory: single `model.safetensors` or a sharded index."""
-
-    def __init__(self, hf_dir: Path):
-        self.hf_dir = Path(hf_dir)
-        index = self.hf_dir / "model.safetensors.index.json"
-        single = self.hf_dir / "model.safetensors"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise VtError(f"{index}: not a safetensors index (field 'weight_map': {e})") from None
-        elif single.is_file():
-            weight_map = None
-        else:
-            raise VtError(f"{self.hf_dir}: no model.safetensors or model.safetensors.index.json")
-        files = sorted(set(weight_map.values())) if weight_map else [single.name]
-        self._handles, self.key_file = {}, {}
-        for name in files:
-            path = self.hf_dir / name
-            if not path.is_file():
-                raise VtError(f"{path}: listed in the safetensors index but missing")
-            try:
-                handle = safe_open(str(path), framework="np")
-                keys = list(handle.keys())
-            except (SafetensorError, OSError, ValueError) as e:
-                raise VtError(f"{path}: corrupted or unreadable safetensors file ({e})") from None
-            self._handles[name] = handle
-            for k in keys:
-                self.key_file[k] = name
-        if weight_map:
-            for k, name in weight_map.items():
-                if self.key_file.get(k) != name:
-                    raise VtError(f"{self.hf_dir / name}: index lists tensor '{k}' but the file does not hold it")
-
-    def keys(self) -> list[str]:
-        return list(self.key_file)
-
-    def get(self, key: str) -> np.ndarray:
-        path = self.hf_dir / self.key_file[key]
-        try:
-            return self._handles[self.key_file[key]].get_tensor(key)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise VtError(f"{path}: tensor '{key}' is unreadable ({e})") from None
-
 
 def iter_hf_to_vt(hf_dir: Path, cfg: ModelConfig) -> Iterator[tuple[tuple, np.ndarray]]:
     """Yield (vt path, array in vt layout) one tensor at a time. Unknown, missing or misshapen keys are errors."""
@@ -331,7 +273,7 @@ def apply_umask(root: Path) -> None:
 
 # --- PEFT LoRA adapters --------------------------------------------------------------------------------------------
 
-# vt projection -> the HF module path under a decoder layer (vt.model.lora.PROJECTIONS names the projections)
+# vt projection -> the HF module path under a decoder layer (vt.model.config.PROJECTIONS names the projections)
 _PEFT_MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
                  "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 

@@ -22,7 +22,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from vt import VtError
-from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, read_hf_config, write_hf_dir, write_peft_adapter
+from vt.checkpoint.hf import iter_hf_to_vt, iter_vt_to_hf, write_hf_dir, write_peft_adapter
+from vt.checkpoint.hf_dir import read_hf_config
 from vt.checkpoint.io import atomic_output_dir, reader_error
 from vt.checkpoint.seal import BackgroundVerify, write_seal
 from vt.distributed import is_primary

@@ -1,7 +1,7 @@
 """Attention without a KV cache: a row attends causally to itself within its segments (packed documents). Every
 path that has no cache (training, scoring, prefill of a prompt into fresh pages) goes through `self_attention`
 with an implementation `resolve` picked once, when the model is built. Decode attention, which reads a KV cache,
-belongs to the cache (vt.model.kv_pages). Adding an implementation: a name in `IMPLS` and a branch in
+belongs to the cache (vt.model.kv_pages). Adding an implementation: a name in vt.model.config.IMPLS and a branch in
 `self_attention`. Shape letters as in vt.model.qwen2.
 """
 from __future__ import annotations
@@ -14,13 +14,6 @@ from vt.model import segments
 from vt.model.blocked_attention import blocked_attention
 from vt.sharding import is_cuda, platform
 
-IMPLS = ("xla", "jax", "splash", "auto")
-"""xla: vt's einsum attention (any backend; rows of two `ATTENTION_BLOCK`s or more are attended to block by block,
-vt.model.blocked_attention, in blocks of `attention_block`); jax: `jax.nn.dot_product_attention`, cuDNN flash
-attention on NVIDIA GPUs with a bf16/fp16 compute dtype (it has no fp32 kernel), its XLA form elsewhere (unpinned,
-JAX picks XLA everywhere); splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs
-(Pallas interpret mode, slow, elsewhere); auto: splash on TPU, jax on NVIDIA GPUs with a bf16/fp16 compute dtype,
-xla otherwise."""
 
 # Query/key blocks of the "xla" self-attention: rows shorter than two ATTENTION_BLOCKs are attended to in one piece,
 # longer rows in blocks that grow with the row (`attention_block`).

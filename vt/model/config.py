@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from vt import VtError
-from vt.model.attention import IMPLS
-from vt.model.lora import targets
+
+IMPLS = ("xla", "jax", "splash", "auto")
+"""xla: vt's einsum attention (any backend; rows of two `ATTENTION_BLOCK`s or more are attended to block by block,
+vt.model.blocked_attention, in blocks of `attention_block`); jax: `jax.nn.dot_product_attention`, cuDNN flash
+attention on NVIDIA GPUs with a bf16/fp16 compute dtype (it has no fp32 kernel), its XLA form elsewhere (unpinned,
+JAX picks XLA everywhere); splash: the Pallas splash-attention kernel (`vt.model.splash`), flash attention on TPUs
+(Pallas interpret mode, slow, elsewhere); auto: splash on TPU, jax on NVIDIA GPUs with a bf16/fp16 compute dtype,
+xla otherwise."""
+
+# projection -> (submodule of a decoder layer, number of leading input dims of its kernel)
+PROJECTIONS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1), "o": ("attn", 2),
+               "gate": ("mlp", 1), "up": ("mlp", 1), "down": ("mlp", 1)}
 
 REMAT_POLICIES = ("auto", "none", "full", "save_attention", "dots", "dots_no_batch")
 """none: keep all activations; full: recompute each decoder layer in the backward pass; save_attention: full, but
@@ -223,6 +234,25 @@ PRESETS: dict[str, ModelConfig] = {
                               max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=True,
                               bos_token_id=None, eos_token_id=None),
 }
+
+
+def targets(pattern: str) -> list[str]:
+    """The projections `pattern` (a regex, matched against each whole name) selects; an error if none."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise VtError(f"model config: field 'lora_targets' {pattern!r} is not a regular expression ({e})") from None
+    names = [n for n in PROJECTIONS if rx.fullmatch(n)]
+    if not names:
+        raise VtError(f"model config: field 'lora_targets' {pattern!r} matches none of {list(PROJECTIONS)}")
+    return names
+
+
+def architecture(cfg: ModelConfig) -> dict:
+    """The fields of a ModelConfig that fix the parameters' shapes (not dtypes or kernels)."""
+    return {k: v for k, v in cfg.to_dict().items()
+            if k not in ("param_dtype", "dtype", "attention_impl", "remat_policy", "vocab_pad_multiple",
+                         "lora_dropout", "segment_branches")}
 
 
 def preset(name: str, **overrides) -> ModelConfig:

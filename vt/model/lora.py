@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from typing import Iterator
 
 import jax
@@ -30,24 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vt import VtError
+from vt.model.config import PROJECTIONS, targets
 
-# projection -> (submodule of a decoder layer, number of leading input dims of its kernel)
-PROJECTIONS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1), "o": ("attn", 2),
-               "gate": ("mlp", 1), "up": ("mlp", 1), "down": ("mlp", 1)}
 RANK_AXIS = "lora_rank"
-
-
-def targets(pattern: str) -> list[str]:
-    """The projections `pattern` (a regex, matched against each whole name) selects; an error if none."""
-    try:
-        rx = re.compile(pattern)
-    except re.error as e:
-        raise VtError(f"model config: field 'lora_targets' {pattern!r} is not a regular expression ({e})") from None
-    names = [n for n in PROJECTIONS if rx.fullmatch(n)]
-    if not names:
-        raise VtError(f"model config: field 'lora_targets' {pattern!r} matches none of {list(PROJECTIONS)}")
-    return names
 
 
 def is_adapter(key: str) -> bool:
