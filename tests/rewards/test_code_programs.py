@@ -8,6 +8,7 @@ here in their published formats (no pip package ships those datasets).
 """
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import pickle
@@ -15,6 +16,7 @@ import re
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -241,3 +243,17 @@ def test_rl_data_path_keeps_every_record_shape(reward):
     comps = [block(he["prompt"] + he["canonical_solution"]), block(MBPP[0]["code"]),
              block("def scale(xs, k):\n    return [x * k for x in xs]"), block("def add(a, b):\n    return a + b")]  # fmt: skip
     assert [r.score for r in reward([reward_record(r) for r in records], comps)] == [1.0] * 4
+
+
+def test_the_sandbox_side_copies_the_test_kinds():
+    """A test kind is a mode both sides of the sandbox know: every test class names one of MODES, and the two
+    in-sandbox programs (which never import vt) hold the same tuple."""
+    import vt.rewards.sandbox.inside as inside
+    from vt.rewards.code.tests import MODES
+
+    assert sorted(t.mode for t in (StdioTest, CallTest, ProgramTest)) == sorted(MODES)
+    for name in ("harness.py", "pool_server.py"):
+        tree = ast.parse((Path(inside.__file__).parent / name).read_text())
+        copies = [ast.literal_eval(n.value) for n in tree.body
+                  if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == ["MODES"]]
+        assert copies == [MODES], name

@@ -18,10 +18,10 @@
     ``test_setup_code``) runs before the solution and before the tests.
 
 A new test kind (a fourth mode): its name in ``MODES`` and a dataclass here (with ``mode``), a branch in
-``parse_tests``; its request and verdict in grading.py (``run_test``); its dispatch in the in-sandbox
-harness (sandbox/inside/harness.py, ``main``), and in the warm server's routing if it runs a second process
-(sandbox/inside/pool_server.py). The two in-sandbox programs never import vt: they copy ``MODES``, and
-tests/rewards/test_code_programs.py checks that the copies agree.
+``parse_tests``; its request and verdict in grading.py (``run_test``); its function in the in-sandbox harness
+(sandbox/inside/harness.py, ``RUN_MODE``), and in the warm server's ``TESTED_MODES`` if its test code runs in a
+process of its own (sandbox/inside/pool_server.py). The two in-sandbox programs never import vt: they copy
+``MODES``, and tests/rewards/test_code_programs.py checks that the copies agree.
 """
 from __future__ import annotations
 
