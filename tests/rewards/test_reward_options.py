@@ -45,7 +45,7 @@ def write_config(tmp_path, rewards: dict):
     ({"math": {"test_time_limit_s": 3.0}}, "config.rewards.math: unknown field(s) config.rewards.math.test_time_limit_s"),
     ({"stem": {"math": {"workers": 2}}}, "config.rewards.stem: unknown field(s) config.rewards.stem.math"),
     ({"maths": {"workers": 2}}, "config.rewards: unknown field(s) config.rewards.maths"),
-    ({"code": {"workers": 0}}, "config.rewards.code.workers: must be >= 1, got 0"),
+    ({"code": {"workers": 0}}, "config.rewards.code.workers: must be >= 1 and <= 256, got 0"),
     ({"math": {"deadline_s": 1e308}}, "config.rewards.math.deadline_s: must be > 0 and <= 3600"),
     ({"instruct": {"mode": "lax"}}, "config.rewards.instruct.mode: must be 'strict' or 'loose'"),
     ({"rubric": {"workers": "8"}}, "config.rewards.rubric.workers: expected int"),

@@ -21,15 +21,10 @@ from pathlib import Path
 
 from vt import VtError
 from vt.io import write_jsonl
-from vt.rewards.registry import DOMAINS, RewardsConfig, make_reward, takes
+from vt.rewards.registry import DOMAINS, SECONDS, WORKERS, RewardsConfig, make_reward, takes
 from vt.validation import check_output_path, integer, number, parse_json_line, positive_int, refuse_same_file
 
 _RECORD_PREFIX = re.compile(r"^record \d+: ")  # the CLI names file:line instead
-# Each worker is a process (math: an interpreter with sympy, ~150 MB) or a sandbox; more than this is a typo.
-MAX_WORKERS = 256
-# An hour per item or test: beyond it a timer overflows or the run never ends (1e308 made every record a verifier
-# error).
-MAX_TIMEOUT_S = 3600
 
 
 def register(subparsers) -> None:
@@ -43,10 +38,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, type=Path, help="JSONL output: each record plus score and details")
     # Each flag sets the option of its name in the domain's options (vt.rewards.registry; --timeout the one its
     # ``timeout`` names); a flag the domain does not take is refused.
-    p.add_argument("--workers", type=integer(ge=1, le=MAX_WORKERS), default=None,
-                   help=f"concurrent verifications (processes, sandboxes, judge requests), 1 to {MAX_WORKERS}")
-    p.add_argument("--timeout", type=number(gt=0, le=MAX_TIMEOUT_S), default=None,
-                   help=f"seconds (at most {MAX_TIMEOUT_S}): math and stem per-item deadline, code per-test limit, "
+    p.add_argument("--workers", type=integer(ge=1, le=WORKERS.le), default=None,
+                   help=f"concurrent verifications (processes, sandboxes, judge requests), 1 to {WORKERS.le}")
+    p.add_argument("--timeout", type=number(gt=0, le=SECONDS.le), default=None,
+                   help=f"seconds (at most {SECONDS.le}): math and stem per-item deadline, code per-test limit, "
                         "rubric per-request timeout")
     p.add_argument("--batch-size", type=positive_int, default=256, help="records scored per batch")
     p.add_argument("--allow-unsandboxed", action="store_true", default=None,

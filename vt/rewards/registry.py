@@ -16,6 +16,8 @@ from vt.validation import AT_LEAST_1, NON_NEGATIVE, POSITIVE, FieldError, Range,
 
 # Seconds: an hour at most (a deadline of 1e308 s overflows the wait and made every item a verifier error).
 SECONDS = Range(gt=0, le=3600)
+# Each worker is a process (math: an interpreter with sympy, ~150 MB), a sandbox or a request; more is a typo.
+WORKERS = Range(ge=1, le=256)
 
 
 class _Checked:
@@ -27,7 +29,7 @@ class _Checked:
 class MathConfig(_Checked):
     reward: ClassVar[str] = "vt.rewards.math_reward.MathReward"
     timeout: ClassVar[str] = "deadline_s"  # the option `vt reward --timeout` sets
-    workers: Annotated[int, AT_LEAST_1] = 2  # math-verify worker processes = concurrent verifications
+    workers: Annotated[int, WORKERS] = 2  # math-verify worker processes = concurrent verifications
     deadline_s: Annotated[float, SECONDS] = 15.0  # hard wall-clock limit per item; the worker is killed beyond it
     verify_timeout_s: Annotated[int, Range(ge=1, le=3600)] = 4  # math-verify's own SIGALRM timeout per call
     tail_chars: Annotated[int, Range(ge=16)] = 2000  # only this many trailing characters of the answer are scored
@@ -40,7 +42,7 @@ class MathConfig(_Checked):
 class CodeConfig(_Checked):
     reward: ClassVar[str] = "vt.rewards.code.reward.CodeReward"
     timeout: ClassVar[str] = "test_time_limit_s"
-    workers: Annotated[int, AT_LEAST_1] = 2  # problems graded concurrently (each runs its tests one after another)
+    workers: Annotated[int, WORKERS] = 2  # problems graded concurrently (each runs its tests one after another)
     test_time_limit_s: Annotated[float, SECONDS] = 6.0  # wall clock per test run, interpreter start-up included
     problem_time_limit_s: Annotated[float, POSITIVE] = 60.0  # budget for all of a problem's tests
     memory_bytes: Annotated[int, AT_LEAST_1] = 2 << 30
@@ -62,7 +64,7 @@ class StemConfig(_Checked):
     abs_tol: Annotated[float, NON_NEGATIVE] = 1e-8
     tail_chars: Annotated[int, Range(ge=16)] = 2000
     # Expression-valued ground truths go to math-verify: its worker processes and per-item deadline (MathConfig).
-    workers: Annotated[int, AT_LEAST_1] = 2
+    workers: Annotated[int, WORKERS] = 2
     deadline_s: Annotated[float, SECONDS] = 15.0
 
 
@@ -92,7 +94,7 @@ class RubricConfig(_Checked):
     judge_url: str = ""  # API base (http://host:8000/v1) or the full .../chat/completions URL
     judge_model: str = ""
     judge_api_key_env: str = ""  # the environment variable holding the API key ("" = none)
-    workers: Annotated[int, AT_LEAST_1] = 8  # judge requests in flight
+    workers: Annotated[int, WORKERS] = 8  # judge requests in flight
     timeout_s: Annotated[float, SECONDS] = 120.0  # per request
     max_retries: Annotated[int, NON_NEGATIVE] = 5
     backoff_s: Annotated[float, NON_NEGATIVE] = 1.0
