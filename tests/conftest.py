@@ -56,10 +56,13 @@ def build_once(path: Path, build) -> Path:
     return path
 
 
-@pytest.fixture(scope="session", params=[True, False], ids=["tied", "untied"])
+@pytest.fixture(scope="session", params=[("qwen2", True), ("qwen2", False), ("qwen3", True), ("qwen3", False)],
+                ids=["qwen2-tied", "qwen2-untied", "qwen3-tied", "qwen3-untied"])
 def hf_dir(request, shared_dir) -> Path:
-    """An HF directory (save_pretrained) of a tiny random Qwen2, tied and untied."""
-    return build_once(shared_dir / f"hf_{request.param}", lambda d: make_hf_model(tie=request.param).save_pretrained(d))
+    """An HF directory (save_pretrained) of a tiny random Qwen2 and Qwen3 (testutil.make_hf_model), tied and
+    untied."""
+    arch, tie = request.param
+    return build_once(shared_dir / f"hf_{arch}_{tie}", lambda d: make_hf_model(tie=tie, arch=arch).save_pretrained(d))
 
 
 @pytest.fixture(scope="session")

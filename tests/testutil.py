@@ -1,4 +1,4 @@
-"""Shared test helpers: tiny random-weight transformers Qwen2 checkpoints built on the spot (no downloads)."""
+"""Shared test helpers: tiny random-weight transformers Qwen2 / Qwen3 checkpoints built on the spot (no downloads)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,14 +18,26 @@ TINY_HF = dict(vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden
                num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-6)
 
 
-def make_hf_model(tie: bool, seed: int = 0, **overrides):
-    """transformers Qwen2ForCausalLM with random weights, non-zero biases and non-unit norms (so a dropped
-    bias or a norm applied as (1 + w) cannot pass unnoticed)."""
+# Qwen3 twins, one shape each for tied and untied (neither the Qwen2 one): head_dim stated and != hidden / heads.
+TINY_HF_QWEN3 = {
+    True: dict(TINY_HF, hidden_size=80, intermediate_size=144, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=24),
+    False: dict(TINY_HF, hidden_size=96, intermediate_size=176, num_hidden_layers=3, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=20, rope_theta=1_000_000.0),
+}
+
+
+def make_hf_model(tie: bool, seed: int = 0, arch: str = "qwen2", **overrides):
+    """transformers Qwen2ForCausalLM (arch "qwen2") or Qwen3ForCausalLM ("qwen3") with random weights, non-zero
+    biases and non-unit norms (so a dropped bias, a skipped q/k norm or a norm applied as (1 + w) cannot pass
+    unnoticed)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**{**TINY_HF, **overrides}, tie_word_embeddings=tie)
-    model = Qwen2ForCausalLM(cfg).eval()
+    name = {"qwen2": "Qwen2", "qwen3": "Qwen3"}[arch]
+    shape = TINY_HF if arch == "qwen2" else TINY_HF_QWEN3[tie]
+    cfg = getattr(transformers, f"{name}Config")(**{**shape, **overrides}, tie_word_embeddings=tie)
+    model = getattr(transformers, f"{name}ForCausalLM")(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "bias" in name:

@@ -59,7 +59,7 @@ def test_info_reports_config_and_counts(vt_ckpt, hf_dir):
     for path in (vt_ckpt, hf_dir):
         proc = run_vt("info", str(path), "--json", check=True)
         d = json.loads(proc.stdout)
-        hf = make_hf_model(tie=d["config"]["tie_word_embeddings"])
+        hf = make_hf_model(tie=d["config"]["tie_word_embeddings"], arch="qwen3" if d["config"]["qk_norm"] else "qwen2")
         assert d["param_count"] == sum(p.numel() for p in hf.parameters())
 
 
@@ -183,3 +183,17 @@ def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt, tmp_path)
     ocp.PyTreeCheckpointer().save(ckpt / PARAMS_ITEM, old)
     with pytest.raises(VtError, match="older vt with one entry per layer.*hf-to-orbax"):
         load_model(ckpt)
+
+
+def test_hf_to_orbax_can_record_a_longer_context(tmp_path):
+    """--max-position-embeddings (configs/vibethinker_1p5b.py's context extension) changes only that field: the
+    weights are the same bits, rope_theta is config.json's."""
+    from vt.checkpoint.params import flat_params, load_model, model_from_hf
+    hf = tmp_path / "hf"
+    make_hf_model(tie=True, arch="qwen3").save_pretrained(hf)
+    run_vt("convert", "hf-to-orbax", str(hf), str(tmp_path / "ck"), "--max-position-embeddings", "4096", check=True)
+    model, ref = load_model(tmp_path / "ck"), model_from_hf(hf)
+    assert (model.cfg.max_position_embeddings, ref.cfg.max_position_embeddings) == (4096, 256)
+    assert model.cfg.replace(max_position_embeddings=256) == ref.cfg
+    a, b = flat_params(model), flat_params(ref)
+    assert all(np.array_equal(a[k], b[k]) for k in b)

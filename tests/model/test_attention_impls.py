@@ -83,9 +83,9 @@ def test_block_sizes_fit_the_sequence():
         block_size(200)
 
 
-def _tiny(impl, **kw):
+def _tiny(impl, name="tiny", **kw):
     # initializer_range 0.2 (not 0.02) so attention is far from uniform and a wrong mask shows in the logits.
-    return create_model(preset("tiny", attention_impl=impl, initializer_range=0.2, **kw), seed=3)
+    return create_model(preset(name, attention_impl=impl, initializer_range=0.2, **kw), seed=3)
 
 
 def _packed_batch(T=160):
@@ -101,12 +101,14 @@ def _packed_batch(T=160):
             jnp.asarray(seg, jnp.int32))
 
 
-def test_tiny_model_splash_matches_xla_logits_and_param_grads():
-    """Whole model, T = 160 (padded to 256 inside splash). Gradients w.r.t. every parameter agree as well, with
-    splash under remat_policy="full" (the kernel's custom VJP recomputed inside jax.checkpoint)."""
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen3"])
+def test_tiny_model_splash_matches_xla_logits_and_param_grads(name):
+    """Whole model (Qwen2- and Qwen3-shaped), T = 160 (padded to 256 inside splash). Gradients w.r.t. every
+    parameter agree as well, with splash under remat_policy="full" (the kernel's custom VJP recomputed inside
+    jax.checkpoint)."""
     from flax import nnx
     tokens, pos, seg = _packed_batch()
-    ref, model = _tiny("xla"), _tiny("splash", remat_policy="full")
+    ref, model = _tiny("xla", name), _tiny("splash", name, remat_policy="full")
     forward = jax.jit(lambda m, *a: m(*a)[0])
     want = np.asarray(forward(ref, tokens, pos, seg))
     got = np.asarray(forward(model, tokens, pos, seg))

@@ -1,4 +1,6 @@
-"""Logit parity with transformers' Qwen2ForCausalLM (the reference implementation)."""
+"""Logit and greedy-token parity with transformers' Qwen2ForCausalLM and Qwen3ForCausalLM (the reference
+implementations), on the random models of `hf_dir` (tests/conftest.py: both architectures, tied and untied, Qwen3's
+of other widths and head counts, head_dim != hidden / heads)."""
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -92,3 +94,22 @@ def test_kv_cache_decode_matches_full_forward(vt_ckpt):
         pos = jnp.full((2, 1), t, jnp.int32)
         logits, cache = model(jnp.asarray(seq[:, t:t + 1]), positions_BT=pos, cache=cache)
         np.testing.assert_allclose(np.asarray(logits[:, 0]), np.asarray(full[:, t]), atol=FP32_TOL, rtol=0)
+
+
+def test_greedy_generation_through_the_sampler_matches_transformers(hf_dir, vt_ckpt):
+    """vt's engine decodes what transformers' greedy `generate` does, token for token: pages of 4 tokens (every
+    sample crosses page boundaries), 2 samples a prompt sharing its full pages, 3 slots for 8 samples (refill)."""
+    from transformers import AutoModelForCausalLM
+    from vt.sampling.config import Request, SamplerConfig
+    from vt.sampling.engine import Engine
+    rng = np.random.RandomState(5)
+    prompts = [rng.randint(0, 300, n).tolist() for n in (5, 13, 1, 9)]
+    engine = Engine(load_model(vt_ckpt), SamplerConfig(batch_size=3, temperature=0.0, stop_token_ids=(), n=2,
+                                                        page_size=4, kv_pages=40))
+    out = engine.generate([Request(p, max_new_tokens=24) for p in prompts], seed=0)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    for p, samples in zip(prompts, out):
+        with torch.no_grad():
+            ids = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              do_sample=False, max_new_tokens=24, eos_token_id=None, pad_token_id=0)
+        assert [s.completion_ids for s in samples] == [ids[0, len(p):].tolist()] * 2

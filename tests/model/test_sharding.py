@@ -32,6 +32,9 @@ def test_sharded_logits_and_param_shardings(hf_dir, vt_ckpt):
         shard_shape = arr.addressable_shards[0].data.shape
         assert np.prod(shard_shape) * (1 if all(s is None for s in got) else 2) <= arr.size, path
     assert n_sharded > 0
+    if sharded.cfg.qk_norm:  # Qwen3's per-head q/k norm weights [L, H] are replicated, as every norm
+        for norm in (sharded.layers.attn.q_norm, sharded.layers.attn.k_norm):
+            assert norm.weight.get_value().sharding.is_fully_replicated
 
     @jax.jit
     def fwd(graphdef, state, tokens):

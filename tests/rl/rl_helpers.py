@@ -19,7 +19,7 @@ MAX_OPERAND = 3
 NOISE = 0.5
 
 
-def build_task(root: Path, sft_steps: int = 400) -> dict:
+def build_task(root: Path, sft_steps: int = 400, preset: str = "tiny") -> dict:
     root.mkdir(parents=True, exist_ok=True)
     chat = render_qwen_chat([{"role": "user", "content": "1+2"}, {"role": "assistant", "content": "\\boxed{3}"}])
     build_tiny_tokenizer(root / "tok", texts=math_corpus(MAX_OPERAND) * 20 + [chat] * 20, vocab_size=300)
@@ -28,7 +28,7 @@ def build_task(root: Path, sft_steps: int = 400) -> dict:
     write_jsonl(root / "eval.jsonl", [math_record(i, 0, with_answer=False, split="eval", max_operand=MAX_OPERAND)
                                       for i in range(64)])
     sft = to_dataclass(SftConfig, {
-        "model": {"preset": "tiny"},
+        "model": {"preset": preset},  # "tiny-qwen3": the Qwen3-shaped twin (tests/model/test_qwen3_twin.py)
         "data": {"kind": "chat", "train": str(root / "sft.jsonl"), "tokenizer": str(root / "tok"), "seq_len": 64,
                  "global_batch_size": 16, "num_epochs": 1.0},
         "optim": {"lr": 3e-3, "final_lr": 1e-4, "warmup_frac": 0.05},
