@@ -12,8 +12,9 @@ from pathlib import Path
 
 from vt import VtError
 from vt.datagen.teacher import DISTILL_DOMAINS
-from vt.validation import (FieldError, check_output_path, fraction, non_negative_float, non_negative_int, number,
-                           positive_int, refuse_same_file)
+from vt.rewards.registry import WORKERS, RewardsConfig, make_reward, with_options
+from vt.validation import (FieldError, check_output_path, fraction, integer, non_negative_float, non_negative_int,
+                           number, positive_int, refuse_same_file)
 
 
 def _io(p, out_help="output .jsonl or .parquet (re-run to resume)"):
@@ -86,7 +87,7 @@ def register(subparsers) -> None:
                    help="math, stem, code or instruct ('' = each row's own)")
     p.add_argument("--min-agreement", type=fraction, default=0.5, help="pseudo-label vote share of k")
     p.add_argument("--no-reference", action="store_true", help="ignore references: vote even when present")
-    p.add_argument("--workers", type=positive_int, default=None,
+    p.add_argument("--workers", type=integer(ge=1, le=WORKERS.le), default=None,
                    help="concurrent verifications per reward domain (rewards.<domain>.workers; default: the domain's)")
     p.set_defaults(func=run_distill)
 
@@ -189,7 +190,6 @@ def run_judge(args) -> int:
 def run_distill(args) -> int:
     from vt.datagen.stages import run_stage
     from vt.datagen.teacher import DistillConfig, distill_batch
-    from vt.rewards.registry import RewardsConfig, make_reward, with_options
     cfg = DistillConfig(args.k, args.domain, args.min_agreement, not args.no_reference)
     options = with_options(RewardsConfig(), workers=args.workers)
 
