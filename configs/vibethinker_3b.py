@@ -47,6 +47,10 @@ def rl_stage(c, domain, train, steps, *, eval_data=""):
     c.data.max_prompt_tokens = 4096
     c.rollout.sampler.max_new_tokens = 65536  # RECIPE: one long 64K window throughout
     c.rollout.sampler.batch_size = 1024  # decode slots
+    # KV pages of 128 tokens: the TPU decode kernel holds a device's page table (its slots x pages a slot, int32)
+    # in 1 MiB of scalar memory; 256 slots a chip x 2048 pages of 16 tokens is 2 MiB and does not compile
+    # (`vt plan --topology v5p-8`); 256 pages of 128 are 256 KiB
+    c.rollout.sampler.page_size = 128
     c.train.steps = steps  # not published
     c.train.eval_every = 20
     c.train.eval_samples = 4
@@ -70,7 +74,8 @@ def get_config(arg=None):
     c.probe = ml_collections.ConfigDict()  # the held-out accuracy table after each training stage
     c.probe.data = {}  # domain -> prompt file; {} = no table (the eval stage reports the benchmarks)
     c.probe.limit = 64  # prompts per domain (0 = all)
-    c.probe.sampler = sampler(n=4, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=256)  # avg@n
+    c.probe.sampler = sampler(n=4, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=256,
+                              page_size=128)  # avg@n; one chip: pages of 128 keep its TPU page table in 256 KiB
 
     s = c.stages = ml_collections.ConfigDict()
     s.sft1 = sft_stage1.get_config(None)
@@ -82,7 +87,10 @@ def get_config(arg=None):
     s.profile.data = ""  # "" = sft1's training prompts (one per prompt_id)
     s.profile.prompts_per_call = 256
     s.profile.limit = 0  # profile only the first N distinct prompts (0 = all)
-    s.profile.sampler = sampler(n=8, max_new_tokens=32768, temperature=1.0, top_p=1.0, batch_size=1024)  # RECIPE: 8
+    # RECIPE: 8 samples. 64 slots: profile samples on one chip with pages of 16 tokens (vt.rl.profile), whose TPU
+    # decode kernel holds the page table in 1 MiB of scalar memory (1024 slots x 2048 pages: 8 MiB, does not compile;
+    # 64: 512 KiB); that chip's KV pool holds ~70 full-length traces at once anyway (`vt plan --topology v5p-8`)
+    s.profile.sampler = sampler(n=8, max_new_tokens=32768, temperature=1.0, top_p=1.0, batch_size=64)
 
     s.sft2 = sft_stage2.get_config(None)
     s.sft2.enabled = True
@@ -96,7 +104,10 @@ def get_config(arg=None):
                        "stem": "data/probe/stem.jsonl"}
     s.select.k = 8  # pass@8 per domain picks the specialist
     s.select.limit = 128  # probes per domain (0 = all)
-    s.select.sampler = sampler(n=16, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=512)
+    # one chip: pages of 128 tokens keep its TPU decode kernel's page table in 512 KiB (16-token pages: 4 MiB, does
+    # not compile; `vt plan --topology v5p-8`)
+    s.select.sampler = sampler(n=16, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=512,
+                               page_size=128)
 
     s.rl_math = rl_stage(mgpo_math.get_config(None), "math", "data/rl/math.parquet", 400,
                          eval_data="tests/assets/aime25.parquet")

@@ -173,6 +173,11 @@ def is_cuda(mesh=None) -> bool:
     """Are the devices programs are built for NVIDIA GPUs (not ROCm)? (cuDNN's attention applies there.)"""
     if platform(mesh) != "gpu":
         return False
+    if not isinstance(mesh, Mesh):
+        abstract = jax.sharding.get_abstract_mesh()
+        device = None if abstract.empty else getattr(abstract, "abstract_device", None)
+        if device is not None and device.device_kind:  # inside jit (no concrete mesh to ask): ROCm's are AMD's
+            return not device.device_kind.lower().startswith("amd")
     concrete = mesh if isinstance(mesh, Mesh) else jax.sharding.get_mesh()
     device = concrete.devices.flat[0] if not concrete.empty else jax.devices()[0]
     return "cuda" in device.client.platform_version.lower()

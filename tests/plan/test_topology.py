@@ -14,9 +14,9 @@ def test_parse(name, jax_name, chips, hbm_gb):
     assert (t.jax_name, t.chips, t.hbm_bytes) == (jax_name, chips, hbm_gb * 10 ** 9)
 
 
-@pytest.mark.parametrize("name", ["v5p-7", "v5p-6", "v6e-3", "h100-8", "v5p", "v5p-x", ""])
+@pytest.mark.parametrize("name", ["v5p-7", "v5p-6", "v6e-3", "h100-12", "h100-0", "a100-8", "v5p", "v5p-x", ""])
 def test_unknown(name):
-    with pytest.raises(VtError, match="unknown TPU topology"):
+    with pytest.raises(VtError, match="unknown topology"):
         topology.parse(name)
 
 
@@ -24,3 +24,12 @@ def test_hbm_per_device():
     """v4's topology lists a device per TensorCore (8 for 4 chips): each gets half a chip's HBM."""
     assert topology.hbm_per_device(topology.parse("v4-8"), 8) == 16 * 10 ** 9
     assert topology.hbm_per_device(topology.parse("v5p-8"), 4) == 95 * 10 ** 9
+
+
+@pytest.mark.parametrize("name, jax_name, chips, single_host", [
+    ("h100-8", "1x1x8", 8, True), ("h100-1", "1x1x1", 1, True), ("H100-16", "1x2x8", 16, False)])
+def test_parse_gpu(name, jax_name, chips, single_host):
+    """NVIDIA H100s by count: the jax-cuda plugin's <partitions>x<hosts>x<devices per host>, 80 GB each."""
+    t = topology.parse(name)
+    assert (t.jax_name, t.chips, t.single_host, t.platform, t.hbm_bytes) == (jax_name, chips, single_host, "cuda",
+                                                                            80 * 10 ** 9)

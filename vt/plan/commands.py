@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from vt import VtError
 from vt.validation import check_output_path
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "plan", help="compile a config's programs for a TPU topology (no TPU needed) and check they fit in HBM",
+        "plan", help="compile a config's programs for a TPU slice or NVIDIA GPUs (none needed) and check they fit",
         description="Compile every device program of a stage config (SFT: the train step; RL: the sampler's "
                     "prefill and decode, the old-policy log-probs, the update; eval: the sampler; self-distill: "
                     "the sampler and the scorer; a recipe: every enabled stage) for a TPU topology with libtpu's "
@@ -20,8 +21,12 @@ def register(subparsers) -> None:
     p.add_argument("--config", required=True, help="configs/FILE.py[:variant]")
     p.add_argument("--topology", required=True,
                    help="TPU accelerator type: v4-8, v5e-8 (= v5litepod-8), v5p-8 ... v5p-256, v6e-8 ... v6e-256; "
-                        "a multi-host slice is compiled as the program every host runs")
+                        "a multi-host slice is compiled as the program every host runs; or h100-N (NVIDIA H100s, "
+                        "JAX's CUDA plugin installed)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows to this JSON file")
+    p.add_argument("--reuse", type=Path, default=None,
+                   help="the --json rows of an earlier run for this topology: programs found there (same program "
+                        "key) are not compiled again, so a config changed in one stage recompiles only that stage")
     p.add_argument("--no-progress", action="store_true", help="no progress line per program")
     p.set_defaults(func=run_plan, accepts_config_overrides=True)
 
@@ -43,4 +48,6 @@ def run_plan(args: argparse.Namespace) -> int:
     # and libtpu loads beside any other process holding it (its lockfile guards chips this process never opens).
     jax.config.update("jax_platforms", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return plan(raw.to_dict(), args.topology, progress=not args.no_progress, json_out=args.json)
+    if args.reuse is not None and not args.reuse.is_file():
+        raise VtError(f"--reuse {args.reuse}: no such file (the --json rows of an earlier vt plan run)")
+    return plan(raw.to_dict(), args.topology, progress=not args.no_progress, json_out=args.json, reuse=args.reuse)

@@ -1,7 +1,7 @@
 """vt's device programs built from abstract inputs: ShapeDtypeStructs carrying their shardings, so that no weight
 is ever created and any size compiles on any host, for any mesh (compile-only TPU devices included). Each
-builder returns a zero-argument function that traces, lowers and compiles one program and returns the compiled
-executable (`memory_analysis()`, `as_text()`), plus the bytes per device of the inputs it was given.
+builder returns a Build: `lower()` traces and lowers one program, calling it also compiles it and returns the
+executable (`memory_analysis()`, `as_text()`); `program_key` tells two stages' programs apart before compiling.
 
 Shared by `vt plan` (vt.plan.run) and bench/compile.py. Everything is traced under `use_mesh(mesh)`, so every
 hardware choice reads the mesh's platform (vt.sharding.platform): a TPU topology gets splash attention and the
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import re
 from typing import Callable
 
 import jax
@@ -26,12 +28,32 @@ from vt.sampling.config import SamplerConfig
 from vt.sampling.engine import _programs
 from vt.rl.step import make_rl_step, make_token_logps, row_sharding
 from vt.sampling.rules import SamplingParams
-from vt.sharding import param_sharding, state_shardings, use_mesh
+from vt.sharding import abstract_of, param_sharding, state_shardings, use_mesh
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
-from vt.train.step import make_train_step
+from vt.train.step import train_step_program
 
-Build = Callable[[], object]  # () -> a compiled executable
+@dataclasses.dataclass
+class Build:
+    """One program: `lower()` traces and lowers it for `mesh`; calling it also compiles (the executable)."""
+    lower: Callable[[], object]  # () -> jax.stages.Lowered
+    mesh: object
+
+    def __call__(self):
+        return self.lower().compile()
+
+
+_CONSTANT = re.compile(r"dense<[^>]*>")
+
+
+def program_key(lowered, mesh) -> str:
+    """What makes two programs one: the lowered module's text (every op, abstract shape and dtype, sharding
+    annotation and mesh axis) with its constants' values blanked, and the devices it runs on. Two stages whose
+    programs differ only in constants (a learning rate, a clip epsilon, a temperature, a schedule's length) share
+    one compile: a constant's value changes no buffer, so the per-device bytes are the same."""
+    text = _CONSTANT.sub("dense<>", lowered.as_text())
+    ids = ",".join(str(d.id) for d in mesh.devices.flat)
+    return hashlib.sha256(f"{text}\n{mesh.axis_names}{mesh.devices.shape}{ids}".encode()).hexdigest()[:16]
 
 
 def device_bytes(tree) -> int:
@@ -66,11 +88,12 @@ def sft_step(ts: TrainSetup, mesh, accum: int, rows: int, seq: int, loss_chunk: 
     """vt.train.step.make_train_step: `accum` micro-batches of `rows` rows (all devices) x `seq` tokens."""
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
-            return make_train_step(ts.md, ts.optimizer, ts.schedule, ts.sh, ts.abstract, mesh, accum, rows, seq,
-                                   **kw)
-    return build
+            program, batch = train_step_program(ts.md, ts.optimizer, ts.schedule, ts.sh, mesh, accum, rows, seq,
+                                                **kw)
+            return program.lower(ts.abstract, batch)
+    return Build(lower, mesh)
 
 
 def rl_batch(mesh, rows: int, T: int, with_step_keys: bool) -> dict:
@@ -88,11 +111,11 @@ def rl_logps(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0,
     """vt.rl.step.make_token_logps: the old-policy (and reference) log-probs of `rows` rows of T tokens."""
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
             logps = make_token_logps(ts.md, ts.sh.params, mesh, temperature=temperature, **kw)
-            return logps.lower(ts.abstract.params, rl_batch(mesh, rows, T, False)).compile()
-    return build
+            return logps.lower(ts.abstract.params, rl_batch(mesh, rows, T, False))
+    return Build(lower, mesh)
 
 
 def rl_update(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0, eps_low: float = 0.2,
@@ -102,16 +125,16 @@ def rl_update(ts: TrainSetup, mesh, rows: int, T: int, temperature: float = 1.0,
     accumulator: the memory-heavy program) or "apply" (the optimiser update)."""
     kw = {} if loss_chunk is None else dict(loss_chunk=loss_chunk)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
             step = make_rl_step(ts.md, ts.optimizer, ts.schedule, ts.sh, mesh, temperature=temperature,
                                 eps_low=eps_low, eps_high=eps_high, kl_coef=kl_coef, is_cap=is_cap, **kw)
             progs = step.programs
             acc = jax.eval_shape(progs["zeros"].jitted, ts.abstract.params)
             if part == "apply":
-                return progs["apply"].lower(ts.abstract, acc).compile()
-            return progs["accumulate"].lower(ts.abstract.params, acc, rl_batch(mesh, rows, T, True)).compile()
-    return build
+                return progs["apply"].lower(ts.abstract, acc)
+            return progs["accumulate"].lower(ts.abstract.params, acc, rl_batch(mesh, rows, T, True))
+    return Build(lower, mesh)
 
 
 @dataclasses.dataclass
@@ -142,16 +165,12 @@ def sampler_setup(mc, mesh, cfg: SamplerConfig) -> SamplerSetup:
 
 
 def kv_cache(ss: SamplerSetup, mesh, pool_pages: int, table_rows: int, table_pages: int, table_sharding):
-    """The KV page pool as the engine allocates it (layout, dtype, sharding: PagedKVCache.shardings) with a page
-    table [table_rows, table_pages] in `table_sharding`."""
-    c = PagedKVCache.zeros  # the pool's shape and dtype, without allocating it
-    shape = jax.eval_shape(lambda: c(ss.mc, pool_pages, ss.cfg.page_size, np.zeros((1, 1), np.int32),
-                                     decode_kernel=ss.cfg.decode_attention))
+    """The KV page pool as the engine allocates it (PagedKVCache.abstract: layout, dtype; PagedKVCache.shardings)
+    with a page table [table_rows, table_pages] in `table_sharding`."""
+    spec = PagedKVCache.abstract(ss.mc, pool_pages, ss.cfg.page_size, PagedKVCache.table_info(table_rows, table_pages),
+                                 decode_kernel=ss.cfg.decode_attention)
     sh = PagedKVCache.shardings(ss.mc, mesh, table_sharding, ss.cfg.decode_attention)
-    table = jax.ShapeDtypeStruct((table_rows, table_pages), np.int32, sharding=table_sharding)
-    return dataclasses.replace(shape, k=jax.ShapeDtypeStruct(shape.k.shape, shape.k.dtype, sharding=sh.k),
-                               v=jax.ShapeDtypeStruct(shape.v.shape, shape.v.dtype, sharding=sh.v),
-                               page_table=table)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, sh)
 
 
 def prefill(ss: SamplerSetup, mesh, pool_pages: int, rows: int, prompt_len: int) -> Build:
@@ -163,11 +182,11 @@ def prefill(ss: SamplerSetup, mesh, pool_pages: int, rows: int, prompt_len: int)
     tokens = jax.ShapeDtypeStruct((rows, prompt_len), np.int32, sharding=row)
     lens = jax.ShapeDtypeStruct((rows,), np.int32, sharding=vec)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
             cache = kv_cache(ss, mesh, pool_pages, rows, -(-prompt_len // ss.cfg.page_size), rep)
-            return ss.progs.prefill.lower(ss.state, cache, tokens, lens).compile()
-    return build
+            return ss.progs.prefill.lower(ss.state, cache, tokens, lens)
+    return Build(lower, mesh)
 
 
 def decode(ss: SamplerSetup, mesh, pool_pages: int, table_pages: int) -> Build:
@@ -175,19 +194,14 @@ def decode(ss: SamplerSetup, mesh, pool_pages: int, table_pages: int) -> Build:
     up to `table_pages` pages each and the page table split over slots, as the engine runs it."""
     B = ss.cfg.batch_size
     row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
-    vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
     scalar = jax.ShapeDtypeStruct((), np.int32)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
             cache = kv_cache(ss, mesh, pool_pages, B, table_pages, row)
-            slots = jax.eval_shape(lambda: steps.Slots.zeros(B))
-            slots = steps.Slots(**{f.name: jax.ShapeDtypeStruct(getattr(slots, f.name).shape,
-                                                                 getattr(slots, f.name).dtype,
-                                                                 sharding=row if f.name == "key" else vec)
-                                   for f in dataclasses.fields(steps.Slots)})
-            return ss.progs.decode.lower(ss.state, cache, slots, scalar, scalar).compile()
-    return build
+            slots = abstract_of(steps.Slots.abstract(B), mesh, "sampler slots (batch_size)")
+            return ss.progs.decode.lower(ss.state, cache, slots, scalar, scalar)
+    return Build(lower, mesh)
 
 
 def scorer(mc, mesh, rows: int, length: int, chunk_tokens: int) -> Build:
@@ -201,14 +215,14 @@ def scorer(mc, mesh, rows: int, length: int, chunk_tokens: int) -> Build:
     ints = jax.ShapeDtypeStruct((rows, C), np.int32, sharding=row)
     mask = jax.ShapeDtypeStruct((rows, C), np.float32, sharding=row)
 
-    def build():
+    def lower():
         with use_mesh(mesh):
             if not chunked:
-                return jax.jit(functools.partial(_full, graphdef)).lower(state, ints, ints, mask, ints).compile()
+                return jax.jit(functools.partial(_full, graphdef)).lower(state, ints, ints, mask, ints)
             sh = dataclasses.replace(PagedKVCache.shardings(mc, mesh, row), continues=True)
             cache = jax.eval_shape(lambda: PagedKVCache.for_rows(mc, rows, length, SCORING_PAGE))
             cache = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), cache, sh)
             start = jax.ShapeDtypeStruct((), np.int32)
             return jax.jit(functools.partial(_chunk, graphdef), donate_argnums=(1,)).lower(
-                state, cache, ints, ints, mask, start).compile()
-    return build
+                state, cache, ints, ints, mask, start)
+    return Build(lower, mesh)

@@ -16,6 +16,7 @@ against the device's share of the chip's HBM.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import time
@@ -36,7 +37,7 @@ from vt.plan import programs as pg
 from vt.plan import topology as tp
 from vt.recipe.stages import STAGE_NAMES
 from vt.rl.learner import RLConfig
-from vt.rl.rollouts import bucket_length
+from vt.rl.rollouts import ROW_BUCKET
 from vt.sampling.config import SamplerConfig
 from vt.sampling.page_table import kv_pool_plan
 from vt.sharding import MeshConfig, make_mesh
@@ -51,7 +52,7 @@ class Program:
     stage: str
     name: str  # e.g. "decode"
     build: Callable[[], object]
-    fix: str  # what to change when it does not fit
+    fix: str  # what to change when it does not fit: the overrides that would (vt.plan.run.suggest)
     resident: int = 0  # bytes per device held beside the program (not among its arguments)
     note: str = ""  # its shapes, for the table
 
@@ -102,10 +103,32 @@ def prefill_shape(cfg: SamplerConfig, prompt: int, M: int) -> tuple[int, int]:
 
 # --- per stage kind ----------------------------------------------------------------------------------------------
 
+def suggest(where: str, *changes) -> str:
+    """What to change, as the overrides that change it: (key, value, why) -> `--config.<where><key>=<value> (why)`,
+    most direct first; None entries (a change that does not apply) left out."""
+    return "; ".join(f"--config.{where}{k}={v} ({why})" for k, v, why in filter(None, changes))
+
+
+def _more_tensor(mc: ModelConfig, mesh, where: str | None, why: str):
+    """Tensor parallelism doubled, where the mesh's devices and the model's KV heads allow it."""
+    t = mesh.shape["tensor"] * 2
+    if where is None or mesh.devices.size % t or mc.num_kv_heads % t:
+        return None
+    return (f"{where}tensor", t, f"now {t // 2}: {why}")
+
+
+def _remat(mc: ModelConfig):
+    return None if mc.remat_policy == "full" else ("model.remat_policy", "full", f"now {mc.remat_policy}: recompute "
+                                                   "each layer in the backward pass")
+
+
+LORA = ("model.lora_rank", 64, "train LoRA adapters: no gradients or AdamW moments for the base weights")
+
 def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prompt: int, hbm: int,
-                     resident: int = 0) -> list[Program]:
+                     resident: int = 0, where: str = "sampling.", mesh_where: str | None = None) -> list[Program]:
     """Prefill and decode at `cfg`'s slots, slots as long as `prompt` + max_new_tokens (within the context), the
-    KV pool sized as the engine sizes it from the memory left (kv_memory_fraction) beside `resident`."""
+    KV pool sized as the engine sizes it from the memory left (kv_memory_fraction) beside `resident`. `where`:
+    the sampler section's config path, `mesh_where` its mesh's (None: one device, no mesh to change)."""
     ss = pg.sampler_setup(mc, mesh, cfg)
     context = cfg.max_context or mc.max_position_embeddings
     prompt = min(prompt, context - 1)
@@ -115,33 +138,47 @@ def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prom
                               context, free)
     rows, T = prefill_shape(cfg, prompt, M)
     slots = f"{cfg.batch_size} slots x {M * cfg.page_size} tokens, pool {pool} pages"
+    # a pool of kv_pages is the user's size; kv_pages 0 sizes it from the memory the weights leave
+    pool_fix = (("kv_pages", 0, f"now {cfg.kv_pages}: the pool sized from the memory left") if cfg.kv_pages else
+                ("kv_memory_fraction", round(cfg.kv_memory_fraction * 0.75, 2),
+                 f"now {cfg.kv_memory_fraction}: a smaller KV pool, more room for the program's own buffers"))
+    pool_fix = (f"{where}{pool_fix[0]}", *pool_fix[1:])
+    tensor = _more_tensor(mc, mesh, mesh_where, "splits the weights and the KV pool over more devices")
     return [
-        Program(stage, "prefill", pg.prefill(ss, mesh, pool, rows, T),
-                f"lower the sampler's prefill_tokens (now {cfg.prefill_tokens}: {rows} prompts of {T}) or its KV "
-                "pool (kv_pages / kv_memory_fraction), or raise mesh.tensor", resident,
-                f"{rows} x {T}, pool {pool} pages"),
-        Program(stage, "decode", pg.decode(ss, mesh, pool, M),
-                f"lower the sampler's batch_size (now {cfg.batch_size} slots), max_new_tokens or KV pool (kv_pages "
-                "/ kv_memory_fraction), or raise mesh.tensor (splits the KV pool)", resident, slots),
+        Program(stage, "prefill", pg.prefill(ss, mesh, pool, rows, T), suggest(
+                    "", (f"{where}prefill_tokens", max(T, cfg.prefill_tokens // 2),
+                         f"now {cfg.prefill_tokens}: {rows} prompts of {T} a call") if rows > 1 else None,
+                    pool_fix, tensor), resident, f"{rows} x {T}, pool {pool} pages"),
+        Program(stage, "decode", pg.decode(ss, mesh, pool, M), suggest(
+                    "", pool_fix, (f"{where}batch_size", cfg.batch_size // 2, f"now {cfg.batch_size} decode slots")
+                    if cfg.batch_size > 1 else None, tensor), resident, slots),
     ]
 
 
-def sft_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
+def _next_accum(global_rows: int, accum: int, shards: int) -> int | None:
+    """The next accumulation that splits the batch into whole micro-batches of whole rows per batch shard."""
+    return next((a for a in range(accum + 1, global_rows + 1)
+                 if global_rows % a == 0 and (global_rows // a) % shards == 0), None)
+
+
+def sft_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> list[Program]:
     cfg = to_dataclass(SftConfig, _only_fields(SftConfig, section), f"config.{stage}")
     mc, _ = model_config(dataclasses.asdict(cfg.model))
     mesh = make_mesh(cfg.mesh, devices)
     d = cfg.data
     rows = d.global_batch_size // d.grad_accum_steps
     ts = pg.train_setup(mc, mesh, cfg.optim)
+    accum = _next_accum(d.global_batch_size, d.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+    fix = suggest(where, accum and ("data.grad_accum_steps", accum, f"now {d.grad_accum_steps}: micro-batches of "
+                                    f"{rows} rows of {d.seq_len}, {d.global_batch_size // accum} with {accum}"),
+                  _remat(mc), _more_tensor(mc, mesh, "mesh.", "splits each layer's weights and activations"),
+                  None if mc.lora_rank else LORA)
     return [Program(stage, "train_step", pg.sft_step(ts, mesh, d.grad_accum_steps, rows, d.seq_len,
-                                                     cfg.model.loss_chunk),
-                    f"raise data.grad_accum_steps (now {d.grad_accum_steps}: micro-batches of {rows} rows of "
-                    f"{d.seq_len}) or mesh.tensor, recompute more (model.remat_policy, now {mc.remat_policy}), or "
-                    "train LoRA adapters (model.lora_rank)",
+                                                     cfg.model.loss_chunk), fix,
                     note=f"{d.grad_accum_steps} x {rows} x {d.seq_len}")]
 
 
-def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
+def rl_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> list[Program]:
     cfg = to_dataclass(RLConfig, _only_fields(RLConfig, section), f"config.{stage}")
     mc, _ = model_config(dataclasses.asdict(cfg.model))
     n_sampler = cfg.rollout.sampler_devices
@@ -150,40 +187,68 @@ def rl_stage(stage: str, section: dict, devices, hbm: int) -> list[Program]:
     sampler_mesh = process_mesh(cfg.mesh, devices[len(devices) - n_sampler:]) if n_sampler else mesh
     s, m = cfg.rollout.sampler, cfg.mgpo
     context = s.max_context or mc.max_position_embeddings
-    T = min(bucket_length(cfg.data.max_prompt_tokens + s.max_new_tokens - 1), context)
+    T = min(bucket(cfg.data.max_prompt_tokens + s.max_new_tokens - 1, ROW_BUCKET, half_octaves=True), context)
     rows = rl_rows(cfg.train.tokens_per_micro_batch, T, mesh, _processes(learner_devices))
     ts = pg.train_setup(mc, mesh, cfg.optim, cfg.train.steps * m.mini_batches)
     moments = pg.device_bytes(ts.abstract.opt_state)
-    fix = (f"lower train.tokens_per_micro_batch (now {cfg.train.tokens_per_micro_batch}: {rows} rows of {T}), "
-           f"raise mesh.tensor, recompute more (model.remat_policy, now {mc.remat_policy}), or train LoRA adapters "
-           "(model.lora_rank)")
+    tokens = cfg.train.tokens_per_micro_batch // 2
+    fewer = rl_rows(tokens, T, mesh, _processes(learner_devices)) < rows  # a micro-batch has a row per shard
+    tensor = _more_tensor(mc, mesh, "mesh.", "splits each layer's weights and activations")
+    fix = suggest(where, ("train.tokens_per_micro_batch", tokens, f"now {cfg.train.tokens_per_micro_batch}: "
+                                                                   f"{rows} rows of {T}") if fewer else None,
+                  _remat(mc), tensor, None if mc.lora_rank else LORA)
     kw = dict(temperature=s.temperature, loss_chunk=cfg.model.loss_chunk)
     upd = dict(eps_low=m.eps_low, eps_high=m.eps_high, kl_coef=m.kl_coef, is_cap=m.is_cap)
     sampler_mc = mc if not mc.lora_rank else dataclasses.replace(mc, lora_rank=0)
     out = sampler_programs(stage, sampler_mc, sampler_mesh, s, cfg.data.max_prompt_tokens, hbm,
-                           resident=0 if n_sampler else moments)
+                           resident=0 if n_sampler else moments, where=f"{where}rollout.sampler.",
+                           mesh_where=f"{where}mesh.")
+    if section.get("profile_k", 0) > 0:  # the recipe profiles the phase's start first (vt.recipe.stages.run_rl)
+        out = profile_programs(f"{stage}.profile", sampler_mc, devices, SamplerConfig(
+            batch_size=s.batch_size, max_new_tokens=section.get("profile_max_new_tokens") or s.max_new_tokens,
+            temperature=s.temperature, top_p=s.top_p), cfg.data.max_prompt_tokens, hbm,
+            f"{where}rollout.sampler.") + out
     out += [Program(stage, "old_logps", pg.rl_logps(ts, mesh, rows, T, **kw), fix, moments, f"{rows} x {T}"),
             Program(stage, "update", pg.rl_update(ts, mesh, rows, T, **kw, **upd), fix, moments, f"{rows} x {T}"),
-            Program(stage, "apply", pg.rl_update(ts, mesh, rows, T, **kw, **upd, part="apply"),
-                    "raise mesh.fsdp (shards the optimiser state) or train LoRA adapters (model.lora_rank)")]
+            Program(stage, "apply", pg.rl_update(ts, mesh, rows, T, **kw, **upd, part="apply"), suggest(
+                where, ("mesh.fsdp", -1, f"now {mesh.shape['fsdp']}: shard the optimiser state over every device")
+                if mesh.shape["fsdp"] * mesh.shape["tensor"] < mesh.devices.size else None,
+                None if mc.lora_rank else LORA))]
     return out
 
 
-def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET) -> list[Program]:
+def profile_programs(stage: str, mc: ModelConfig, devices, cfg: SamplerConfig, prompt: int, hbm: int,
+                     where: str) -> list[Program]:
+    """The sampler of profile, select, the probe table and an RL phase's profiling: vt.rl.profile and the
+    recipe's verifier load the checkpoint with no mesh (vt.checkpoint.params.load_model), so these samplers run on
+    one device."""
+    return sampler_programs(stage, mc, make_mesh(MeshConfig(), devices[:1]), cfg, prompt, hbm, where=where)
+
+
+def local_mesh(cfg: MeshConfig, devices):
+    """vt eval's and self-distill's mesh: process 0's devices in the config's shape (vt.distributed.process_mesh;
+    mesh fsdp 1 is one device of the slice)."""
+    return process_mesh(cfg, [d for d in devices if d.process_index == devices[0].process_index])
+
+
+def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET, where: str = "",
+               param_dtype: str | None = None) -> list[Program]:
+    """`param_dtype`: the checkpoint's (a recipe's: fp32 master weights); else the compute dtype."""
     model = dict(section.get("model", {}))
     model["preset"] = model.get("preset") or fallback
-    mc, _ = model_config(model, param_dtype=model.get("dtype", "bfloat16"))
-    mesh = make_mesh(to_dataclass(MeshConfig, model.get("mesh", {}), f"config.{stage}.model.mesh"), devices)
+    mc, _ = model_config(model, param_dtype=param_dtype or model.get("dtype", "bfloat16"))
+    mesh = local_mesh(to_dataclass(MeshConfig, model.get("mesh", {}), f"config.{stage}.model.mesh"), devices)
     cfg = to_dataclass(SamplerConfig, section["sampling"], f"config.{stage}.sampling")
-    return sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm)
+    return sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm, where=f"{where}sampling.",
+                            mesh_where=f"{where}model.mesh.")
 
 
-def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET
-                       ) -> list[Program]:
+def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET,
+                       where: str = "", param_dtype: str | None = None) -> list[Program]:
     dtype = section.get("dtype", "bfloat16")
-    mc, _ = model_config({"init_checkpoint": section.get("student", ""), "preset": fallback}, param_dtype=dtype,
-                         dtype=dtype)
-    mesh = make_mesh(to_dataclass(MeshConfig, section.get("mesh", {}), f"config.{stage}.mesh"), devices)
+    mc, _ = model_config({"init_checkpoint": section.get("student", ""), "preset": fallback},
+                         param_dtype=param_dtype or dtype, dtype=dtype)
+    mesh = local_mesh(to_dataclass(MeshConfig, section.get("mesh", {}), f"config.{stage}.mesh"), devices)
     cfg = to_dataclass(SamplerConfig, section["sampling"], f"config.{stage}.sampling")
     sc = section.get("scoring", {})
     rows, chunk, lo = sc.get("batch_size", 8), sc.get("chunk_tokens", 0), sc.get("min_bucket", 64)
@@ -191,11 +256,25 @@ def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: s
     if chunk:
         length = -(-length // chunk) * chunk
     length = min(length, mc.max_position_embeddings)
-    out = sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm)
-    out.append(Program(stage, "scorer", pg.scorer(mc, mesh, rows, length, chunk),
-                       f"lower scoring.batch_size (now {rows}) or scoring.chunk_tokens (now {chunk})",
+    out = sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm, where=f"{where}sampling.",
+                           mesh_where=f"{where}mesh.")
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    out.append(Program(stage, "scorer", pg.scorer(mc, mesh, rows, length, chunk), suggest(
+                           where, ("scoring.batch_size", rows // 2, f"now {rows} rows a forward")
+                           if rows // 2 and (rows // 2) % shards == 0 else None,
+                           ("scoring.chunk_tokens", max(512, (chunk or length) // 2),
+                            f"now {chunk}: positions per KV-cached chunk") if (chunk or length) > 512 else None),
                        note=f"{rows} x {length}" + (f" in chunks of {chunk}" if 0 < chunk < length else "")))
     return out
+
+
+def sft_sampler_model(raw: dict, fallback: str) -> ModelConfig:
+    """The model a sampler-only recipe stage loads: an SFT checkpoint, stored with sft1's dtypes (fp32 master
+    weights stay fp32 when load_model restores them)."""
+    m = raw["stages"].get("sft1", {}).get("model", {})
+    mc, _ = model_config({"preset": fallback}, param_dtype=m.get("param_dtype", "float32"),
+                         dtype=m.get("dtype", "bfloat16"), attention_impl=m.get("attention_impl", "auto"))
+    return mc
 
 
 def _only_fields(cls, section: dict) -> dict:
@@ -210,26 +289,37 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
         out = []
         # stages whose checkpoints the pipeline sets run the SFT stages' architecture
         fallback = raw["stages"].get("sft1", {}).get("model", {}).get("preset") or DEFAULT_PRESET
+        # and their checkpoints keep the training stages' weights dtype (fp32 master weights stay fp32)
+        ckpt_dtype = sft_sampler_model(raw, fallback).param_dtype
         for name in sorted(raw["stages"], key=lambda n: STAGE_NAMES.index(n) if n in STAGE_NAMES else len(STAGE_NAMES)):
-            section = raw["stages"][name]
+            section, where = raw["stages"][name], f"stages.{name}."
             if not section.get("enabled", True):
                 continue
             if name == "self_distill":
                 out.append(Stage(f"{name}.distill", self_distill_stage(f"{name}.distill", section["distill"],
-                                                                     devices, hbm, fallback)))
-                out.append(Stage(f"{name}.sft", sft_stage(f"{name}.sft", section["sft"], devices, hbm)))
+                                                                     devices, hbm, fallback, f"{where}distill.",
+                                                                     ckpt_dtype)))
+                out.append(Stage(f"{name}.sft", sft_stage(f"{name}.sft", section["sft"], devices, hbm,
+                                                          f"{where}sft.")))
             elif "learner" in section:
                 out.append(Stage(name, (sft_stage if section["learner"] == "sft" else rl_stage)(
-                    name, section, devices, hbm)))
+                    name, section, devices, hbm, where)))
             elif "benchmarks" in section:
                 for bench, bsec in section["benchmarks"].items():
-                    out.append(Stage(f"{name}.{bench}", eval_stage(f"{name}.{bench}", bsec, devices, hbm, fallback)))
-            elif "sampler" in section:  # profile, select: the SFT model's sampler
-                dtype = raw["stages"].get("sft1", {}).get("model", {}).get("dtype", "bfloat16")
-                mc, _ = model_config({"preset": fallback}, param_dtype=dtype, dtype=dtype)
+                    out.append(Stage(f"{name}.{bench}", eval_stage(f"{name}.{bench}", bsec, devices, hbm, fallback,
+                                                                   f"{where}benchmarks.{bench}.", ckpt_dtype)))
+            elif "sampler" in section:  # profile, select: the SFT checkpoints' sampler
                 cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.stages.{name}.sampler")
-                out.append(Stage(name, sampler_programs(name, mc, make_mesh(MeshConfig(), devices), cfg,
-                                                        PROMPT_TOKENS, hbm)))
+                if name == "profile":  # vt.rl.profile builds its own SamplerConfig from these fields
+                    cfg = SamplerConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
+                                        temperature=cfg.temperature, top_p=cfg.top_p)
+                out.append(Stage(name, profile_programs(name, sft_sampler_model(raw, fallback), devices, cfg,
+                                                        PROMPT_TOKENS, hbm, f"{where}sampler.")))
+        probe = raw.get("probe", {})
+        if probe.get("data"):  # the held-out table after each training stage (vt.recipe.stages.heldout_accuracy)
+            cfg = to_dataclass(SamplerConfig, probe["sampler"], "config.probe.sampler")
+            out.append(Stage("probe", profile_programs("probe", sft_sampler_model(raw, fallback), devices, cfg,
+                                                       PROMPT_TOKENS, hbm, "probe.sampler.")))
         return out
     learner = raw.get("learner")
     if learner == "sft":
@@ -246,34 +336,85 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
 
 # --- compile and judge -------------------------------------------------------------------------------------------
 
-def measure(program: Program, hbm: int) -> dict:
-    """Compile one program; its row: per-device bytes (and their parts), compile seconds, verdict."""
+def measure_all(todo: list[Program], hbm: int, progress: bool = False, json_out: Path | None = None,
+                earlier: list[dict] = ()) -> list[dict]:
+    """A row per program, each distinct program compiled once: a stage whose program is one an earlier stage
+    compiled (the same program_key) gets that program's numbers (a whole recipe costs its distinct programs).
+    `earlier`: rows of an earlier run for the same topology, whose programs are not compiled again."""
+    rows, compiled = [], {r["key"]: r for r in earlier if "key" in r and "same_as" not in r}
+    for program in todo:
+        with tqdm(total=1, desc=f"compiling {program.stage}/{program.name}", disable=not progress,
+                  bar_format="{desc}: {elapsed}", leave=True) as bar:
+            rows.append(measure(program, hbm, compiled))
+            bar.update()
+        if json_out is not None:
+            atomic_write_json(json_out, rows)
+    return rows
+
+
+def measure(program: Program, hbm: int, compiled: dict | None = None) -> dict:
+    """Lower one program and, unless `compiled` (program_key -> the first row of that program) holds it already,
+    compile it; its row: per-device bytes (and their parts), compile seconds, verdict, key."""
     row = {"stage": program.stage, "program": program.name, "shape": program.note, "hbm_bytes": hbm}
     t0 = time.perf_counter()
     try:
-        compiled = program.build()
+        lowered = program.build.lower()
+        key = pg.program_key(lowered, program.build.mesh)
+        row["key"] = key
+        first = (compiled or {}).get(key)
+        if first is not None:  # the same program as an earlier stage's: its numbers, this stage's resident bytes
+            return _same_as(row, first, program, hbm)
+        executable = lowered.compile()
     except Exception as e:  # one program failing must not hide the others' numbers
         msg = str(e).strip().splitlines()
         row.update(verdict="FAILED", error=f"{type(e).__name__}: {msg[0][:300] if msg else ''}",
                    compile_s=round(time.perf_counter() - t0, 1))
         oom = _compile_time_oom(msg[0] if msg else "")
         if oom is not None:  # the TPU compiler refuses a program that cannot fit: the verdict, not a failure
-            row.update(verdict="DOES NOT FIT", bytes=oom, fix=program.fix)
+            row.update(verdict="DOES NOT FIT", bytes=oom + program.resident, resident_bytes=program.resident,
+                       fix=program.fix)
+        if compiled is not None and "key" in row:
+            compiled[row["key"]] = row
         return row
     row["compile_s"] = round(time.perf_counter() - t0, 1)
-    mem = compiled.memory_analysis()
+    mem = executable.memory_analysis()
     parts = dict(argument=mem.argument_size_in_bytes, output=mem.output_size_in_bytes,
                  alias=mem.alias_size_in_bytes, temp=mem.temp_size_in_bytes,
                  code=mem.generated_code_size_in_bytes, resident=program.resident)
-    total = (parts["argument"] + parts["output"] - parts["alias"] + parts["temp"] + parts["code"]
-             + parts["resident"])
-    row.update({f"{k}_bytes": int(v) for k, v in parts.items()}, bytes=int(total),
-               kernels=compiled.as_text().count("tpu_custom_call"),
-               verdict="fits" if total <= hbm else "DOES NOT FIT")
-    if total > hbm:
-        row["fix"] = program.fix
+    row.update({f"{k}_bytes": int(v) for k, v in parts.items()},
+               kernels=sum(executable.as_text().count(k) for k in KERNELS))
+    _judge(row, program, hbm)
+    if compiled is not None:
+        compiled[key] = row
     return row
 
+
+def _judge(row: dict, program: Program, hbm: int) -> None:
+    row["bytes"] = (row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+                    + row["code_bytes"] + row["resident_bytes"])
+    row["verdict"] = "fits" if row["bytes"] <= hbm else "DOES NOT FIT"
+    if row["bytes"] > hbm:
+        row["fix"] = program.fix
+
+
+def _same_as(row: dict, first: dict, program: Program, hbm: int) -> dict:
+    """`row` (a program compiled already, for an earlier stage) judged from `first`'s numbers: compile_s 0."""
+    row.update(same_as=f"{first['stage']}/{first['program']}", compile_s=0.0)
+    if "error" in first:
+        row.update(verdict=first["verdict"], error=first["error"])
+        if "bytes" in first:  # refused for want of HBM: the compiler's bytes plus this stage's resident
+            row.update(bytes=first["bytes"] - first["resident_bytes"] + program.resident,
+                       resident_bytes=program.resident, fix=program.fix)
+        return row
+    row.update({k: first[k] for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes",
+                                      "kernels")}, resident_bytes=program.resident)
+    _judge(row, program, hbm)
+    return row
+
+
+# hand-written kernels in a compiled program: Mosaic (splash, paged attention) on TPU; cuDNN attention and Triton
+# (Pallas) on NVIDIA GPUs
+KERNELS = ("tpu_custom_call", "__cudnn$fmha", "__gpu$xla.gpu.triton")
 
 _OOM = re.compile(r"CompileTimeHbmOom.*?required for .*? \(([\d.]+)([KMGT]?)\) exceeds available HBM")
 
@@ -295,7 +436,8 @@ def _gb(n: int) -> str:
 def table(rows: list[dict]) -> str:
     head = ("stage", "program", "shape", "GB / device", "HBM GB", "compile s", "kernels", "verdict")
     body = [(r["stage"], r["program"], r.get("shape", ""), _gb(r["bytes"]) if "bytes" in r else "-",
-             _gb(r["hbm_bytes"]), f"{r['compile_s']:.1f}", str(r.get("kernels", "-")),
+             _gb(r["hbm_bytes"]), f"= {r['same_as']}" if "same_as" in r else f"{r['compile_s']:.1f}",
+             str(r.get("kernels", "-")),
              r["verdict"] + (f": {r['error']}" if r["verdict"] == "FAILED" else "")) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head) - 1)] + [0]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -303,11 +445,12 @@ def table(rows: list[dict]) -> str:
 
 
 def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | None = None,
-         echo: Callable[[str], None] = print) -> int:
+         echo: Callable[[str], None] = print, reuse: Path | None = None) -> int:
     """Compile every program of the config `raw` (a plain dict) for the topology; print the table and, for each
     program that does not fit or does not compile, one line naming it, its bytes and what to change. Returns the
     exit code: 0 everything fits, 1 something does not (or failed to compile). `json_out`: the rows, written as
-    they come."""
+    they come. `reuse`: an earlier run's JSON rows for this topology; programs found there are not compiled
+    again (a config changed in one stage recompiles that stage's programs only)."""
 
     topo = tp.parse(topology_name)
     devices = tp.devices(topo)
@@ -315,14 +458,12 @@ def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | 
     echo(f"vt plan: {topo.name} = {topo.jax_name}: {topo.chips} chips, {len(devices)} devices over "
          f"{_processes(devices)} host(s), {_gb(hbm)} GB HBM a device")
     todo = [p for st in stages(raw, devices, hbm) for p in st.programs]
-    rows = []
-    for program in todo:
-        with tqdm(total=1, desc=f"compiling {program.stage}/{program.name}", disable=not progress,
-                  bar_format="{desc}: {elapsed}", leave=True) as bar:
-            rows.append(measure(program, hbm))
-            bar.update()
-        if json_out is not None:
-            atomic_write_json(json_out, rows)
+    earlier = []
+    if reuse is not None:
+        earlier = [r for r in json.loads(reuse.read_text()) if r.get("topology", topo.name) == topo.name]
+    rows = measure_all(todo, hbm, progress, json_out, earlier)
+    for r in rows:
+        r["topology"] = topo.name
     echo(table(rows))
     bad = [r for r in rows if r["verdict"] != "fits"]
     for r in bad:

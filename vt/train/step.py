@@ -138,6 +138,16 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     `step(state, batch)` with `batch` from vt.distributed.global_batch. A batch of another shape or sharding is
     an error, never a silent retrace. `loss_chunk`: sequence positions per chunk of the loss
     (vt.train.losses.token_logps)."""
+    program, abstract_batch = train_step_program(model_def, optimizer, schedule, state_sh, mesh, micro_batches,
+                                                 micro_batch_size, seq_len, loss_chunk)
+    return program.compile(abstract_state, abstract_batch)
+
+
+def train_step_program(model_def: ModelDef, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+                       state_sh: TrainState, mesh: Mesh, micro_batches: int, micro_batch_size: int, seq_len: int,
+                       loss_chunk: int = DEFAULT_LOSS_CHUNK) -> tuple[MeshProgram, dict]:
+    """make_train_step's program, not yet compiled, and its abstract batch (`vt plan` lowers it to tell which
+    stages share one program before compiling any)."""
     b_sh = batch_sharding(mesh)
 
     def train_step(state: TrainState, batch) -> tuple[TrainState, dict]:
@@ -151,7 +161,7 @@ def make_train_step(model_def: ModelDef, optimizer: optax.GradientTransformation
     abstract_batch = {k: jax.ShapeDtypeStruct(shape, BATCH_DTYPES[k], sharding=b_sh) for k in BATCH_KEYS}
     program = MeshProgram(train_step, mesh, in_shardings=(state_sh, b_sh),
                           out_shardings=(state_sh, NamedSharding(mesh, P())), donate_argnums=(0,))
-    return program.compile(abstract_state, abstract_batch)
+    return program, abstract_batch
 
 
 def make_eval_step(model_def: ModelDef, param_sh, mesh: Mesh, loss_chunk: int = DEFAULT_LOSS_CHUNK) -> MeshProgram:
