@@ -1,7 +1,8 @@
 """Rollout tokens/s: vt's engine vs transformers `generate` vs the Tunix sampler, same weights, same workload.
 
     .venv/bin/python bench/sampler.py [--prompts 64] [--n 4] [--batch-size 64] [--short 32] [--long 256]
-                                      [--long-every 8] [--size tiny|small] [--skip-tunix] [--skip-hf]
+                                      [--long-every 8] [--size tiny|small] [--arch qwen2|qwen3] [--skip-tunix]
+                                      [--skip-hf]
     .venv/bin/python bench/sampler.py --setup-tunix     # once: a separate venv with google-tunix (see below)
     .venv/bin/python bench/sampler.py --roofline [--roofline-dtype bfloat16] [--json FILE]
 
@@ -67,13 +68,18 @@ def fixed_batches(work, n, batch):
 
 
 def make_weights(args, out: Path) -> None:
+    """Random weights of the workload's model: Qwen2, or with --arch qwen3 the Qwen3 row (q/k norms, no q/k/v bias,
+    head_dim stated and 1.5x hidden / heads)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
     torch.manual_seed(0)
-    cfg = Qwen2Config(**SIZES[args.size], max_position_embeddings=max(1024, 2 * (args.long + 64)), rope_theta=10000.0,
+    family, shape = "Qwen2", dict(SIZES[args.size])
+    if args.arch == "qwen3":
+        family, shape["head_dim"] = "Qwen3", 3 * shape["hidden_size"] // shape["num_attention_heads"] // 2
+    cfg = getattr(transformers, f"{family}Config")(**shape, max_position_embeddings=max(1024, 2 * (args.long + 64)), rope_theta=10000.0,
                       rms_norm_eps=1e-6,
                       tie_word_embeddings=True)
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "bias" in name:
@@ -285,6 +291,7 @@ def main():
     ap.add_argument("--long", type=int, default=256)
     ap.add_argument("--long-every", type=int, default=8)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen2", help="qwen3: the Qwen3 row (no Tunix)")
     ap.add_argument("--skip-tunix", action="store_true")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--setup-tunix", action="store_true")
@@ -318,12 +325,13 @@ def main():
         make_weights(args, hf_dir)
         results = {"vt": run_vt(args, hf_dir, work),
                    "transformers": dict(error="skipped") if args.skip_hf else run_hf(args, hf_dir, work)}
-        results["tunix"] = dict(error="skipped") if args.skip_tunix else run_tunix(args, hf_dir)
+        results["tunix"] = (dict(error="skipped") if args.skip_tunix else dict(error="Qwen2 only here")
+                            if args.arch == "qwen3" else run_tunix(args, hf_dir))
 
     wanted = sum(m for _, m in work) * args.n
     print(f"workload: {args.prompts} prompts x {args.n} samples, {wanted} tokens "
           f"({args.prompts // args.long_every} prompts want {args.long}, the rest {args.short}); "
-          f"size {args.size} {SIZES[args.size]}; batch {args.batch_size}")
+          f"size {args.size} {SIZES[args.size]} ({args.arch}); batch {args.batch_size}")
     for name, r in results.items():
         if "error" in r:
             print(f"  {name:13s} {r['error']}")

@@ -1,6 +1,7 @@
 """Train-step tokens/s: vt vs Tunix's SFT trainer (PeftTrainer, full fine-tuning) vs transformers + PyTorch.
 
     .venv/bin/python bench/train_step.py [--preset tiny] [--batch 8] [--seq 256] [--steps 20]
+    .venv/bin/python bench/train_step.py --preset tiny-qwen3 --skip tunix     # the Qwen3 row: vt vs Qwen3ForCausalLM
 
 Same architecture (vt preset -> Tunix Qwen2 ModelConfig / transformers Qwen2Config), same shapes, fp32,
 AdamW (lr 1e-4, wd 0.01) with global-norm clipping 1.0, next-token loss over every position of unpacked rows
@@ -103,7 +104,7 @@ def arch(args) -> dict:
     c = model_config(args)
     return dict(vocab=c.vocab_size, hidden=c.hidden_size, mlp=c.intermediate_size, layers=c.num_layers,
                 heads=c.num_heads, kv_heads=c.num_kv_heads, head_dim=c.head_dim, theta=c.rope_theta,
-                eps=c.rms_norm_eps, tied=c.tie_word_embeddings)
+                eps=c.rms_norm_eps, tied=c.tie_word_embeddings, qwen3=c.qk_norm)
 
 
 def batches(a: dict, batch: int, seq: int, n: int):
@@ -171,14 +172,15 @@ VT_PROFILE: dict = {}  # run_vt's last run: the host's part of a step
 
 def run_torch(a, args) -> float:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count())
-    cfg = Qwen2Config(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["mlp"],
+    family = "Qwen3" if a["qwen3"] else "Qwen2"  # the Qwen3 row: --preset tiny-qwen3 or a qwen3-* preset
+    cfg = getattr(transformers, f"{family}Config")(vocab_size=a["vocab"], hidden_size=a["hidden"], intermediate_size=a["mlp"],
                       num_hidden_layers=a["layers"], num_attention_heads=a["heads"], num_key_value_heads=a["kv_heads"],
                       head_dim=a["head_dim"], rope_theta=a["theta"], rms_norm_eps=a["eps"],
                       tie_word_embeddings=a["tied"], max_position_embeddings=max(args.seq, 2048))
-    model = Qwen2ForCausalLM(cfg).train()
+    model = getattr(transformers, f"{family}ForCausalLM")(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
     times = []
     for tokens in batches(a, args.batch, args.seq, args.steps + args.warmup):
@@ -245,6 +247,8 @@ def run_tunix_worker(a, args) -> float:
 
 
 def run_tunix(a, args) -> tuple[float | None, str]:
+    if a["qwen3"]:
+        return None, "this bench builds Tunix's Qwen2 model, which has no q/k norms (Qwen3 rows: vt and torch)"
     py = TUNIX_VENV / "bin" / "python"
     if not py.exists():
         print(f"creating {TUNIX_VENV} (pip install google-tunix) ...", file=sys.stderr)
