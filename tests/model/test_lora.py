@@ -94,10 +94,11 @@ def test_adapters_are_sharded_like_their_kernels():
     assert all(k in sh for k in axes)
 
 
-@pytest.fixture(scope="module")
-def trained_ckpt(tmp_path_factory):
-    """A LoRA checkpoint whose adapters are not zero (B drawn), untied head so both HF layouts are exercised."""
-    cfg = preset("tiny").replace(lora_rank=4, lora_alpha=8.0, tie_word_embeddings=False, lora_targets=".*")
+@pytest.fixture(scope="module", params=["tiny", "tiny-qwen3"])
+def trained_ckpt(request, tmp_path_factory):
+    """A LoRA checkpoint whose adapters are not zero (B drawn), untied head so both HF layouts are exercised; of
+    each architecture (Qwen2, Qwen3)."""
+    cfg = preset(request.param).replace(lora_rank=4, lora_alpha=8.0, tie_word_embeddings=False, lora_targets=".*")
     model = _with_random_b(create_model(cfg, seed=0))
     path = tmp_path_factory.mktemp("lora") / "ck"
     save_model(path, model)
@@ -116,7 +117,8 @@ def test_merged_export_matches_transformers(trained_ckpt, tmp_path):
     from testutil import run_vt
     path, model = trained_ckpt
     run_vt("convert", "orbax-to-hf", str(path), str(tmp_path / "hf"), "--no-tokenizer", check=True)
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == "qwen2"
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == (
+        "qwen3" if model.cfg.qk_norm else "qwen2")
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     tokens = _tokens(model.cfg)
     ours = np.asarray(load_model(path)(tokens)[0])
