@@ -15,12 +15,16 @@ of step s + k are sampled while step s's update runs) on the toy task, same step
   math   the toy task with vt's real math verifier (math-verify in worker processes, streamed beside decoding)
   judge  the same prompts scored by vt's RubricReward against a local OpenAI-style judge server (started here,
          127.0.0.1) that answers each request after --judge-latency seconds (concurrency 8, verdict cache on)
-For each (workload, k): steps/s of the median timed step (from one step's end to the next's, the first
---warmup left out; the median, as a step meeting a new row length compiles for it), and summed over them the
+For each (workload, k): steps/s over the timed steps that compiled nothing (their count over their summed
+seconds, each from one step's end to the next's, the first --warmup left out; a step meeting a new row length
+compiles for it, seconds on this box, and an asynchronous pipeline stalls behind it), the compiling steps
+counted apart, and the median step's steps/s. Not the median alone: at k >= 1 step times are bimodal (a step
+whose batch was verified ahead takes only its update), so the median can report twice the throughput the
+sampler sustains, and when half of 8 timed steps compile it reports a compile. Summed over the timed steps: the
 learner's idle seconds (sync: the step's sampling and verification, time_rollout_s; async: the step's wall time outside its update's dispatch-to-done span), the sampler's idle
 seconds (sync: the update, time_train_s; async: the step's wall time during which no batch was being sampled
 or verified) and the groups dropped as stale. --json FILE writes {"async": [{"workload", "k", "steps_per_s",
-"learner_idle_s", "sampler_idle_s", "dropped_groups"}, ...]}.
+"median_steps_per_s", "compiled_steps", "learner_idle_s", "sampler_idle_s", "dropped_groups"}, ...]}.
 Measured 2026-12-02 on the shared 2-core CPU box under load ~30 (--steps 4 --warmup 1 --sft-steps 200; median
 step from the runs' metrics, as this script now reports): code k=1 0.64x, k=2 0.94x of sync; judge k=1 1.09x
 (the mean over the steps, as it reported then, all runs but code k=0 with one step compiling: code
@@ -54,7 +58,7 @@ Same tiny model, tokenizer, prompts and workload for both. The model is the test
 (tests/rl/rl_helpers.build_task: tiny BPE tokenizer, `a+b` -> `\\boxed{a+b}`, a tiny Qwen2 SFT'd for
 `--sft-steps`), exported from vt with vt.checkpoint.params.export_to_hf and loaded into Tunix's Qwen2 from
 those safetensors (as bench/sampler.py does). Each RL step: Q=`--prompts` chat-rendered prompts (the very
-prompts vt's learner picks for that step: vt.rl.learner.prompts_for_step), G=`--group` samples each at
+prompts vt's learner picks for that step: vt.rl.rollouts.prompts_for_step), G=`--group` samples each at
 temperature 1.0 (no top-k/top-p), at most `--max-new` new tokens, stop at the tokenizer's eos ids, a reward,
 group-relative advantages (GRPO: vt runs mgpo.gamma=0), the clipped surrogate (eps 0.2, per-sequence mean,
 no KL), one AdamW update per batch (lr 1e-3 constant, wd 0.01, clip 1.0), fp32, one CPU device.
@@ -259,7 +263,7 @@ def prepare(args, tmp: Path) -> tuple[dict, dict]:
     from rl_helpers import build_task
     from vt.checkpoint.params import export_to_hf, load_model
     from vt.data.tokenizer import load_tokenizer
-    from vt.rl.learner import load_records, prompts_for_step
+    from vt.rl.rollouts import load_records, prompts_for_step
 
     t0 = time.perf_counter()
     task = build_task(tmp / "task", sft_steps=args.sft_steps)
@@ -317,9 +321,9 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
     starts = []
     rollout_batch = learner.rollout_batch
 
-    def rollout_batch_marking_step_start(step):
-        starts.append(time.perf_counter())  # the first thing each RL step does
-        return rollout_batch(step)
+    def rollout_batch_marking_step_start(step, on_decoded=None):
+        starts.append(time.perf_counter())  # the first thing each synchronous RL step does
+        return rollout_batch(step, on_decoded=on_decoded)
 
     learner.rollout_batch = rollout_batch_marking_step_start
     result = learner.run()
@@ -547,14 +551,15 @@ def long_tail_workload(args) -> dict:
 
 
 def run_vt_long_tail(work: dict, pack: bool, args) -> dict:
-    """vt's learner step (vt.rl.learner.learner_batches + the update, as Learner.train_on runs them with one
+    """vt's learner step (vt.rl.batches.learner_batches + the update, as Learner.train_on runs them with one
     update per batch and no KL: GRPO) on the scripted rollouts, tiny model, fp32, one CPU device."""
     import jax
     import numpy as np
     from vt.checkpoint.params import flat_params
     from vt.config import to_dataclass
     from vt.model.qwen2 import create_model
-    from vt.rl.learner import RLConfig, learner_batches, row_length, shares_prompts, step_advantages
+    from vt.rl.batches import learner_batches, row_length, shares_prompts, step_advantages
+    from vt.rl.learner import RLConfig
     from vt.rl.rollouts import Scored
     from vt.rl.step import make_rl_step
     from vt.sampling.engine import Sample
@@ -785,6 +790,7 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
         return throughput(*a, **kw)
 
     learner.throughput = marking_step_end
+    compiles = compile_clock()
     result = learner.run()
     if result.step != total:
         raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
@@ -796,9 +802,13 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
     else:
         learner_idle = sum(m["time_rollout_s"] for m in rows[1:])
         sampler_idle = sum(m["time_train_s"] for m in rows[1:])
-    # The median step: a step that meets a new row length compiles the learner's programs for it (tens of
-    # seconds on a loaded CPU box), which k's other samples may meet at another step or not at all.
-    return {"workload": workload, "k": k, "steps_per_s": 1.0 / statistics.median(np.diff(timed)),
+    # A step that meets a new row length compiles the learner's programs for it (seconds on this box), which k's
+    # other runs may meet at another step or not at all: the throughput is that of the steps that compiled nothing.
+    steps = np.diff(timed)
+    compiled = [any(a < at <= b for at, _ in compiles) for a, b in zip(timed[:-1], timed[1:])]
+    steady = [t for t, c in zip(steps, compiled) if not c]
+    return {"workload": workload, "k": k, "steps_per_s": len(steady) / sum(steady) if steady else float("nan"),
+            "median_steps_per_s": 1.0 / statistics.median(steps), "compiled_steps": sum(compiled),
             "learner_idle_s": learner_idle, "sampler_idle_s": sampler_idle,
             "dropped_groups": int(rows[-1].get("dropped_groups", 0))}
 
@@ -808,7 +818,7 @@ def async_bench(args) -> None:
     sys.path.insert(0, str(REPO / "tests" / "rl"))
     from rl_helpers import build_task
 
-    out = []
+    out, load = [], [os.getloadavg()[0]]
     server = SlowJudgeServer(args.judge_latency)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -819,15 +829,19 @@ def async_bench(args) -> None:
                     print(f"{workload} k={k} ...", file=sys.stderr)
                     out.append(run_async_case(args, task, tmp / f"{workload}{k}", workload, k, server.url))
                     r = out[-1]
-                    print(f"{workload:6s} k={k}  {r['steps_per_s']:.3f} steps/s  learner idle "
+                    print(f"{workload:6s} k={k}  {r['steps_per_s']:.3f} steps/s ({r['compiled_steps']} compiling steps "
+                          f"left out; median step {r['median_steps_per_s']:.3f}/s)  learner idle "
                           f"{r['learner_idle_s']:.2f} s  sampler idle {r['sampler_idle_s']:.2f} s  dropped groups "
                           f"{r['dropped_groups']}", flush=True)
     finally:
         server.close()
+    print(f"load average {load[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     for workload in args.workloads:
-        base = next(r["steps_per_s"] for r in out if r["workload"] == workload and r["k"] == 0)
-        print(f"{workload}: " + ", ".join(f"k={r['k']} {r['steps_per_s'] / base:.2f}x" for r in out
-                                          if r["workload"] == workload))
+        base = next(r for r in out if r["workload"] == workload and r["k"] == 0)
+        print(f"{workload}: " + ", ".join(f"k={r['k']} {r['steps_per_s'] / base['steps_per_s']:.2f}x" for r in out
+                                          if r["workload"] == workload)
+              + "  (median steps: " + ", ".join(f"{r['median_steps_per_s'] / base['median_steps_per_s']:.2f}x"
+                                                for r in out if r["workload"] == workload) + ")")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"async": out}, indent=2))

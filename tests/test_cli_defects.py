@@ -137,12 +137,13 @@ def test_reward_shows_a_progress_bar_unless_told_not_to(tmp_path, capsys):
 
 def test_profile_resumed_with_another_k_is_refused(tmp_path):
     from vt.rl.profile import profile
+    from vt.sampling.config import SamplerConfig
     out = tmp_path / "profile.jsonl"
     out.write_text(json.dumps({"id": "a", "pass_rate": 0.5, "n": 8, "verifier_errors": 0, "k": 8}) + "\n")
     before = out.read_text()
     # Refused before the checkpoint (here: none) is touched, so mixed-k rates never reach the file.
     with pytest.raises(VtError, match=r"--k 4: .* was profiled with k=8"):
-        profile(tmp_path / "no_ckpt", tmp_path / "no_tok", str(tmp_path / "no_data.jsonl"), out, k=4)
+        profile(tmp_path / "no_ckpt", tmp_path / "no_tok", str(tmp_path / "no_data.jsonl"), out, SamplerConfig(), k=4)
     assert out.read_text() == before
 
 

@@ -167,13 +167,13 @@ def test_synthetic_stream_does_not_depend_on_the_process_count():
 def test_checkpoint_handler_writes_one_file_per_shard_and_any_count_reads_them(tok, tmp_path):
     """vt.checkpoint.manager's data handler: processes write their own shards; a restore reads the shards it
     owns now (here: 2 simulated writers, 1 reader)."""
-    from vt.checkpoint.manager import DataStateHandler
+    from vt.checkpoint.manager import StateHandler
 
     src = source(40)
     its = processes(src, tok, 2)
     for _ in range(3):
         global_batch(its)
-    handler = DataStateHandler()
+    handler = StateHandler()
     for it in its:
         handler.save(tmp_path, item=it)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"shard_{s}-of-4.json" for s in range(4)]

@@ -1,5 +1,5 @@
 """Packed vs padded RL updates (issue 18): one step's loss and gradients through the learner's batching
-(vt.rl.learner.learner_batches: packed or padded rows, token-budget micro-batches, accumulated gradients)
+(vt.rl.batches.learner_batches: packed or padded rows, token-budget micro-batches, accumulated gradients)
 against the padded objective written from vt.rl.objectives' row functions (clipped_surrogate and aggregate on
 one sample per row, the computation the learner did before packing). Shared by the one-device test, the
 8-device subprocess and the 2-process worker (tests/scale/packed_rl_worker.py).
@@ -22,7 +22,8 @@ from vt.model.config import preset
 from vt.model.qwen2 import create_model
 from vt.model.segments import BRANCH
 from vt.rl import objectives as obj
-from vt.rl.learner import RLConfig, learner_batches, step_advantages
+from vt.rl.batches import learner_batches, step_advantages
+from vt.rl.learner import RLConfig
 from vt.rl.rollouts import Scored, batch_length, build_rows
 from vt.rl.step import make_rl_step, make_token_logps
 from vt.sampling.engine import Sample

@@ -10,8 +10,10 @@ from rl_helpers import build_task, metrics, rl_config, run_rl_process
 from vt import VtError
 from vt.checkpoint.params import flat_params, load_model
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
-from vt.rl.learner import Learner, rollout_metrics, split_devices, train_rl
+from vt.rl.batches import rollout_metrics
+from vt.rl.learner import Learner, train_rl
 from vt.rl.rollouts import Scored
+from vt.rl.weights import split_devices
 from vt.sampling.engine import Engine, Sample
 
 
@@ -179,7 +181,7 @@ def test_async_resume_continues_as_an_uninterrupted_run(task, straight, tmp_path
     the checkpoint, so the updates use the same samples (hashes) and the weights equal 6 straight steps'."""
     resumed = tmp_path / "resumed"
     train_rl(rl_config(task, **{**RESUME, "train.steps": 3}), resumed)
-    assert (resumed / "checkpoints" / "3" / "data").is_dir()  # the buffer: the batch of step 4, version 2
+    assert (resumed / "checkpoints" / "3" / "rollouts").is_dir()  # the buffer: the batch of step 4, version 2
     train_rl(rl_config(task, **{**RESUME, "train.steps": 6}), resumed)
     a = {r["step"]: r for r in metrics(straight) if "rollout_hash" in r}
     b = {r["step"]: r for r in metrics(resumed) if "rollout_hash" in r}

@@ -7,7 +7,8 @@ import pytest
 from rl_helpers import build_task, metrics, rl_config, run_rl_process
 from vt.checkpoint.params import load_model
 from vt.checkpoint.params import flat_params
-from vt.rl.learner import prompts_for_step, train_rl
+from vt.rl.learner import train_rl
+from vt.rl.rollouts import prompts_for_step
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_profile_then_drop_trivial_prompts(task, tmp_path):
     from vt.data.curriculum import load_pass_rates
     from vt.data.tasks import math_record
     from vt.io import write_jsonl
-    from vt.rl.learner import drop_trivial, load_records
+    from vt.rl.rollouts import drop_trivial, load_records
     data = write_jsonl(tmp_path / "p.jsonl", [math_record(i, 0, with_answer=False, max_operand=3) for i in range(12)])
     out = tmp_path / "profile.jsonl"
     args = ["profile", "--ckpt", str(task["ckpt"]), "--tokenizer", str(task["tok"]), "--data", str(data),

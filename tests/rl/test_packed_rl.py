@@ -79,7 +79,7 @@ def test_row_length_packs_samples_just_over_a_bucket_two_by_two():
     compute as many slots; attention is cheaper at 16. Not packed: the bucketed longest. packed_rows counts
     pack_lengths' rows."""
     from vt.model.config import preset
-    from vt.rl.learner import row_length as learner_row_length
+    from vt.rl.batches import row_length as learner_row_length
     from vt.sharding import MeshConfig, make_mesh
 
     cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
@@ -107,7 +107,7 @@ def test_row_length_counts_the_rows_the_micro_batch_computes():
     rounded to 48 (2,304 slots). First-fit's rows alone favour 32 (2,080 vs 2,064 slots, attention dearer at
     48); the rows computed favour 48. A micro-batch that would be full either way keeps the shorter rows."""
     from vt.model.config import preset
-    from vt.rl.learner import micro_batch_sizes, row_length as learner_row_length
+    from vt.rl.batches import micro_batch_sizes, row_length as learner_row_length
     from vt.sharding import MeshConfig, make_mesh
 
     cfg, mesh = preset("tiny"), make_mesh(MeshConfig())
@@ -162,7 +162,7 @@ def test_row_length_with_shared_prompts_fits_a_group_in_a_row():
     alone: rows of 16, 2,048 slots). Shared, half a group fills a row of 32 (10 + 4 x 5) and a whole one 50 slots
     of a row of 64: 1,024 slots either way, and attention is cheaper at 32."""
     from vt.model.config import preset
-    from vt.rl.learner import row_length as learner_row_length
+    from vt.rl.batches import row_length as learner_row_length
     from vt.rl.rollouts import Scored
     from vt.sampling.engine import Sample
     from vt.sharding import MeshConfig, make_mesh
@@ -183,7 +183,7 @@ def test_row_length_with_shared_prompts_fits_a_group_in_a_row():
 
 def test_mini_batches_keep_whole_groups_and_must_divide_them():
     from vt import VtError
-    from vt.rl.learner import learner_batches
+    from vt.rl.batches import learner_batches
     from vt.sharding import MeshConfig, make_mesh
     s, mesh = make_scored(), make_mesh(MeshConfig())
     adv = np.ones((Q, G), np.float32)
@@ -225,7 +225,7 @@ def test_long_tail_step_computes_at_most_15_percent_more_tokens_than_it_has():
     """128 completions, log-normal lengths with median 1/16 of a 1024-slot window, 2 at the window (the workload
     of bench/rl_step.py --long-tail): packed rows and a 4096-slot micro-batch budget compute <= 1.15x the real
     tokens; one padded row per sample computes several times more (the ratio of the longest row to the mean)."""
-    from vt.rl.learner import learner_batches
+    from vt.rl.batches import learner_batches
     from vt.rl.rollouts import Scored
     from vt.sampling.engine import Sample
     from vt.sharding import MeshConfig, make_mesh
@@ -250,7 +250,7 @@ def test_one_micro_batch_update_is_one_program_equal_to_the_accumulated_update()
     new parameters (to 1e-6 of each tensor's largest entry) and metrics as the three programs it replaces."""
     import jax
     from packed_check import Setup
-    from vt.rl.learner import learner_batches, step_advantages
+    from vt.rl.batches import learner_batches, step_advantages
     from vt.sharding import MeshConfig, make_mesh
     from vt.train.state import init_train_state
 

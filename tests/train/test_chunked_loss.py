@@ -55,9 +55,9 @@ def test_chunking_bounds_the_compiled_memory():
 def test_bad_chunk_is_an_error():
     from vt import VtError
     from vt.train.losses import token_logps
-    from vt.train.loop import ModelSection
+    from vt.train.loop import ModelInitConfig
     with pytest.raises(VtError, match="loss_chunk: must be >= 1"):  # a config file's loader names it model.loss_chunk
-        ModelSection(loss_chunk=0)
+        ModelInitConfig(loss_chunk=0)
     with pytest.raises(ValueError, match="chunk"):
         token_logps(jnp.zeros((1, 4, 8)), jnp.zeros((8, 16)), jnp.zeros((1, 4), jnp.int32), vocab_size=16,
                     dtype="float32", chunk=0)

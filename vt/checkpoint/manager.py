@@ -9,6 +9,8 @@ Each step directory `DIR/<step>/` holds
                         written by the process that owns the shard and read by whichever process owns it at
                         restore (so a run resumes on another process count; vt.data.shards); an iterator
                         without logical shards: one file per process, process_<i>-of-<n>.json (as grain's)
+    rollouts/           the RL rollout buffer (vt.rl.buffer: groups sampled ahead, their versions), one file per
+                        process, process_<i>-of-<n>.json
     vt_checksums.json   sha256 of every other file, written last: its presence seals the step
 
 Saves are asynchronous (the train loop continues while Orbax writes). The seal is written by Orbax's
@@ -239,9 +241,10 @@ class CheckpointManager:
         return f"checkpoint step {step} ({self.step_dir(step)})" if step is not None else str(self.directory)
 
     # --- save ---------------------------------------------------------------------------------------------------
-    def save(self, step: int, state, data_iterator=None, metrics: dict | None = None) -> bool:
-        """Start saving `state` (a TrainState) as `step`; returns at once when async. `metrics` (scalars) feed
-        the best-checkpoint policy. A step that already exists is not saved again."""
+    def save(self, step: int, state, data_iterator=None, metrics: dict | None = None, rollouts=None) -> bool:
+        """Start saving `state` (a TrainState) as `step`, with the data iterator's and the rollout buffer's state
+        (get_state) when given; returns at once when async. `metrics` (scalars) feed the best-checkpoint
+        policy. A step that already exists is not saved again."""
         if step in self._mgr.all_steps():
             return False
         self._wait_in_flight()  # Orbax waits for the previous save anyway; its error is named by its step here
@@ -251,8 +254,9 @@ class CheckpointManager:
             opt_state=ocp.args.PyTreeSave(state.opt_state),
             meta=ocp.args.JsonSave({"step": int(step)}),
         )
-        if data_iterator is not None:
-            items["data"] = _data_args()[0](data_iterator)
+        for name, item in (("data", data_iterator), ("rollouts", rollouts)):
+            if item is not None:
+                items[name] = _state_args()[0](item)
         metric = None
         if self.cfg.best_metric and metrics and self.cfg.best_metric in metrics:
             metric = {self.cfg.best_metric: float(metrics[self.cfg.best_metric])}
@@ -342,19 +346,22 @@ class CheckpointManager:
             raise VtError(f"checkpoint step {step} ({d}) holds another model: {', '.join(diff[:4])}; resume with "
                           f"the model it was trained with, or use a new --workdir")
 
-    def restore(self, step: int, abstract_state, data_iterator=None) -> Restored:
+    def restore(self, step: int, abstract_state, data_iterator=None, rollouts=None) -> Restored:
         """Verify the seal of `step`, then restore params and optimiser state straight into the shardings of
-        `abstract_state` (ShapeDtypeStructs), and the data iterator's position (in place)."""
+        `abstract_state` (ShapeDtypeStructs), and the data iterator's position and the rollout buffer (in place,
+        set_state)."""
         d = self.step_dir(step)
         self._check_same_model(d, step)
         def target(tree):
             return ocp.args.PyTreeRestore(item=tree, restore_args=ocp.checkpoint_utils.construct_restore_args(tree))
         items = dict(params=target(abstract_state.params), opt_state=target(abstract_state.opt_state),
                      meta=ocp.args.JsonRestore())
-        if data_iterator is not None:
-            if not (d / "data").is_dir():
-                raise VtError(f"checkpoint step {step} ({d}) has no data-iterator state to resume from")
-            items["data"] = _data_args()[1](data_iterator)
+        for name, item, what in (("data", data_iterator, "data-iterator state"),
+                                 ("rollouts", rollouts, "rollout buffer")):
+            if item is not None:
+                if not (d / name).is_dir():
+                    raise VtError(f"checkpoint step {step} ({d}) has no {what} to resume from")
+                items[name] = _state_args()[1](item)
         try:
             # The seal is checked while Orbax reads the same files; a damaged file is reported by the seal.
             with BackgroundVerify(d, f"checkpoint step {step}", hint=f"delete {d} to resume from an earlier step"):
@@ -370,7 +377,7 @@ class CheckpointManager:
         return Restored(step=step, params=out["params"], opt_state=out["opt_state"], meta=meta)
 
 
-# --- the data iterator's state ------------------------------------------------------------------------------------
+# --- the data iterator's and the rollout buffer's state ----------------------------------------------------------
 
 def _shard_file(shard: int | str, num_shards: int) -> str:
     return f"shard_{shard}-of-{num_shards}.json"
@@ -380,11 +387,12 @@ def _process_file() -> str:
     return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
 
-class DataStateHandler:
-    """Orbax handler for the data iterator (a grain DatasetIterator): one file per logical shard for the
-    iterators of vt.data.shards (whichever process owns a shard at restore reads it, so any process count that
-    divides num_shards can resume), else one file per process, as grain's own handler. Every process calls
-    save/restore with its own iterator; processes own disjoint shards, so no file is written twice."""
+class StateHandler:
+    """Orbax handler for an item with get_state / set_state (JSON): the data iterator (a grain DatasetIterator)
+    or the RL rollout buffer. One file per logical shard for the iterators of vt.data.shards (whichever process
+    owns a shard at restore reads it, so any process count that divides num_shards can resume), else one file
+    per process, as grain's own handler. Every process calls save/restore with its own item; processes own
+    disjoint shards, so no file is written twice."""
 
     def save(self, directory, item=None, args=None):
         item = item or args.item
@@ -413,7 +421,8 @@ class DataStateHandler:
         else:
             state = json.loads(paths[""].read_text())
         item.set_state(state)
-        item.start_prefetch()
+        if hasattr(item, "start_prefetch"):  # a grain iterator reads ahead again from its restored position
+            item.start_prefetch()
         return item
 
     def structure(self, directory):
@@ -434,16 +443,16 @@ class DataStateHandler:
 
 
 @functools.cache
-def _data_args():
-    """(save args, restore args) classes for DataStateHandler, registered with Orbax on first use."""
-    @ocp.args.register_with_handler(DataStateHandler, for_save=True)
+def _state_args():
+    """(save args, restore args) classes for StateHandler, registered with Orbax on first use."""
+    @ocp.args.register_with_handler(StateHandler, for_save=True)
     @dataclasses.dataclass
-    class DataStateSave(ocp.args.CheckpointArgs):
+    class StateSave(ocp.args.CheckpointArgs):
         item: Any
 
-    @ocp.args.register_with_handler(DataStateHandler, for_restore=True)
+    @ocp.args.register_with_handler(StateHandler, for_restore=True)
     @dataclasses.dataclass
-    class DataStateRestore(ocp.args.CheckpointArgs):
+    class StateRestore(ocp.args.CheckpointArgs):
         item: Any
 
-    return DataStateSave, DataStateRestore
+    return StateSave, StateRestore

@@ -34,9 +34,9 @@ from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
 from vt.eval.runner import EvalConfig, run_eval
 from vt.io import write_jsonl
 from vt.rewards.registry import make_reward
-from vt.rl.learner import RLConfig, load_records, train_rl
+from vt.rl.learner import RLConfig, train_rl
 from vt.rl.profile import profile
-from vt.rl.rollouts import rollout_and_score
+from vt.rl.rollouts import load_records, rollout_and_score
 from vt.sampling.config import Request, SamplerConfig
 from vt.sampling.engine import Engine
 from vt.tracking import LoggingConfig
@@ -307,9 +307,8 @@ def run_profile(ctx, plan: Plan[ProfileStageConfig], sdir: Path) -> StageOutput:
     ckpt = ctx.checkpoint_before("profile")
     out = sdir / "pass_rates.jsonl"
     s = c.sampler
-    profile(Path(ckpt), Path(ctx.cfg.tokenizer), str(prompts), out, k=s.n, temperature=s.temperature, top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens, batch_size=s.batch_size, prompts_per_call=c.prompts_per_call,
-            seed=s.seed, progress=False)
+    profile(Path(ckpt), Path(ctx.cfg.tokenizer), str(prompts), out, s, k=s.n, prompts_per_call=c.prompts_per_call,
+            progress=False)
     rates = load_pass_rates(out)
     vals = [r.pass_rate for r in rates.values()]
     return StageOutput(metrics={"prompts": len(vals), "mean_pass_rate": sum(vals) / max(1, len(vals)),
@@ -435,10 +434,10 @@ def run_rl(ctx, plan: Plan[RLStageConfig], sdir: Path) -> StageOutput:
     metrics: dict[str, Any] = {}
     if c.profile_k > 0:  # RECIPE: drop prompts the phase's start always or never solves
         r = cfg.rollout.sampler
+        sampler = dataclasses.replace(r, max_new_tokens=c.profile_max_new_tokens or r.max_new_tokens)
         profile(Path(cfg.model.init_checkpoint), Path(cfg.data.tokenizer), cfg.data.train, Path(cfg.data.profile),
-                k=c.profile_k, domain=cfg.data.domain, temperature=r.temperature, top_p=r.top_p,
-                max_new_tokens=c.profile_max_new_tokens or r.max_new_tokens, batch_size=r.batch_size,
-                max_prompt_tokens=cfg.data.max_prompt_tokens, seed=r.seed, progress=False)
+                sampler, k=c.profile_k, domain=cfg.data.domain, max_prompt_tokens=cfg.data.max_prompt_tokens,
+                mesh=cfg.mesh, progress=False)
         rates = load_pass_rates(cfg.data.profile)
         if rates and all(r.pass_rate in (0.0, 1.0) for r in rates.values()):
             # Every group would have zero advantage: there is nothing to learn, so the checkpoint passes on.

@@ -1,4 +1,4 @@
-"""The rollout buffer of asynchronous RL (rollout.max_staleness = k >= 1): versioned groups, released whole.
+"""The rollout buffer of RL (vt.rl.schedule; rollout.max_staleness = k): versioned groups, released whole.
 
     buf = RolloutBuffer(k)
     buf.put(scored, version=v)                  # groups sampled by the policy after v updates (RL steps)
@@ -10,9 +10,10 @@ accuracy, so a group is never split. Groups sampled more than k versions before 
 meets them, and counted (`dropped_groups`). Every sample keeps its behaviour log-probs (Sample.logprobs, the
 learner's sampler_logp) and, through its group, the version that generated it.
 
-The buffer is the learner's `data_iterator` for vt.checkpoint.manager (get_state / set_state): its groups,
-their versions and the drop count are saved in each checkpoint (one JSON file per process), so a resumed run
-updates on exactly the samples an uninterrupted run would have.
+The buffer is a checkpoint item of its own (vt.checkpoint.manager's `rollouts`, get_state / set_state): its
+groups, their versions and the drop count are saved in each checkpoint (one JSON file per process), so a resumed
+run updates on exactly the samples an uninterrupted run would have; a checkpoint written with another k is
+refused. At k = 0 it is empty at every checkpoint (each batch is taken in the step that samples it).
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ class RolloutBuffer:
         out, self.groups = self.groups[:n], self.groups[n:]
         return Scored.concat([g for g, _ in out]), np.array([v for _, v in out], np.int64)
 
-    # --- the checkpoint's data-iterator protocol (vt.checkpoint.manager.DataStateHandler) -------------------------
+    # --- the checkpoint item (vt.checkpoint.manager.StateHandler) --------------------------------------------------
     def get_state(self) -> dict:
         while self.pending:
             self._settle()
@@ -111,9 +112,6 @@ class RolloutBuffer:
         self.groups = [_group_from_state(g) for g in state["groups"]]
         self.pending = []
         self.dropped_groups = int(state["dropped_groups"])
-
-    def start_prefetch(self) -> None:
-        """Called by the checkpoint handler after a restore (grain's protocol); nothing to prefetch here."""
 
 
 def staleness_metrics(versions: np.ndarray, version: int, k: int, group_size: int) -> dict[str, float]:

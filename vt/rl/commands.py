@@ -31,9 +31,10 @@ def register(subparsers) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from vt.rl.profile import profile
+    from vt.sampling.config import SamplerConfig
     check_output_path(args.out, "--out")
-    added = profile(args.ckpt, args.tokenizer, args.data, args.out, k=args.k, domain=args.domain,
-                    temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                    batch_size=args.batch_size, seed=args.seed)
+    sampler = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    added = profile(args.ckpt, args.tokenizer, args.data, args.out, sampler, k=args.k, domain=args.domain)
     print(f"profiled {added} prompts -> {args.out}")
     return 0

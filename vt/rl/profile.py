@@ -20,11 +20,12 @@ from tqdm import tqdm
 from vt import VtError
 from vt.checkpoint.params import load_model
 from vt.data.tokenizer import load_tokenizer
+from vt.distributed import process_mesh
 from vt.rewards.registry import make_reward
-from vt.rl.learner import load_records
-from vt.rl.rollouts import rollout_and_score
+from vt.rl.rollouts import load_records, rollout_and_score
 from vt.sampling.config import SamplerConfig
 from vt.sampling.engine import Engine
+from vt.sharding import MeshConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +49,20 @@ def done_ids(out: Path, k: int | None = None) -> set[str]:
     return ids
 
 
-def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 8, domain: str = "",
-            temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 4096, batch_size: int = 64,
-            prompts_per_call: int = 64, max_prompt_tokens: int = 4096, seed: int = 0, progress: bool = True) -> int:
-    """Profile every prompt of `data` not yet in `out`; returns how many were added."""
+def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, sampler: SamplerConfig, *, k: int = 8,
+            domain: str = "", prompts_per_call: int = 64, max_prompt_tokens: int = 4096, mesh: MeshConfig | None = None,
+            progress: bool = True) -> int:
+    """Profile every prompt of `data` not yet in `out` with `sampler` (its seed keys each call's; `n` is k);
+    returns how many were added. `mesh`: the sampler's mesh over this process's devices (vt.distributed.process_mesh,
+    as the RL learner's sampler), else one device."""
     out = Path(out)
     seen = done_ids(out, k)
     records = [r for r in load_records(data, "--data") if str(r.prompt_id) not in seen]
     if not records:
         return 0
     tokenizer = load_tokenizer(tokenizer_path)
-    engine = Engine(load_model(ckpt), SamplerConfig(batch_size=batch_size, max_new_tokens=max_new_tokens,
-                                                    temperature=temperature, top_p=top_p, seed=seed),
-                    tokenizer=tokenizer)
+    jax_mesh = process_mesh(mesh) if mesh is not None else None
+    engine = Engine(load_model(ckpt, jax_mesh), sampler, mesh=jax_mesh, tokenizer=tokenizer)
     domains = {domain} if domain else {r.domain for r in records}
     rewards = {d: make_reward(d) for d in domains}
     bar = None
@@ -74,7 +76,8 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, *, k: int = 
                 # The seed depends on the chunk's first prompt, not its position, so a resumed run samples
                 # each prompt exactly as a straight run would have.
                 digest = hashlib.sha256(str(chunk[0].prompt_id).encode()).digest()
-                call_seed = int(np.random.default_rng([seed, int.from_bytes(digest[:4], "little")]).integers(1 << 31))
+                key = [sampler.seed, int.from_bytes(digest[:4], "little")]
+                call_seed = int(np.random.default_rng(key).integers(1 << 31))
                 s = rollout_and_score(engine, tokenizer, chunk, rewards, group_size=k, seed=call_seed,
                                       max_prompt_tokens=max_prompt_tokens, domain=domain)
                 for q, r in enumerate(chunk):

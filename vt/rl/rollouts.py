@@ -1,5 +1,5 @@
-"""From prompts to a scored, learner-ready RL batch: sample C responses (verifying each as it finishes), shape,
-build token rows.
+"""From prompts to a scored, learner-ready RL batch: the records and each step's prompts, sample C responses
+(verifying each as it finishes), build token rows.
 
 Host-side and framework-light: the device work is the sampler's (vt.sampling) and the learner's (vt.rl.step).
 
@@ -16,13 +16,44 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vt import VtError
+from vt.buckets import bucket
+from vt.data.curriculum import load_pass_rates
 from vt.data.packing import first_fit_rows, pack_lengths
-from vt.data.sources import Record
+from vt.data.sources import Malformed, Record, open_source
 from vt.model.segments import BRANCH
 from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.rewards.streaming import StreamingScorer, busy_seconds
 from vt.sampling.config import Request
 from vt.sampling.engine import Engine, Sample
+
+
+def load_records(spec: str, where: str):
+    source = open_source(spec)
+    records = [source[i] for i in range(len(source))]
+    bad = [r for r in records if isinstance(r, Malformed)]
+    if bad:
+        raise VtError(f"{where}: {len(bad)} malformed record(s), first at {bad[0].where}: {bad[0].reason}")
+    if not records:
+        raise VtError(f"{where}={spec!r}: no records")
+    return records
+
+
+def drop_trivial(records, profile_path: str):
+    """RECIPE: before an RL phase, drop prompts the starting checkpoint always or never solves."""
+    rates = load_pass_rates(profile_path)
+    kept = [r for r in records if r.prompt_id in rates and 0.0 < rates[r.prompt_id].pass_rate < 1.0]
+    return kept, len(records) - len(kept)
+
+
+def prompts_for_step(n_records: int, step: int, E: int, seed: int) -> np.ndarray:
+    """Indices of step `step`'s prompts: consecutive slices of per-epoch permutations (deterministic)."""
+    start = step * E
+    out = []
+    while len(out) < E:
+        epoch, offset = divmod(start + len(out), n_records)
+        perm = np.random.default_rng([seed, epoch]).permutation(n_records)
+        out.extend(perm[offset: offset + E - len(out)].tolist())
+    return np.asarray(out)
 
 
 def reward_record(record: Record) -> dict[str, Any]:
@@ -173,13 +204,7 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
                   timeouts=timeouts)
 
 
-def bucket_length(n: int, lo: int = 16) -> int:
-    """Row lengths are padded to a power of two or 1.5x one (16, 24, 32, 48, 64, ...): a handful of compiled
-    shapes, not one per step, and at most a third of a row wasted on padding."""
-    b = lo
-    while b < n:
-        b = b * 3 // 2 if b & (b - 1) == 0 else b // 3 * 4  # 2^k -> 1.5 * 2^k -> 2^(k+1)
-    return b
+ROW_BUCKET = 16  # the shortest row length (vt.buckets' series from there)
 
 
 def sample_lengths(scored: Scored, max_len: int) -> np.ndarray:
@@ -190,8 +215,9 @@ def sample_lengths(scored: Scored, max_len: int) -> np.ndarray:
 
 
 def batch_length(scored: Scored, max_len: int) -> int:
-    """The row length: the longest sample (prompt + completion less one), bucketed, cut at max_len."""
-    return min(bucket_length(int(sample_lengths(scored, max_len).max())), max_len)
+    """The row length: the longest sample (prompt + completion less one), bucketed (16, 24, 32, 48, ...: a handful
+    of compiled shapes, not one per step, at most a third of a row padding), cut at max_len."""
+    return min(bucket(int(sample_lengths(scored, max_len).max()), ROW_BUCKET, half_octaves=True), max_len)
 
 
 ROW_FIELDS = ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "sampler_logp", "sample")

@@ -20,7 +20,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any, Callable, Iterator, Protocol, Sequence
+from typing import Annotated, Any, Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection:
+class ModelInitConfig:
     preset: str = "tiny"  # vt.model preset; ignored when init_checkpoint is set (its model_config.json wins)
     init_checkpoint: str = ""  # vt model checkpoint to fine-tune ("" = random init from the preset)
     param_dtype: str = "float32"  # master weights and optimiser state
@@ -79,25 +79,32 @@ class TrainResult:
     history: list[dict[str, Any]]  # the lines of metrics.jsonl, a resumed run's earlier ones included
 
 
-class LoopTrainSection(Protocol):
-    """The fields of a learner's `train` section that `Setup` and `run_loop` read."""
-    eval_every: int
-    peak_flops: float
-    progress: bool
-    compilation_cache: str
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The fields of a learner's `train` section that `Setup` and `run_loop` read: each learner's train section
+    (vt.train.sft.SftTrainConfig, vt.rl.learner.RLTrainConfig) is one, with its own fields added."""
+    # Steps between held-out evaluations, which also run at the last step (RL: and at the start) when eval data is
+    # set, never at a SIGTERM; 0 = none in between.
+    eval_every: Annotated[int, NON_NEGATIVE] = 0
+    peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
+    progress: bool = True  # tqdm progress bar
+    compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
+
+    def __post_init__(self):
+        check_fields(self)
 
 
-class LearnerConfig(Protocol):
-    """A learner's config (vt.train.sft.SftConfig, vt.rl.learner.RLConfig, both dataclasses): the sections
-    `Setup` and `run_loop` read, which each learner's config declares with these types
-    (tests/train/test_learner_config.py)."""
-    learner: str
-    model: ModelSection
-    mesh: MeshConfig
-    optim: OptimConfig
-    train: LoopTrainSection
-    checkpoint: CheckpointConfig
-    logging: LoggingConfig
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """The sections `Setup` and `run_loop` read; each learner's config (vt.train.sft.SftConfig,
+    vt.rl.learner.RLConfig) is one, with its own sections added and its own `train` (a LoopConfig)."""
+    learner: str = ""  # which learner reads this config (`vt train` dispatches on it)
+    model: ModelInitConfig = ModelInitConfig()
+    mesh: MeshConfig = MeshConfig()
+    optim: OptimConfig = OptimConfig()
+    train: LoopConfig = LoopConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    logging: LoggingConfig = LoggingConfig()
 
 
 def check_learner(cfg: LearnerConfig, expected: str) -> None:
@@ -107,7 +114,7 @@ def check_learner(cfg: LearnerConfig, expected: str) -> None:
                       f"(set learner = {expected!r})")
 
 
-def resolve_model_config(m: ModelSection) -> ModelConfig:
+def resolve_model_config(m: ModelInitConfig) -> ModelConfig:
     over = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy, attention_impl=m.attention_impl,
                 lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout,
                 lora_targets=m.lora_targets)
@@ -116,7 +123,7 @@ def resolve_model_config(m: ModelSection) -> ModelConfig:
     return preset(m.preset, **over)
 
 
-def initial_params(m: ModelSection, model_cfg: ModelConfig, mesh) -> dict[str, jax.Array]:
+def initial_params(m: ModelInitConfig, model_cfg: ModelConfig, mesh) -> dict[str, jax.Array]:
     """The starting parameters of a run, created or restored directly in their sharding on `mesh`. A LoRA run
     (model_cfg.lora_rank) starts from the checkpoint's weights (a LoRA checkpoint's adapters merged into them)
     with fresh adapters (vt.model.lora.add_adapters: B = 0, so the run starts at the checkpoint's function)."""
@@ -212,8 +219,9 @@ class Preemption:
 
 
 class Setup:
-    """What every learner builds from its config (LearnerConfig): the mesh, the model, the optimiser over `total_updates` updates, the state's
-    shardings and abstract state, the checkpoint manager and the peak FLOPs for MFU."""
+    """What every learner builds from its config (LearnerConfig): the mesh, the model, the optimiser over
+    `total_updates` updates, the state's shardings and abstract state, the checkpoint manager and the peak FLOPs
+    for MFU. The learners read these attributes from it (setup.mesh, setup.md, setup.optimizer, ...)."""
 
     def __init__(self, cfg: LearnerConfig, workdir: Path, model_cfg: ModelConfig, total_updates: int,
                  devices: Sequence[jax.Device] | None = None):
@@ -229,14 +237,14 @@ class Setup:
         peak = peak_flops_per_device(cfg.train.peak_flops)
         self.peak_total = peak * self.mesh.devices.size if peak else None  # the mesh's devices, for MFU; None: unknown
 
-    def initial_state(self, data_iterator=None, updates_per_step: int = 1) -> tuple[TrainState, int]:
-        """(state, learner steps done): the newest sealed checkpoint (the data iterator's position restored in
-        place), else fresh optimiser state around the model's initial parameters."""
+    def initial_state(self, data_iterator=None, updates_per_step: int = 1, rollouts=None) -> tuple[TrainState, int]:
+        """(state, learner steps done): the newest sealed checkpoint (the data iterator's position and the RL
+        rollout buffer restored in place), else fresh optimiser state around the model's initial parameters."""
         latest = self.ckpt.latest_step()
         if latest is None:
             return init_train_state(initial_params(self.cfg.model, self.model_cfg, self.mesh), self.optimizer,
                                     self.sh), 0
-        r = self.ckpt.restore(latest, self.abstract, data_iterator)
+        r = self.ckpt.restore(latest, self.abstract, data_iterator, rollouts=rollouts)
         log.info("resumed from %s", self.ckpt.step_dir(latest))
         # The update counter is not stored as an array, only as the step in meta.
         updates = jax.device_put(np.int32(latest * updates_per_step), self.sh.step)
@@ -246,8 +254,9 @@ class Setup:
 def run_loop(setup: Setup, state: TrainState, start: int, total: int,
              step_fn: Callable[[TrainState, int], tuple[TrainState, dict]], *,
              evaluate: Callable[[TrainState, int], float] | None = None, eval_key: str = "",
-             eval_at_start: bool = False, data_iterator=None, host_metrics: Callable[[dict, float], dict] | None = None,
-             close: Callable[[], None] | None = None) -> TrainResult:
+             eval_at_start: bool = False, data_iterator=None, rollouts=None,
+             host_metrics: Callable[[dict, float], dict] | None = None, close: Callable[[], None] | None = None
+             ) -> TrainResult:
     """Steps start..total-1 of a learner, until the last, a SIGTERM (then status "preempted"), a non-finite
     step (a VtError, raised before any checkpoint of that state is written) or an error (`_as_reported`).
 
@@ -278,7 +287,7 @@ def run_loop(setup: Setup, state: TrainState, start: int, total: int,
                     pending.extra[eval_key] = history[-1][1]
                 if step == total or preempt.requested or step % every == 0:
                     lines.flush()  # check this step before its state can reach disk
-                    ckpt.save(step, state, data_iterator, metrics=lines.last)
+                    ckpt.save(step, state, data_iterator, metrics=lines.last, rollouts=rollouts)
                 ckpt.check()  # a background save that failed (a full disk) stops the run now
                 if preempt.requested:
                     status = "preempted"

@@ -33,19 +33,15 @@ import jax
 import numpy as np
 
 from vt import VtError
-from vt.checkpoint.manager import CheckpointConfig
 from vt.data.curriculum import load_pass_rates, select_hard_subset, token_trace_length
 from vt.data.dataset import PipelineConfig, build_sft_dataset
 from vt.data.sources import SubsetSource, open_source
 from vt.data.tokenizer import load_tokenizer
 from vt.distributed import allgather, global_batch
 from vt.model.config import ModelConfig
-from vt.sharding import MeshConfig
-from vt.train.loop import (ModelSection, Setup, TrainResult, check_learner, resolve_model_config, run_loop,
-                           run_workdir)
-from vt.train.optim import OptimConfig
+from vt.train.loop import (LearnerConfig, LoopConfig, Setup, TrainResult, check_learner, resolve_model_config,
+                           run_loop, run_workdir)
 from vt.train.step import BATCH_DTYPES, BATCH_KEYS, as_microbatches, batch_sharding, make_eval_step, make_train_step
-from vt.tracking import LoggingConfig
 from vt.train.synthetic import SyntheticTask, synthetic_dataset
 from vt.validation import AT_LEAST_1, FRACTION, NON_NEGATIVE, POSITIVE, check_fields
 
@@ -53,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
-class HardSubset:
+class HardSubsetConfig:
     pass_rates: str = ""  # profiling JSONL (one line per prompt id); "" = train on all records
     min_trace_tokens: Annotated[int, NON_NEGATIVE] = 5000
     min_error_rate: Annotated[float, FRACTION] = 0.75
@@ -65,7 +61,7 @@ class HardSubset:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSection:
+class SftDataConfig:
     kind: str = "chat"  # chat (vt.data pipeline over `train`) | synthetic (vt.train.synthetic)
     train: str = ""  # vt.data.open_source spec: files, globs, comma-separated lists, tfds:NAME
     eval: str = ""  # held-out source spec ("" = no eval); synthetic: any non-empty value enables it
@@ -83,34 +79,23 @@ class DataSection:
     max_skip_rate: Annotated[float, FRACTION] = 0.05
     read_threads: Annotated[int, NON_NEGATIVE] = 4  # 0 = in the calling thread
     eval_batches: Annotated[int, NON_NEGATIVE] = 4  # batches of the held-out split per evaluation
-    hard_subset: HardSubset = HardSubset()
+    hard_subset: HardSubsetConfig = HardSubsetConfig()
 
     def __post_init__(self):
         check_fields(self)
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainSection:
-    steps: Annotated[int, NON_NEGATIVE] = 0  # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
-    eval_every: Annotated[int, NON_NEGATIVE] = 0  # steps between held-out evaluations (0 = only at the last step, if eval data is set; never at a SIGTERM)
-    peak_flops: Annotated[float, NON_NEGATIVE] = 0.0  # per device, for MFU; 0 = known accelerators only
-    progress: bool = True  # tqdm progress bar
-    compilation_cache: str = ""  # JAX persistent compilation cache directory ("" = off; vt.distributed)
-
-    def __post_init__(self):
-        check_fields(self)
+class SftTrainConfig(LoopConfig):
+    # optimiser steps; 0 = num_epochs x batches per epoch (counted with one pass over the data)
+    steps: Annotated[int, NON_NEGATIVE] = 0
 
 
 @dataclasses.dataclass(frozen=True)
-class SftConfig:
-    learner: str = "sft"  # which learner reads this config (`vt train` dispatches on it)
-    model: ModelSection = ModelSection()
-    data: DataSection = DataSection()
-    mesh: MeshConfig = MeshConfig()
-    optim: OptimConfig = OptimConfig()
-    train: TrainSection = TrainSection()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    logging: LoggingConfig = LoggingConfig()
+class SftConfig(LearnerConfig):
+    learner: str = "sft"
+    data: SftDataConfig = SftDataConfig()
+    train: SftTrainConfig = SftTrainConfig()
 
     def __post_init__(self):
         check_learner(self, "sft")
@@ -118,7 +103,7 @@ class SftConfig:
 
 # --- building blocks --------------------------------------------------------------------------------------------
 
-def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
+def build_data(d: SftDataConfig, model_cfg: ModelConfig, split: str):
     """A grain IterDataset of this process's batches (`split`: "train" repeats forever, "eval" is one pass)."""
     pi, pc = jax.process_index(), jax.process_count()
     if d.kind == "synthetic":
@@ -143,7 +128,7 @@ def build_data(d: DataSection, model_cfg: ModelConfig, split: str):
     return build_sft_dataset(source, tokenizer, pipe, process_index=pi, process_count=pc).iter_dataset
 
 
-def _hard_subset(source, tokenizer, h: HardSubset):
+def _hard_subset(source, tokenizer, h: HardSubsetConfig):
     indices, report = select_hard_subset(source, load_pass_rates(h.pass_rates), trace_length=token_trace_length(tokenizer),
                                          min_trace_tokens=h.min_trace_tokens, min_error_rate=h.min_error_rate,
                                          min_rollouts=h.min_rollouts, missing=h.missing)
