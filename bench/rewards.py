@@ -139,7 +139,9 @@ work (load average 18-25 on 2 CPUs): HumanEval vt pool / harness 1.47x, 1.74x be
 820 HumanEval records / the harness on as many threads 1.36x, 1.71x; 1.37x, 1.89x; 1.73x, 1.56x; MBPP-shaped pool
 88.9, 61.2; 72.6, 54.0; 102.5, 102.6 test runs/s; stdin/stdout 62.1, 60.2; 56.0, 44.8; 92.1, 90.9 test runs/s. At
 this load no difference between before and after is measurable, and the per-run init still costs what 82d4bf1 did
-not pay.
+not pay. Program tests (one worker, HumanEval's 164 canonical solutions twice, warm; sandbox CPU from the worker's
+processes' utime + stime, tester included), the three alternated twice at load 34-39: f9f80e2 23.7, 24.6 ms a
+problem (sandbox CPU 8.96, 8.45 ms); 19199e3 20.1, 22.2 (7.56, 7.99); 82d4bf1 14.4, 17.4 (5.21, 5.12).
 """
 from __future__ import annotations
 
