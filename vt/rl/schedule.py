@@ -16,6 +16,7 @@ resumed from a checkpoint continues as an uninterrupted one.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import math
 import threading
 import time
@@ -35,7 +36,7 @@ class RolloutSchedule:
     def __init__(self, k: int, groups: int, sample: Callable[[int, Callable[[], None] | None], Scored]):
         self.k, self.groups, self._sample = k, groups, sample  # groups: this process's per step
         self.buffer = RolloutBuffer(k)
-        self._ahead: _Ahead | None = None
+        self._ahead: tuple[threading.Event, cf.Future] | None = None
         self._spans: list[list[float]] = []  # [start, end or inf] of every batch's sampling and verification
         self._unreported: list[Scored] = []  # batches verified since the last report (for their TIMES)
 
@@ -96,51 +97,27 @@ class RolloutSchedule:
         self._unreported.append(scored)
 
     def _sample_ahead(self, step: int, version: int) -> None:
-        span = [time.perf_counter(), math.inf]
+        """Batch `step` sampled and verified on a thread of its own; `_ahead`: (decoded: set once it no longer
+        needs the engine, its Future), the buffer's pending batch."""
+        span, decoded, future = [time.perf_counter(), math.inf], threading.Event(), cf.Future()
         self._spans.append(span)
 
-        def job(decoded):
+        def job():
             try:
-                scored = self._sample(step, decoded)
+                scored = self._sample(step, decoded.set)
                 self._unreported.append(scored)
-                return scored
-            finally:
-                span[1] = time.perf_counter()
-        self._ahead = _Ahead(job)
-        self.buffer.put_pending(self._ahead.result, version, self.groups)
+            except BaseException as e:  # noqa: BLE001 - raised where the batch is waited for
+                scored = e
+            span[1] = time.perf_counter()
+            (future.set_exception if isinstance(scored, BaseException) else future.set_result)(scored)
+            decoded.set()
+        threading.Thread(target=job, daemon=True, name="vt-sample-ahead").start()
+        self._ahead = decoded, future
+        self.buffer.put_pending(future.result, version, self.groups)
 
     def _wait_decoded(self) -> None:
         if self._ahead is not None:
-            self._ahead.wait_decoded()
-
-
-class _Ahead:
-    """A batch sampled and verified on a thread of its own: `job(decoded)` returns its Scored and calls decoded()
-    once it no longer needs the engine."""
-
-    def __init__(self, job: Callable[[Callable[[], None]], Scored]):
-        self._decoded = threading.Event()
-        self._out: list = []
-        self._error: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True, name="vt-sample-ahead")
-        self._thread.start()
-
-    def _run(self, job) -> None:
-        try:
-            self._out.append(job(self._decoded.set))
-        except BaseException as e:  # noqa: BLE001 - raised where the batch is waited for
-            self._error.append(e)
-        finally:
-            self._decoded.set()
-
-    def wait_decoded(self) -> None:
-        self._decoded.wait()
-        if self._error:
-            self._thread.join()
-            raise self._error[0]
-
-    def result(self) -> Scored:
-        self._thread.join()
-        if self._error:
-            raise self._error[0]
-        return self._out[0]
+            decoded, future = self._ahead
+            decoded.wait()
+            if future.done() and future.exception() is not None:
+                raise future.exception()
