@@ -39,6 +39,21 @@ run): code k=0 1.544 steps/s, k=1 1.20x, k=2 1.50x (learner idle 3.68 / 1.38 / 0
 0.23 / 0.00 s); no group dropped. A judge-only run just before: k=1 2.26x, k=2 3.98x. k=1 exceeds the 2x of a
 plain two-stage overlap because at k >= 1 the judge's verdicts stream beside decoding too.
 
+Issue 49 (2026-12-06, the shared 2-core box at load 21-35 from other sessions; each run in a CPU cgroup of
+65,536 shares to stand in for a quiet box): the filed 0.12x for code k=1 was not reproduced at f9f80e2 or
+82d4bf1 (code k=1 1.00-1.21x, median steps). What makes such a number: a timed step that meets a new row length
+compiles (~3.5 s here), and at k >= 1 the learner's trajectory (stale samples) meets new lengths in other steps
+than k=0's; with 8 timed steps the median flips to a compile once half of them compile. With a toy model built
+by main after f9f80e2 (its SFT learns worse: tests/train/test_sft_runs.py's held-out 2.76, not < 1.2) k=2
+compiled in 6 of 8 timed steps: median code k=2 0.03x, judge k=1 0.12x, while over the compile-free steps code
+k=1 1.17x, k=2 1.25x (math 0.67x / 0.71x, judge 0.71x / 1.78x: that model's answers leave the verifiers little
+to check, k=0 steps of ~0.08 s, and on two cores the batch ahead's decoding and the update share them). On the
+f9f80e2-built toy model, main at be84bd0 (one RolloutSchedule for every k), compile-free steps/s: code k=1 1.31x,
+k=2 2.14x; math 1.04x, 1.62x; judge 1.27x, 1.25x (k=0 2.161 / 6.428 / 1.201 steps/s). The judge's k=1 is capped
+by its 8 requests in flight x 0.5 s: a batch's verdicts take one round (0.5 s) after decoding, the k=0 step
+~0.6 s, and at k=1 the verification of the batch ahead queues behind the current batch's on the same 8 slots
+(204 requests at k=1 against 164 at k=0: a completion both batches hold is asked twice while in flight).
+
 RL update at qwen2.5-0.5b's widths with 2 layers (issue 29's second shape; `--long-tail --skip-tunix --lt-preset
 qwen2.5-0.5b --lt-layers 2 --lt-window 256 --prompts 4 --group 4 --steps 2 --warmup 1 --rounds 1`, 2026-12-03,
 jax 0.12.0.1): 16 samples, 1,009 real tokens packed into 2 rows of 512 (1,024 computed): 11.98 s a step, of which
