@@ -158,19 +158,17 @@ def roofline(args) -> dict:
 
     from vt.model.config import param_count, preset
     from vt.model.qwen2 import abstract_model
+    from vt.model.kv_pages import PagedKVCache
     from vt.sampling import steps
     from vt.sampling.rules import SamplingParams
+    from vt.sharding import abstract_of
     B, ctx, Z = 256, 2048, 16
     mc = preset("qwen2.5-coder-3b", dtype=args.roofline_dtype, param_dtype=args.roofline_dtype)
     graphdef, state = nnx.split(abstract_model(mc))
     M = ctx // Z
     n_pages = B * M + 1
-    SDS = jax.ShapeDtypeStruct
-    pool = SDS((mc.num_layers, mc.num_kv_heads, n_pages, Z, mc.head_dim), jnp.dtype(mc.dtype))
-    cache = cost_analysis_cache()(k=pool, v=pool, page_table=SDS((B, M), jnp.int32))
-    i32, b1 = SDS((B,), jnp.int32), SDS((B,), jnp.bool_)
-    slots = steps.Slots(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
-                        key=SDS((B, 2), jnp.uint32))
+    cache = abstract_of(cost_analysis_cache().abstract(mc, n_pages, Z, PagedKVCache.table_info(B, M)))
+    slots = abstract_of(steps.Slots.abstract(B))
 
     def step(state, cache, slots):
         return steps.decode_step(nnx.merge(graphdef, state), cache, slots, SamplingParams(1.0), ())

@@ -138,6 +138,31 @@ def param_sharding(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
     return NamedSharding(mesh, _drop_trivial(spec, mesh, shape, where, axes))
 
 
+@dataclasses.dataclass(frozen=True)
+class ArrayInfo:
+    """One array of a device pytree that is not a model (the KV cache, the sampler's slots), declared once: shape,
+    dtype and logical axes. The tree's zeros, shardings and abstract values are derived from its ArrayInfo leaves
+    (jax-llm-examples' qwen3 ArrayInfo), so a new field cannot be left out of one of them."""
+    shape: tuple[int, ...]
+    dtype: Any
+    axes: tuple[str | None, ...]
+
+
+def zeros_of(spec):
+    return jax.tree.map(lambda a: jax.numpy.zeros(a.shape, a.dtype), spec)
+
+
+def shardings_of(spec, mesh: Mesh, where: str):
+    return jax.tree.map(lambda a: param_sharding(a.axes, a.shape, mesh, where), spec)
+
+
+def abstract_of(spec, mesh: Mesh | None = None, where: str = ""):
+    """ShapeDtypeStructs (placed as `shardings_of` places them when `mesh` is given): a program lowered without
+    allocating."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(
+        a.shape, a.dtype, sharding=None if mesh is None else param_sharding(a.axes, a.shape, mesh, where)), spec)
+
+
 def state_shardings(abstract_state, mesh: Mesh):
     """NamedSharding for every variable of an (abstract) nnx.State, from its `axes` metadata."""
     def one(path, var):

@@ -18,6 +18,7 @@ from vt.model.kv_pages import PagedKVCache
 from vt.model.qwen2 import DecoderLayer, abstract_model, create_model, init_fn
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams
+from vt.sharding import abstract_of
 from vt.train.state import ModelDef
 
 DEPTHS = (2, 5)
@@ -46,12 +47,12 @@ def _sampler(layers: int, which: str):
     graphdef, state = nnx.split(abstract_model(cfg))
     Z, n_pages = 16, 130
     if which == "prefill":
-        cache = jax.eval_shape(lambda: PagedKVCache.zeros(cfg, n_pages, Z, jnp.zeros((2, 1), jnp.int32)))
+        cache = abstract_of(PagedKVCache.abstract(cfg, n_pages, Z, PagedKVCache.table_info(2, 1)))
         return jax.jit(functools.partial(steps.prefill, graphdef)).lower(
             state, cache, jax.ShapeDtypeStruct((2, 16), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.int32))
     B, S = 2, 1024  # >= 2 page blocks: the blockwise paged attention is in the program too
-    cache = jax.eval_shape(lambda: PagedKVCache.zeros(cfg, n_pages, Z, jnp.zeros((B, S // Z), jnp.int32)))
-    slots = jax.eval_shape(lambda: steps.Slots.zeros(B))
+    cache = abstract_of(PagedKVCache.abstract(cfg, n_pages, Z, PagedKVCache.table_info(B, S // Z)))
+    slots = abstract_of(steps.Slots.abstract(B))
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     fn = functools.partial(steps.decode, graphdef, params=SamplingParams(1.0, 1.0, -1), stop_ids=(0,),
                            steps_per_call=8)

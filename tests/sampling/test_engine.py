@@ -1,4 +1,5 @@
 """The rollout engine: cache parity, determinism, slot refill, n samples, stops, compile counts, weight updates."""
+import dataclasses
 import functools
 
 import jax
@@ -15,6 +16,7 @@ from vt.sampling.config import Request, SamplerConfig
 from vt.sampling.engine import Engine
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams, sampling_logprobs
+from vt.sharding import zeros_of
 
 
 def _prompts(n, vocab, lo=2, hi=40, seed=0):
@@ -73,7 +75,8 @@ def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model)
         k = -(-L // Z)
         table[p, :k] = perm[used:used + k]
         used += k
-    cache = PagedKVCache.zeros(cfg, n_pages, Z, jnp.asarray(table))
+    cache = dataclasses.replace(zeros_of(PagedKVCache.abstract(cfg, n_pages, Z, PagedKVCache.table_info(*table.shape))),
+                                page_table=jnp.asarray(table))
     logits, cache = jax.jit(steps.prefill, static_argnums=0)(graphdef, state, cache, jnp.asarray(toks),
                                                               jnp.asarray(lens))
     dst = np.array([3, 2, 1, 4, B], np.int32)  # prompt p to slot 3 - p, prompt 0 also to slot 4; slot 0 empty
@@ -90,7 +93,7 @@ def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model)
     admission = steps.Admission(src=jnp.asarray(src), dst=jnp.asarray(dst), lens=jnp.asarray(lens[src]),
                                 max_new=jnp.full(5, 100), ids=jnp.zeros((5, 2), jnp.int32),
                                 copy_src=jnp.asarray([table[0, 2]]), copy_dst=jnp.asarray([copy_dst]))
-    cache, slots, _, _ = insert(cache, steps.Slots.zeros(B), logits, admission, jax.random.PRNGKey(0))
+    cache, slots, _, _ = insert(cache, zeros_of(steps.Slots.abstract(B)), logits, admission, jax.random.PRNGKey(0))
     cache = PagedKVCache(k=cache.k, v=cache.v, page_table=jnp.asarray(slot_pages))
     seqs = [list(prompts[p]) + [int(np.argmax(logits[p]))] for p in src[:4]]
     step_logits = []

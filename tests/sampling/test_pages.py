@@ -122,19 +122,16 @@ def test_decode_step_does_not_copy_a_layers_page_pool():
     from vt.model.qwen2 import abstract_model
     from vt.sampling import steps
     from vt.sampling.rules import SamplingParams
+    from vt.sharding import abstract_of
 
     B, M, Z = 8, 16, 16
     mc = preset("tiny", num_layers=2)
     graphdef, state = nnx.split(abstract_model(mc))
-    SDS = jax.ShapeDtypeStruct
-    i32, b1 = SDS((B,), jnp.int32), SDS((B,), jnp.bool_)
-    slots = steps.Slots(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
-                        key=SDS((B, 2), jnp.uint32))
+    slots = abstract_of(steps.Slots.abstract(B))
     decode = partial(steps.decode, graphdef, params=SamplingParams(1.0), stop_ids=(), steps_per_call=4)
 
     def temp_bytes(n_pages):
-        pool = SDS((mc.num_layers, mc.num_kv_heads, n_pages, Z, mc.head_dim), jnp.dtype(mc.dtype))
-        cache = PagedKVCache(k=pool, v=pool, page_table=SDS((B, M), jnp.int32))
+        cache = abstract_of(PagedKVCache.abstract(mc, n_pages, Z, PagedKVCache.table_info(B, M)))
         compiled = jax.jit(decode, donate_argnums=(1, 2)).lower(state, cache, slots, 4, 1).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from vt.model import online_softmax
 from vt.model.attention import self_attention
-from vt.sharding import activation_spec, param_sharding, platform
+from vt.sharding import ArrayInfo, activation_spec, platform, shardings_of, zeros_of
 
 # Logical axes of a page pool [L, K, P, Z, H]: split over KV heads (tensor) and replicated over the batch axes,
 # since any slot may own any page.
@@ -42,21 +42,29 @@ class PagedKVCache:
     # tokens attend to one another as without a cache (vt.model.attention). True (chunked scoring): every call
     # continues what the pages already hold and attends to them.
     continues: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    # The kernel of a single-token step (vt.sampling.config.DECODE_KERNELS): "auto" is the Pallas kernel on TPU (heads of 128 or a
-    # multiple: `tpu_kernel_fits`) and the XLA path elsewhere; "pallas" also takes JAX's Pallas (Triton) kernel on
-    # GPU, and on CPU runs that kernel in Pallas's interpreter (tests); "xla" always takes the XLA path.
+    # The kernel of a single-token step (vt.sampling.config.DECODE_KERNELS): "auto" is the Pallas kernel on TPU
+    # (heads of 128 or a multiple: `tpu_kernel_fits`) and the XLA path elsewhere; "pallas" also takes JAX's Pallas
+    # (Triton) kernel on GPU, and on CPU runs that kernel in Pallas's interpreter (tests); "xla" always takes the
+    # XLA path.
     decode_kernel: str = dataclasses.field(default="auto", metadata=dict(static=True))
     # `unroll` of the model's scan over layers while this cache rides in it (bench/sampler.py's cost-analysis
     # form unrolls them).
     scan_unroll: ClassVar[int] = 1
 
     @classmethod
-    def zeros(cls, cfg, num_pages: int, page_size: int, page_table, dtype=None, continues: bool = False,
-              decode_kernel: str = "auto"):
-        shape = (cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim)
-        dtype = dtype or jnp.dtype(cfg.dtype)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), page_table=page_table, continues=continues,
-                   decode_kernel=decode_kernel)
+    def abstract(cls, cfg, num_pages: int, page_size: int, table: ArrayInfo, dtype=None, **static) -> "PagedKVCache":
+        """The cache declared once: ArrayInfo leaves (shape, dtype, logical axes: `PAGE_POOL_AXES`), with `table`
+        the page table's (`table_info`). Its zeros, shardings and abstract values are derived from this
+        (vt.sharding.zeros_of / shardings_of / abstract_of); `static`: continues, decode_kernel."""
+        pool = ArrayInfo((cfg.num_layers, cfg.num_kv_heads, num_pages, page_size, cfg.head_dim),
+                         jnp.dtype(dtype or cfg.dtype), PAGE_POOL_AXES)
+        return cls(k=pool, v=pool, page_table=table, **static)
+
+    @staticmethod
+    def table_info(rows: int, pages: int) -> ArrayInfo:
+        """A page table [rows, pages]; where it lives depends on the call (split over slots while decoding,
+        replicated while prefilling), so the sharding is the caller's (`shardings`)."""
+        return ArrayInfo((rows, pages), jnp.dtype(jnp.int32), (None, None))
 
     @classmethod
     def for_rows(cls, cfg, batch: int, length: int, page_size: int, dtype=None) -> "PagedKVCache":
@@ -64,15 +72,15 @@ class PagedKVCache:
         whose calls continue one another (`continues`): chunked scoring, or any prefill then decode by hand."""
         M = -(-length // page_size)
         table = jnp.asarray(np.arange(batch * M, dtype=np.int32).reshape(batch, M))
-        return cls.zeros(cfg, batch * M, page_size, table, dtype, continues=True)
+        spec = cls.abstract(cfg, batch * M, page_size, cls.table_info(batch, M), dtype, continues=True)
+        return dataclasses.replace(zeros_of(spec), page_table=table)
 
     @classmethod
     def shardings(cls, cfg, mesh, page_table, decode_kernel: str = "auto") -> "PagedKVCache":
-        """The NamedShardings of a cache on `mesh` (`PAGE_POOL_AXES`), with `page_table` the page table's (split
-        over slots while decoding, replicated while prefilling)."""
-        pool = param_sharding(PAGE_POOL_AXES, (cfg.num_layers, cfg.num_kv_heads, 1, 1, cfg.head_dim), mesh,
-                              "KV page pool")
-        return cls(k=pool, v=pool, page_table=page_table, decode_kernel=decode_kernel)
+        """The NamedShardings of a cache on `mesh`, with `page_table` the page table's (the pool's pages are never
+        split, so any count gives them)."""
+        spec = cls.abstract(cfg, 1, 1, cls.table_info(1, 1), decode_kernel=decode_kernel)
+        return dataclasses.replace(shardings_of(spec, mesh, "KV page pool"), page_table=page_table)
 
     @property
     def page_size(self) -> int:

@@ -28,7 +28,7 @@ from vt.sampling.config import SamplerConfig
 from vt.sampling.engine import _programs
 from vt.rl.step import make_rl_step, make_token_logps, row_sharding
 from vt.sampling.rules import SamplingParams
-from vt.sharding import param_sharding, state_shardings, use_mesh
+from vt.sharding import abstract_of, param_sharding, state_shardings, use_mesh
 from vt.train.optim import OptimConfig, make_optimizer
 from vt.train.state import ModelDef, abstract_train_state, train_state_shardings
 from vt.train.step import train_step_program
@@ -165,16 +165,12 @@ def sampler_setup(mc, mesh, cfg: SamplerConfig) -> SamplerSetup:
 
 
 def kv_cache(ss: SamplerSetup, mesh, pool_pages: int, table_rows: int, table_pages: int, table_sharding):
-    """The KV page pool as the engine allocates it (layout, dtype, sharding: PagedKVCache.shardings) with a page
-    table [table_rows, table_pages] in `table_sharding`."""
-    c = PagedKVCache.zeros  # the pool's shape and dtype, without allocating it
-    shape = jax.eval_shape(lambda: c(ss.mc, pool_pages, ss.cfg.page_size, np.zeros((1, 1), np.int32),
-                                     decode_kernel=ss.cfg.decode_attention))
+    """The KV page pool as the engine allocates it (PagedKVCache.abstract: layout, dtype; PagedKVCache.shardings)
+    with a page table [table_rows, table_pages] in `table_sharding`."""
+    spec = PagedKVCache.abstract(ss.mc, pool_pages, ss.cfg.page_size, PagedKVCache.table_info(table_rows, table_pages),
+                                 decode_kernel=ss.cfg.decode_attention)
     sh = PagedKVCache.shardings(ss.mc, mesh, table_sharding, ss.cfg.decode_attention)
-    table = jax.ShapeDtypeStruct((table_rows, table_pages), np.int32, sharding=table_sharding)
-    return dataclasses.replace(shape, k=jax.ShapeDtypeStruct(shape.k.shape, shape.k.dtype, sharding=sh.k),
-                               v=jax.ShapeDtypeStruct(shape.v.shape, shape.v.dtype, sharding=sh.v),
-                               page_table=table)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), spec, sh)
 
 
 def prefill(ss: SamplerSetup, mesh, pool_pages: int, rows: int, prompt_len: int) -> Build:
@@ -198,17 +194,12 @@ def decode(ss: SamplerSetup, mesh, pool_pages: int, table_pages: int) -> Build:
     up to `table_pages` pages each and the page table split over slots, as the engine runs it."""
     B = ss.cfg.batch_size
     row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
-    vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
     scalar = jax.ShapeDtypeStruct((), np.int32)
 
     def lower():
         with use_mesh(mesh):
             cache = kv_cache(ss, mesh, pool_pages, B, table_pages, row)
-            slots = jax.eval_shape(lambda: steps.Slots.zeros(B))
-            slots = steps.Slots(**{f.name: jax.ShapeDtypeStruct(getattr(slots, f.name).shape,
-                                                                 getattr(slots, f.name).dtype,
-                                                                 sharding=row if f.name == "key" else vec)
-                                   for f in dataclasses.fields(steps.Slots)})
+            slots = abstract_of(steps.Slots.abstract(B), mesh, "sampler slots (batch_size)")
             return ss.progs.decode.lower(ss.state, cache, slots, scalar, scalar)
     return Build(lower, mesh)
 

@@ -47,7 +47,7 @@ from vt.sampling.page_table import (PagePool, PageTables, check_memory, device_m
                                    host_memory_bytes, kv_pool_plan, pages_for, prompt_need, prompt_pages)
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
-from vt.sharding import param_sharding, state_shardings, use_mesh
+from vt.sharding import param_sharding, shardings_of, state_shardings, use_mesh, zeros_of
 from vt.validation import FieldError
 
 
@@ -114,10 +114,9 @@ class _Programs:
         out = lambda s: {}  # noqa: E731
         if mesh is not None:
             # Page tables (while decoding) and slot state are split over slots, as the decode batch is.
-            vec = param_sharding(("batch",), (B,), mesh, "sampler slots (batch_size)")
             row = param_sharding(("batch", None), (B, 1), mesh, "sampler slots (batch_size)")
             rep = NamedSharding(mesh, PartitionSpec())
-            slots_sh = steps.Slots(last_tok=vec, pos=vec, count=vec, max_new=vec, active=vec, stopped=vec, key=row)
+            slots_sh = shardings_of(steps.Slots.abstract(B), mesh, "sampler slots (batch_size)")
             cache_sh = lambda table: PagedKVCache.shardings(mc, mesh, table, decode_kernel)  # noqa: E731
             out = lambda s: dict(out_shardings=s)  # noqa: E731
         rule = dict(params=params, stop_ids=stop_ids)
@@ -131,9 +130,9 @@ class _Programs:
         self.deactivate = jax.jit(self._counted(steps.deactivate), donate_argnums=0, **out(mesh and slots_sh))
         self.take = jax.jit(self._counted(lambda s, rows: jax.tree.map(lambda x: x[rows], s)),
                             **out(mesh and slots_sh))
-        self.zeros = jax.jit(self._counted(lambda n_pages, page_size: (
-            PagedKVCache.zeros(mc, n_pages, page_size, jnp.zeros((1, 1), jnp.int32), decode_kernel=decode_kernel),
-            steps.Slots.zeros(B))),
+        self.zeros = jax.jit(self._counted(lambda n_pages, page_size: zeros_of((
+            PagedKVCache.abstract(mc, n_pages, page_size, PagedKVCache.table_info(1, 1), decode_kernel=decode_kernel),
+            steps.Slots.abstract(B)))),
             static_argnums=(0, 1), **out(mesh and (cache_sh(rep), slots_sh)))
 
     def _counted(self, fn):

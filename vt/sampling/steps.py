@@ -22,6 +22,7 @@ from flax import nnx
 
 from vt.model.kv_pages import PagedKVCache, copy_pages
 from vt.sampling.rules import SamplingParams, sample
+from vt.sharding import ArrayInfo
 
 
 @jax.tree_util.register_dataclass
@@ -36,10 +37,12 @@ class Slots:
     key: jax.Array        # [B, 2] uint32 the sample's key; step t draws with fold_in(key, t)
 
     @classmethod
-    def zeros(cls, batch: int) -> "Slots":
-        i = jnp.zeros((batch,), jnp.int32)
-        f = jnp.zeros((batch,), bool)
-        return cls(last_tok=i, pos=i, count=i, max_new=i, active=f, stopped=f, key=jnp.zeros((batch, 2), jnp.uint32))
+    def abstract(cls, batch: int) -> "Slots":
+        """The slot state declared once (vt.sharding.ArrayInfo): every field split over slots, as the decode batch
+        is; zeros, shardings and abstract values are derived from it."""
+        i32, b1 = (ArrayInfo((batch,), jnp.dtype(t), ("batch",)) for t in (jnp.int32, bool))
+        return cls(last_tok=i32, pos=i32, count=i32, max_new=i32, active=b1, stopped=b1,
+                   key=ArrayInfo((batch, 2), jnp.dtype(jnp.uint32), ("batch", None)))
 
 
 def prefill(graphdef, state, cache: PagedKVCache, tokens_AT, lens_A):
