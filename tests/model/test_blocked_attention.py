@@ -146,11 +146,11 @@ def test_sharded_model_gradients_equal_dense(vt_ckpt):
     print(worst)
 
 
-def test_block_grows_with_the_row(vt_ckpt, monkeypatch):
+def test_block_grows_with_the_row(vt_ckpt_qwen2, monkeypatch):
     """Rows of 256 positions or more run in blocks of 128, from 1,024 in blocks of 256 (attention_block); the
     model's output over packed documents crossing those blocks equals the dense path's."""
     assert [attention.attention_block(T) for T in (128, 255, 256, 1023, 1024, 4096)] == [64, 64, 128, 128, 256, 256]
-    model = load_model(vt_ckpt)
+    model = load_model(vt_ckpt_qwen2)
     rng = np.random.RandomState(1)
     seg = np.array([[1] * 100 + [2] * 170 + [3] * 20 + [0] * 10])
     pos = np.concatenate([np.arange(100), np.arange(170), np.arange(20), np.zeros(10, int)])[None]
