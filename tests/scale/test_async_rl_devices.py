@@ -68,9 +68,9 @@ def _params(workdir: Path) -> dict[str, np.ndarray]:
 
 def _buffer(workdir: Path, processes: int) -> list[dict]:
     """The checkpoint's rollout-buffer groups, process by process."""
-    data = workdir / "checkpoints" / str(STEPS) / "data"
+    item = workdir / "checkpoints" / str(STEPS) / "rollouts"  # the buffer's own checkpoint item
     return [g for p in range(processes)
-            for g in json.loads((data / f"process_{p}-of-{processes}.json").read_text())["groups"]]
+            for g in json.loads((item / f"process_{p}-of-{processes}.json").read_text())["groups"]]
 
 
 @pytest.mark.parametrize("k", [1, 0])
