@@ -20,10 +20,6 @@ import pytest
 from testutil import REPO, run_vt
 from vt.recipe.stages import STAGE_NAMES
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("after_demo")
-
 KEPT = ("data", "sft1", "eval", "export")
 SFT_STEPS = 60
 

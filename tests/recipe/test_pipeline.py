@@ -18,10 +18,6 @@ from vt.config import load_config
 from vt.recipe.runner import recipe_config, validate
 from vt.recipe.stages import STAGE_NAMES
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("pipeline")
-
 DEMO = str(REPO / "configs" / "demo.py")
 PRE_RL = ("data", "sft1", "profile", "sft2", "select")
 

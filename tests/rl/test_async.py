@@ -16,10 +16,6 @@ from vt.rl.rollouts import Scored
 from vt.rl.weights import split_devices
 from vt.sampling.engine import Engine, Sample
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("async")
-
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):

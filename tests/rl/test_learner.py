@@ -10,10 +10,6 @@ from vt.checkpoint.params import flat_params
 from vt.rl.learner import train_rl
 from vt.rl.rollouts import prompts_for_step
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("learner")
-
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):

@@ -9,10 +9,6 @@ from testutil import run_vt
 from vt import VtError
 from vt.cli import main
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("cli")
-
 
 def _write(path, records):
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))

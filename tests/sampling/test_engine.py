@@ -18,10 +18,6 @@ from vt.sampling import steps
 from vt.sampling.rules import SamplingParams, sampling_logprobs
 from vt.sharding import zeros_of
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("engine")
-
 
 def _prompts(n, vocab, lo=2, hi=40, seed=0):
     rng = np.random.RandomState(seed)

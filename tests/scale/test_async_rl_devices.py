@@ -28,10 +28,6 @@ import pytest
 from test_multiprocess import TIMEOUT, _env, _local, _run
 from vt.checkpoint.params import flat_params, load_model
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("async_rl_devices")
-
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 STEPS = 3
 OVERRIDES = ["--config.train.steps=3", "--config.rollout.sampler.max_new_tokens=16", "--config.checkpoint.every=3",

@@ -36,10 +36,6 @@ import pytest
 
 from testutil import REPO
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("multiprocess")
-
 LOCAL = REPO / "launch" / "local.sh"
 WORKER = REPO / "tests" / "scale" / "mp_worker.py"
 VT_MP = REPO / "tests" / "scale" / "vt_mp.py"

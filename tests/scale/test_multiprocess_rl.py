@@ -27,10 +27,6 @@ import pytest
 from test_multiprocess import TIMEOUT, _env, _local, _run, _single, assert_params_close
 from testutil import REPO
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("multiprocess_rl")
-
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 OVERRIDES = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.train.steps=3",
              "--config.mgpo.kl_coef=0.01", "--config.rollout.sampler.max_new_tokens=24", "--config.checkpoint.every=3",

@@ -11,10 +11,6 @@ import pytest
 
 from testutil import REPO
 
-# Its module fixture is one expensive run: `make test` keeps the module on one xdist worker (--dist loadgroup),
-# so the fixture runs once.
-pytestmark = pytest.mark.xdist_group("sweep")
-
 CONFIG = "tests/scale/sweep_config.py"
 
 
