@@ -203,11 +203,13 @@ def rl_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> l
     out = sampler_programs(stage, sampler_mc, sampler_mesh, s, cfg.data.max_prompt_tokens, hbm,
                            resident=0 if n_sampler else moments, where=f"{where}rollout.sampler.",
                            mesh_where=f"{where}mesh.")
-    if section.get("profile_k", 0) > 0:  # the recipe profiles the phase's start first (vt.recipe.stages.run_rl)
-        out = profile_programs(f"{stage}.profile", sampler_mc, devices, SamplerConfig(
-            batch_size=s.batch_size, max_new_tokens=section.get("profile_max_new_tokens") or s.max_new_tokens,
-            temperature=s.temperature, top_p=s.top_p), cfg.data.max_prompt_tokens, hbm,
-            f"{where}rollout.sampler.") + out
+    if section.get("profile_k", 0) > 0:  # the recipe profiles the phase's start first (vt.recipe.stages.run_rl):
+        # the rollout's sampler at profile_max_new_tokens, on this process's devices in the stage's mesh shape,
+        # before the learner holds anything
+        profiling = dataclasses.replace(s, max_new_tokens=section.get("profile_max_new_tokens") or s.max_new_tokens)
+        out = sampler_programs(f"{stage}.profile", sampler_mc, local_mesh(cfg.mesh, devices), profiling,
+                               cfg.data.max_prompt_tokens, hbm, where=f"{where}rollout.sampler.",
+                               mesh_where=f"{where}mesh.") + out
     out += [Program(stage, "old_logps", pg.rl_logps(ts, mesh, rows, T, **kw), fix, moments, f"{rows} x {T}"),
             Program(stage, "update", pg.rl_update(ts, mesh, rows, T, **kw, **upd), fix, moments, f"{rows} x {T}"),
             Program(stage, "apply", pg.rl_update(ts, mesh, rows, T, **kw, **upd, part="apply"), suggest(
@@ -219,9 +221,9 @@ def rl_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> l
 
 def profile_programs(stage: str, mc: ModelConfig, devices, cfg: SamplerConfig, prompt: int, hbm: int,
                      where: str) -> list[Program]:
-    """The sampler of profile, select, the probe table and an RL phase's profiling: vt.rl.profile and the
-    recipe's verifier load the checkpoint with no mesh (vt.checkpoint.params.load_model), so these samplers run on
-    one device."""
+    """The sampler of the profile stage, select and the probe table: vt.rl.profile (given no mesh) and the recipe's
+    verifier load the checkpoint with no mesh (vt.checkpoint.params.load_model), so these samplers run on one
+    device."""
     return sampler_programs(stage, mc, make_mesh(MeshConfig(), devices[:1]), cfg, prompt, hbm, where=where)
 
 
@@ -310,9 +312,6 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
                                                                    f"{where}benchmarks.{bench}.", ckpt_dtype)))
             elif "sampler" in section:  # profile, select: the SFT checkpoints' sampler
                 cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.stages.{name}.sampler")
-                if name == "profile":  # vt.rl.profile builds its own SamplerConfig from these fields
-                    cfg = SamplerConfig(batch_size=cfg.batch_size, max_new_tokens=cfg.max_new_tokens,
-                                        temperature=cfg.temperature, top_p=cfg.top_p)
                 out.append(Stage(name, profile_programs(name, sft_sampler_model(raw, fallback), devices, cfg,
                                                         PROMPT_TOKENS, hbm, f"{where}sampler.")))
         probe = raw.get("probe", {})
