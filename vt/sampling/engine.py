@@ -57,6 +57,9 @@ class Sample:
     logprobs: list[float]  # log q(token) under the sampling distribution (0.0 for greedy)
     finish_reason: str  # "stop" (stop token or stop string) or "length"
     text: str | None = None  # decoded completion (cut before a stop string) when the engine has a tokenizer
+    # [len(completion_ids)] bool: True where the policy sampled the token, False where a tool's turn put it (the
+    # learner trains on the policy's tokens only: vt.rl.rollouts.build_rows); None: every token is the policy's
+    policy_mask: np.ndarray | None = None
 
 
 @dataclasses.dataclass
