@@ -2,7 +2,9 @@
 
 Token-level convention (``token_mask``): ``token_mask[t] = 1`` iff token ``t`` belongs to an assistant turn's
 *content or its closing end-of-turn token* (``<|im_end|>`` in ChatML), so the model learns to stop. The
-``<|im_start|>assistant\\n`` header, the ``\\n`` after ``<|im_end|>``, system/user/tool turns are 0.
+``<|im_start|>assistant\\n`` header, the ``\\n`` after ``<|im_end|>``, system/user/tool turns are 0. An assistant
+turn's tool calls (its ``tool_calls``, rendered by the template as ``<tool_call>...</tool_call>``) are trained on
+like its content; the ``tool`` turns answering them are not (what the sampler puts between the policy's turns).
 ``<think>...</think>`` is part of the content and is trained on (reasoning traces are kept whole), as the chat
 template renders it (Qwen3's normalises the block and drops it from turns before the last user query; with its
 ``enable_thinking=False`` the empty block is part of the generation prompt, so it is not trained on).
@@ -81,7 +83,15 @@ def assistant_spans(tokenizer: Tokenizer, messages, text: str,
         start = len(prefix)
         if not text.startswith(prefix):
             return None
-        if text.startswith(m["content"], start):
+        if m.get("tool_calls"):
+            # A tool-calling turn: its content and the calls as the template writes them, to the end marker. A
+            # template without a tool-calling branch (vt's ChatML) drops the calls: nothing to train on, refused.
+            end = text.find(end_marker, start)
+            turn = text[start:end]
+            if end < 0 or not turn.startswith(m["content"]) or any(
+                    f'"{c["function"]["name"]}"' not in turn for c in m["tool_calls"]):
+                return None
+        elif text.startswith(m["content"], start):
             end = start + len(m["content"])
         else:
             end = text.find(end_marker, start)

@@ -8,6 +8,8 @@ and is never dropped silently: it travels as ``Malformed(reason, where, detail)`
 Accepted record shapes (JSON object per JSONL line / ArrayRecord record / parquet row / TFDS example)::
 
     {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}], ...}
+        (an assistant turn may carry "tool_calls": [{"function": {"name": ..., "arguments": {...}}}], its content
+        then possibly empty, answered by "tool" turns: SFT trains on the assistant turns, calls included)
     {"prompt": "question" | [messages], "response": "answer", ...}
     {"prompt": [messages], "reward_model": {"ground_truth": ...}, "ability": ..., "extra_info": ...}  (verl)
     {"input_ids": [...], "loss_mask": [...]}                     (pre-tokenised; loss_mask per token)
@@ -142,7 +144,27 @@ def _messages(value, where: str, field: str) -> tuple[dict, ...] | Malformed:
         if not isinstance(content, str):
             return Malformed(BAD_MESSAGE, where, f"'{field}[{i}]': content must be a string")
         out.append({"role": role, "content": content})
+        if "tool_calls" in m and role == "assistant":
+            calls = _tool_calls(m["tool_calls"])
+            if calls is None:
+                return Malformed(BAD_MESSAGE, where, f"'{field}[{i}].tool_calls' must be a list of "
+                                 "{\"function\": {\"name\": str, \"arguments\": object}} (or name/arguments)")
+            out[-1]["tool_calls"] = calls
     return tuple(out)
+
+
+def _tool_calls(value) -> list[dict] | None:
+    """An assistant turn's tool calls (OpenAI's / Qwen's chat format), as the chat templates read them, or None
+    when malformed. The template renders them: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for c in value:
+        f = c.get("function", c) if isinstance(c, dict) else None
+        if not (isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("arguments"), dict)):
+            return None
+        out.append({"type": "function", "function": {"name": f["name"], "arguments": f["arguments"]}})
+    return out
 
 
 def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: str = "unknown") -> Record | Malformed:
@@ -207,7 +229,7 @@ def record_from_dict(obj: Any, *, where: str, default_id: str, default_domain: s
     if isinstance(msgs, Malformed):
         return msgs
     for i, m in enumerate(msgs):
-        if m["role"] == "assistant" and not m["content"].strip():
+        if m["role"] == "assistant" and not m["content"].strip() and not m.get("tool_calls"):
             return Malformed(EMPTY_RESPONSE, where, f"assistant message {i} is empty")
     return Record(messages=msgs, **common)
 

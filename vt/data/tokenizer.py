@@ -397,7 +397,7 @@ def _special_added_tokens_decoder(backend) -> dict[str, dict]:
 
 
 def build_tiny_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str] | None = None,
-                         vocab_size: int = 512) -> Tokenizer:
+                         vocab_size: int = 512, chat_template: str = QWEN_CHAT_TEMPLATE) -> Tokenizer:
     """Train a byte-level BPE (Qwen2 pre-tokenisation) on ``texts`` (a built-in math/code/chat corpus when
     None), add the Qwen special tokens, and write an HF tokenizer directory (tokenizer.json,
     tokenizer_config.json with the Qwen chat template, special_tokens_map.json) that both
@@ -405,7 +405,8 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str] | None
 
     The vocabulary has at most ``vocab_size`` entries (fewer when the corpus runs out of merges); the
     specials come after the BPE vocabulary, as in Qwen (<|endoftext|>, <|im_start|>, <|im_end|>, <think>,
-    </think> in that order). Takes well under a second.
+    </think> in that order). Takes well under a second. ``chat_template``: vt's ChatML, or another (Qwen2.5's
+    renders tool calls and tool turns as the sampler's tools write them: vt.data.qwen_tokenizer).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -435,7 +436,7 @@ def build_tiny_tokenizer(out_dir: str | os.PathLike, texts: Iterable[str] | None
         "eos_token": IM_END,
         "pad_token": ENDOFTEXT,
         "unk_token": None,
-        "chat_template": QWEN_CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
         "model_max_length": 32768,
