@@ -60,6 +60,12 @@ def rl_stage(c, domain, train, steps, *, eval_data=""):
     return c
 
 
+def one_device():
+    """The mesh of a sampler-only stage (profile, select, the probe table): the checkpoint loaded onto one device of
+    this host (vt.recipe.stages' default); fsdp=-1 shards it and the KV pool over all of them (see `v5e8`)."""
+    return ml_collections.ConfigDict({"data": 1, "fsdp": 1, "tensor": 1})
+
+
 def get_config(arg=None):
     parse_arg(arg)
     c = ml_collections.ConfigDict()
@@ -76,6 +82,7 @@ def get_config(arg=None):
     c.probe.limit = 64  # prompts per domain (0 = all)
     c.probe.sampler = sampler(n=4, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=256,
                               page_size=128)  # avg@n; one chip: pages of 128 keep its TPU page table in 256 KiB
+    c.probe.mesh = one_device()
 
     s = c.stages = ml_collections.ConfigDict()
     s.sft1 = sft_stage1.get_config(None)
@@ -91,6 +98,7 @@ def get_config(arg=None):
     # decode kernel holds the page table in 1 MiB of scalar memory (1024 slots x 2048 pages: 8 MiB, does not compile;
     # 64: 512 KiB); that chip's KV pool holds ~70 full-length traces at once anyway (`vt plan --topology v5p-8`)
     s.profile.sampler = sampler(n=8, max_new_tokens=32768, temperature=1.0, top_p=1.0, batch_size=64)
+    s.profile.mesh = one_device()
 
     s.sft2 = sft_stage2.get_config(None)
     s.sft2.enabled = True
@@ -108,6 +116,7 @@ def get_config(arg=None):
     # not compile; `vt plan --topology v5p-8`)
     s.select.sampler = sampler(n=16, temperature=1.0, top_p=0.95, max_new_tokens=32768, batch_size=512,
                                page_size=128)
+    s.select.mesh = one_device()
 
     s.rl_math = rl_stage(mgpo_math.get_config(None), "math", "data/rl/math.parquet", 400,
                          eval_data="tests/assets/aime25.parquet")

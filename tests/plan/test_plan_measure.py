@@ -1,13 +1,12 @@
 """`vt plan`'s measuring on the CPU (no libtpu): a recipe compiles each distinct program once, the program key
-tells constants from shapes, and the overrides a DOES NOT FIT line suggests make the program fit."""
-import re
+tells constants from shapes, and the overrides a DOES NOT FIT line prints make the program fit."""
 
 import jax
 import pytest
 
 from vt.config import load_config
 from vt.plan import programs as pg
-from vt.plan.run import measure_all, stages
+from vt.plan.run import _fix_text, measure, measure_all, stages, try_fixes
 from vt.model.config import preset
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.optim import OptimConfig
@@ -75,31 +74,55 @@ def test_key_blanks_constants_not_shapes():
     assert (ma.temp_size_in_bytes, ma.argument_size_in_bytes) == (mb.temp_size_in_bytes, mb.argument_size_in_bytes)
 
 
-def _row(spec, overrides, program, hbm):
-    st = stages(load_config(spec, overrides).to_dict(), jax.devices()[:1], hbm)
-    return next(r for r in measure_all([p for s in st for p in s.programs if p.name == program], hbm))
+def _program(spec, overrides, program, hbm, devices):
+    raw = load_config(spec, overrides).to_dict()
+    return raw, next(p for s in stages(raw, devices, hbm) for p in s.programs if p.name == program)
 
 
-def _overrides(fix: str) -> list[str]:
-    return re.findall(r"(--config\.\S+=\S+)", fix)
-
-
-@pytest.mark.parametrize("spec, program, first", [
+@pytest.mark.parametrize("spec, program, knob", [
     ("configs/sft_stage1.py:smoke", "train_step", "--config.data.grad_accum_steps=4"),
     ("configs/mgpo_math.py:smoke", "update", "--config.train.tokens_per_micro_batch="),
     ("configs/eval_aime25.py:smoke", "decode", "--config.sampling.kv_pages=0"),
 ])
-def test_suggestion_makes_it_fit(spec, program, first):
-    """A program 1 byte over the HBM: DOES NOT FIT, its first suggested override is the micro-batch /
-    accumulation / KV pool knob, and with that override the same program fits the same HBM."""
+def test_the_fixes_printed_fit(spec, program, knob):
+    """A program 1 byte over the HBM: DOES NOT FIT; try_fixes compiles each suggested change (the micro-batch /
+    accumulation / KV pool knob among them), and the ones it reports as fitting, the most bytes saved first, make
+    the same program fit when given as the command line's overrides, with the bytes it reported."""
     pre = ["--config.sampling.kv_pages=4096"] if "eval" in spec else []  # a pool of the user's size
-    ref = _row(spec, pre, program, HBM)
+    devices = jax.devices()[:1]
+    _, p = _program(spec, pre, program, HBM, devices)
+    ref = measure(p, HBM)
     assert ref["verdict"] == "fits"
     hbm = ref["bytes"] - 1
-    row = _row(spec, pre, program, hbm)
+    raw, p = _program(spec, pre, program, hbm, devices)
+    compiled = {}
+    row = measure(p, hbm, compiled)
     assert row["verdict"] == "DOES NOT FIT" and row["bytes"] == ref["bytes"]
-    fix = _overrides(row["fix"])
-    assert fix[0].startswith(first), row["fix"]
-    assert any(f.startswith("--config.model.lora_rank=") for f in fix) or "eval" in spec
-    after = _row(spec, pre + fix[:1], program, hbm)
-    assert after["verdict"] == "fits" and after["bytes"] < ref["bytes"], (row["fix"], after)
+    tried = try_fixes(raw, p, devices, hbm, compiled)
+    fits = [t for t in tried if t["verdict"] == "fits"]
+    assert fits and any(o.startswith(knob) for t in fits for o in t["overrides"]), tried
+    assert [t["bytes"] for t in fits] == sorted(t["bytes"] for t in fits) and tried[:len(fits)] == fits
+    assert all(t["bytes"] > hbm for t in tried[len(fits):] if "bytes" in t)
+    text = _fix_text(dict(row, fixes=tried))
+    assert text.startswith("fits with") and all(t["fix"] in text for t in fits)
+    assert not any(t["fix"] in text for t in tried[len(fits):])  # printed: only what fits
+    _, again = _program(spec, pre + fits[0]["overrides"], program, hbm, devices)
+    after = measure(again, hbm)
+    assert after["verdict"] == "fits" and after["bytes"] == fits[0]["bytes"] < ref["bytes"], (fits[0], after)
+
+
+@pytest.mark.devices(2)
+def test_a_one_device_sampler_is_told_to_use_the_others():
+    """An eval sampler on one device of two (mesh fsdp 1) 1 byte over: sharding it over both (model.mesh.fsdp=-1)
+    is among the fixes that fit."""
+    devices = jax.devices()
+    assert len(devices) == 2
+    pre = ["--config.sampling.kv_pages=4096"]
+    _, p = _program("configs/eval_aime25.py:smoke", pre, "decode", HBM, devices)
+    hbm = measure(p, HBM)["bytes"] - 1
+    raw, p = _program("configs/eval_aime25.py:smoke", pre, "decode", hbm, devices)
+    compiled = {}
+    assert measure(p, hbm, compiled)["verdict"] == "DOES NOT FIT"
+    tried = try_fixes(raw, p, devices, hbm, compiled)
+    spread = next(t for t in tried if t["overrides"] == ["--config.model.mesh.fsdp=-1"])
+    assert spread["verdict"] == "fits", tried

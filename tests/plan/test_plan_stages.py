@@ -26,7 +26,7 @@ def test_recipe_stages_in_order_with_their_programs():
                   ["prefill", "decode"] if s.name.endswith(".profile") else
                   RL if base.startswith("rl_") or base == "long2short" else ["prefill", "decode"])
         assert progs == expect, (s.name, progs)
-        assert all(p.fix for p in s.programs)
+        assert all(p.fixes for p in s.programs)
     # an RL phase's profiling (profile_k > 0) comes right before the phase
     assert names.index("rl_math.profile") + 1 == names.index("rl_math")
 

@@ -15,6 +15,7 @@ against the device's share of the chip's HBM.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -23,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from vt import VtError
 from vt.buckets import bucket
 from vt.checkpoint.params import load_model_config
-from vt.config import to_dataclass
+from vt.config import apply_override, to_dataclass
 from vt.distributed import process_mesh
 from vt.io import atomic_write_json
 from vt.model.config import ModelConfig, preset
@@ -43,6 +45,7 @@ from vt.sampling.page_table import kv_pool_plan
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.sft import SftConfig
 
+ONE_DEVICE = {"data": 1, "fsdp": 1, "tensor": 1}  # the default mesh of profile, select, the probe table and eval
 DEFAULT_PRESET = "qwen2.5-coder-3b"  # the model of a stage whose checkpoint is set by the pipeline or absent
 PROMPT_TOKENS = 2048  # prompt length assumed for sampler-only stages (eval, profile, select): their data decides
 
@@ -52,7 +55,7 @@ class Program:
     stage: str
     name: str  # e.g. "decode"
     build: Callable[[], object]
-    fix: str  # what to change when it does not fit: the overrides that would (vt.plan.run.suggest)
+    fixes: list  # [Fix]: what to change when it does not fit (vt.plan.run.suggest), tried by vt.plan.run.try_fixes
     resident: int = 0  # bytes per device held beside the program (not among its arguments)
     note: str = ""  # its shapes, for the table
 
@@ -103,10 +106,27 @@ def prefill_shape(cfg: SamplerConfig, prompt: int, M: int) -> tuple[int, int]:
 
 # --- per stage kind ----------------------------------------------------------------------------------------------
 
-def suggest(where: str, *changes) -> str:
-    """What to change, as the overrides that change it: (key, value, why) -> `--config.<where><key>=<value> (why)`,
-    most direct first; None entries (a change that does not apply) left out."""
-    return "; ".join(f"--config.{where}{k}={v} ({why})" for k, v, why in filter(None, changes))
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One way to make a program smaller: config overrides made together, ((config path, value, why), ...)."""
+    changes: tuple
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"--config.{k}={v}" for k, v, _ in self.changes]
+
+    def __str__(self) -> str:
+        return " ".join(self.overrides) + " (" + "; ".join(why for _, _, why in self.changes) + ")"
+
+
+def suggest(where: str, *options) -> list[Fix]:
+    """The ways to shrink a program, each an option: a change (key, value, why) or a list of changes made together,
+    keys under `where`; None (one that does not apply) left out. Which of them fit, and by how much, `try_fixes`
+    finds by compiling each."""
+    out = []
+    for o in filter(None, options):
+        out.append(Fix(tuple((f"{where}{k}", v, why) for k, v, why in (o if isinstance(o, list) else [o]))))
+    return out
 
 
 def _more_tensor(mc: ModelConfig, mesh, where: str | None, why: str):
@@ -117,6 +137,15 @@ def _more_tensor(mc: ModelConfig, mesh, where: str | None, why: str):
     return (f"{where}tensor", t, f"now {t // 2}: {why}")
 
 
+def _spread(mesh, devices, where: str | None):
+    """A sampler on one device of several (a checkpoint loaded whole onto one chip): its mesh over all of this
+    host's devices, the weights and the KV pool sharded (fsdp)."""
+    n = len([d for d in devices if d.process_index == devices[0].process_index])
+    if where is None or mesh.devices.size > 1 or n == 1:
+        return None
+    return (f"{where}fsdp", -1, f"now one device of {n}: the weights and the KV pool sharded over all {n}")
+
+
 def _remat(mc: ModelConfig):
     return None if mc.remat_policy == "full" else ("model.remat_policy", "full", f"now {mc.remat_policy}: recompute "
                                                    "each layer in the backward pass")
@@ -125,10 +154,12 @@ def _remat(mc: ModelConfig):
 LORA = ("model.lora_rank", 64, "train LoRA adapters: no gradients or AdamW moments for the base weights")
 
 def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prompt: int, hbm: int,
-                     resident: int = 0, where: str = "sampling.", mesh_where: str | None = None) -> list[Program]:
+                     resident: int = 0, where: str = "sampling.", mesh_where: str | None = None,
+                     devices=None) -> list[Program]:
     """Prefill and decode at `cfg`'s slots, slots as long as `prompt` + max_new_tokens (within the context), the
     KV pool sized as the engine sizes it from the memory left (kv_memory_fraction) beside `resident`. `where`:
-    the sampler section's config path, `mesh_where` its mesh's (None: one device, no mesh to change)."""
+    the sampler section's config path, `mesh_where` its mesh's (None: no mesh to change); `devices`: the slice's,
+    where the mesh may take more of them."""
     ss = pg.sampler_setup(mc, mesh, cfg)
     context = cfg.max_context or mc.max_position_embeddings
     prompt = min(prompt, context - 1)
@@ -144,14 +175,16 @@ def sampler_programs(stage: str, mc: ModelConfig, mesh, cfg: SamplerConfig, prom
                  f"now {cfg.kv_memory_fraction}: a smaller KV pool, more room for the program's own buffers"))
     pool_fix = (f"{where}{pool_fix[0]}", *pool_fix[1:])
     tensor = _more_tensor(mc, mesh, mesh_where, "splits the weights and the KV pool over more devices")
+    spread = _spread(mesh, devices, mesh_where) if devices is not None else None
     return [
         Program(stage, "prefill", pg.prefill(ss, mesh, pool, rows, T), suggest(
-                    "", (f"{where}prefill_tokens", max(T, cfg.prefill_tokens // 2),
-                         f"now {cfg.prefill_tokens}: {rows} prompts of {T} a call") if rows > 1 else None,
+                    "", spread, (f"{where}prefill_tokens", max(T, cfg.prefill_tokens // 2),
+                                 f"now {cfg.prefill_tokens}: {rows} prompts of {T} a call") if rows > 1 else None,
                     pool_fix, tensor), resident, f"{rows} x {T}, pool {pool} pages"),
         Program(stage, "decode", pg.decode(ss, mesh, pool, M), suggest(
-                    "", pool_fix, (f"{where}batch_size", cfg.batch_size // 2, f"now {cfg.batch_size} decode slots")
-                    if cfg.batch_size > 1 else None, tensor), resident, slots),
+                    "", spread, pool_fix, (f"{where}batch_size", cfg.batch_size // 2,
+                                           f"now {cfg.batch_size} decode slots") if cfg.batch_size > 1 else None,
+                    tensor), resident, slots),
     ]
 
 
@@ -168,11 +201,16 @@ def sft_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> 
     d = cfg.data
     rows = d.global_batch_size // d.grad_accum_steps
     ts = pg.train_setup(mc, mesh, cfg.optim)
-    accum = _next_accum(d.global_batch_size, d.grad_accum_steps, mesh.shape["data"] * mesh.shape["fsdp"])
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    accum = _next_accum(d.global_batch_size, d.grad_accum_steps, shards)
+    tensor = _more_tensor(mc, mesh, "mesh.", "splits each layer's weights and activations")
+    a2 = d.grad_accum_steps * 2  # half the batch shards: twice the accumulation keeps a shard's rows as they are
+    if tensor is not None and d.global_batch_size % a2 == 0 and (d.global_batch_size // a2) % max(1, shards // 2) == 0:
+        tensor = [tensor, ("data.grad_accum_steps", a2, f"now {d.grad_accum_steps}: {rows // 2} rows a micro-batch "
+                           f"over {shards // 2} batch shards, as many a shard as now")]
     fix = suggest(where, accum and ("data.grad_accum_steps", accum, f"now {d.grad_accum_steps}: micro-batches of "
                                     f"{rows} rows of {d.seq_len}, {d.global_batch_size // accum} with {accum}"),
-                  _remat(mc), _more_tensor(mc, mesh, "mesh.", "splits each layer's weights and activations"),
-                  None if mc.lora_rank else LORA)
+                  _remat(mc), tensor, None if mc.lora_rank else LORA)
     return [Program(stage, "train_step", pg.sft_step(ts, mesh, d.grad_accum_steps, rows, d.seq_len,
                                                      cfg.model.loss_chunk), fix,
                     note=f"{d.grad_accum_steps} x {rows} x {d.seq_len}")]
@@ -219,12 +257,15 @@ def rl_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> l
     return out
 
 
-def profile_programs(stage: str, mc: ModelConfig, devices, cfg: SamplerConfig, prompt: int, hbm: int,
+def profile_programs(stage: str, mc: ModelConfig, devices, section: dict, prompt: int, hbm: int,
                      where: str) -> list[Program]:
-    """The sampler of the profile stage, select and the probe table: vt.rl.profile (given no mesh) and the recipe's
-    verifier load the checkpoint with no mesh (vt.checkpoint.params.load_model), so these samplers run on one
-    device."""
-    return sampler_programs(stage, mc, make_mesh(MeshConfig(), devices[:1]), cfg, prompt, hbm, where=where)
+    """The sampler of the profile stage, select and the probe table (`section`: theirs, `where` its config path):
+    vt.rl.profile and the recipe's verifier load the checkpoint onto the section's `mesh` over this process's
+    devices, one device unless it says more (vt.recipe.stages: ProfileStageConfig.mesh)."""
+    cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.{where}sampler")
+    mesh = to_dataclass(MeshConfig, ONE_DEVICE | dict(section.get("mesh", {})), f"config.{where}mesh")
+    return sampler_programs(stage, mc, local_mesh(mesh, devices), cfg, prompt, hbm, where=f"{where}sampler.",
+                            mesh_where=f"{where}mesh." if "mesh" in section else None, devices=devices)
 
 
 def local_mesh(cfg: MeshConfig, devices):
@@ -239,10 +280,11 @@ def eval_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEF
     model = dict(section.get("model", {}))
     model["preset"] = model.get("preset") or fallback
     mc, _ = model_config(model, param_dtype=param_dtype or model.get("dtype", "bfloat16"))
-    mesh = local_mesh(to_dataclass(MeshConfig, model.get("mesh", {}), f"config.{stage}.model.mesh"), devices)
+    mesh = local_mesh(to_dataclass(MeshConfig, ONE_DEVICE | dict(model.get("mesh", {})), f"config.{stage}.model.mesh"),
+                      devices)
     cfg = to_dataclass(SamplerConfig, section["sampling"], f"config.{stage}.sampling")
     return sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm, where=f"{where}sampling.",
-                            mesh_where=f"{where}model.mesh.")
+                            mesh_where=f"{where}model.mesh.", devices=devices)
 
 
 def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: str = DEFAULT_PRESET,
@@ -259,7 +301,7 @@ def self_distill_stage(stage: str, section: dict, devices, hbm: int, fallback: s
         length = -(-length // chunk) * chunk
     length = min(length, mc.max_position_embeddings)
     out = sampler_programs(stage, mc, mesh, cfg, PROMPT_TOKENS, hbm, where=f"{where}sampling.",
-                           mesh_where=f"{where}mesh.")
+                           mesh_where=f"{where}mesh.", devices=devices)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     out.append(Program(stage, "scorer", pg.scorer(mc, mesh, rows, length, chunk), suggest(
                            where, ("scoring.batch_size", rows // 2, f"now {rows} rows a forward")
@@ -285,8 +327,9 @@ def _only_fields(cls, section: dict) -> dict:
     return {k: v for k, v in section.items() if k in names}
 
 
-def stages(raw: dict, devices, hbm: int) -> list[Stage]:
-    """The stages a config describes, each with its programs (not yet compiled)."""
+def stages(raw: dict, devices, hbm: int, only: str | None = None) -> list[Stage]:
+    """The stages a config describes, each with its programs (not yet compiled); `only`: a recipe's stage of that
+    name (its section's name: rl_math, eval, probe), the others not built."""
     if "stages" in raw:  # a recipe, its stages in the order they run
         out = []
         # stages whose checkpoints the pipeline sets run the SFT stages' architecture
@@ -295,7 +338,7 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
         ckpt_dtype = sft_sampler_model(raw, fallback).param_dtype
         for name in sorted(raw["stages"], key=lambda n: STAGE_NAMES.index(n) if n in STAGE_NAMES else len(STAGE_NAMES)):
             section, where = raw["stages"][name], f"stages.{name}."
-            if not section.get("enabled", True):
+            if not section.get("enabled", True) or only not in (None, name):
                 continue
             if name == "self_distill":
                 out.append(Stage(f"{name}.distill", self_distill_stage(f"{name}.distill", section["distill"],
@@ -311,14 +354,12 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
                     out.append(Stage(f"{name}.{bench}", eval_stage(f"{name}.{bench}", bsec, devices, hbm, fallback,
                                                                    f"{where}benchmarks.{bench}.", ckpt_dtype)))
             elif "sampler" in section:  # profile, select: the SFT checkpoints' sampler
-                cfg = to_dataclass(SamplerConfig, section["sampler"], f"config.stages.{name}.sampler")
-                out.append(Stage(name, profile_programs(name, sft_sampler_model(raw, fallback), devices, cfg,
-                                                        PROMPT_TOKENS, hbm, f"{where}sampler.")))
+                out.append(Stage(name, profile_programs(name, sft_sampler_model(raw, fallback), devices, section,
+                                                        PROMPT_TOKENS, hbm, where)))
         probe = raw.get("probe", {})
-        if probe.get("data"):  # the held-out table after each training stage (vt.recipe.stages.heldout_accuracy)
-            cfg = to_dataclass(SamplerConfig, probe["sampler"], "config.probe.sampler")
-            out.append(Stage("probe", profile_programs("probe", sft_sampler_model(raw, fallback), devices, cfg,
-                                                       PROMPT_TOKENS, hbm, "probe.sampler.")))
+        if probe.get("data") and only in (None, "probe"):  # the held-out table after each training stage
+            out.append(Stage("probe", profile_programs("probe", sft_sampler_model(raw, fallback), devices, probe,
+                                                       PROMPT_TOKENS, hbm, "probe.")))
         return out
     learner = raw.get("learner")
     if learner == "sft":
@@ -336,11 +377,15 @@ def stages(raw: dict, devices, hbm: int) -> list[Stage]:
 # --- compile and judge -------------------------------------------------------------------------------------------
 
 def measure_all(todo: list[Program], hbm: int, progress: bool = False, json_out: Path | None = None,
-                earlier: list[dict] = ()) -> list[dict]:
+                earlier: list[dict] = (), compiled: dict | None = None) -> list[dict]:
     """A row per program, each distinct program compiled once: a stage whose program is one an earlier stage
     compiled (the same program_key) gets that program's numbers (a whole recipe costs its distinct programs).
-    `earlier`: rows of an earlier run for the same topology, whose programs are not compiled again."""
-    rows, compiled = [], {r["key"]: r for r in earlier if "key" in r and "same_as" not in r}
+    `earlier`: rows of an earlier run for the same topology, whose programs are not compiled again; `compiled`:
+    program_key -> row, shared with later calls (made from `earlier` when not given)."""
+    rows = []
+    if compiled is None:
+        compiled = {}
+    compiled.update({r["key"]: r for r in earlier if "key" in r and "same_as" not in r})
     for program in todo:
         with tqdm(total=1, desc=f"compiling {program.stage}/{program.name}", disable=not progress,
                   bar_format="{desc}: {elapsed}", leave=True) as bar:
@@ -370,8 +415,7 @@ def measure(program: Program, hbm: int, compiled: dict | None = None) -> dict:
                    compile_s=round(time.perf_counter() - t0, 1))
         oom = _compile_time_oom(msg[0] if msg else "")
         if oom is not None:  # the TPU compiler refuses a program that cannot fit: the verdict, not a failure
-            row.update(verdict="DOES NOT FIT", bytes=oom + program.resident, resident_bytes=program.resident,
-                       fix=program.fix)
+            row.update(verdict="DOES NOT FIT", bytes=oom + program.resident, resident_bytes=program.resident)
         if compiled is not None and "key" in row:
             compiled[row["key"]] = row
         return row
@@ -392,8 +436,6 @@ def _judge(row: dict, program: Program, hbm: int) -> None:
     row["bytes"] = (row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
                     + row["code_bytes"] + row["resident_bytes"])
     row["verdict"] = "fits" if row["bytes"] <= hbm else "DOES NOT FIT"
-    if row["bytes"] > hbm:
-        row["fix"] = program.fix
 
 
 def _same_as(row: dict, first: dict, program: Program, hbm: int) -> dict:
@@ -403,7 +445,7 @@ def _same_as(row: dict, first: dict, program: Program, hbm: int) -> dict:
         row.update(verdict=first["verdict"], error=first["error"])
         if "bytes" in first:  # refused for want of HBM: the compiler's bytes plus this stage's resident
             row.update(bytes=first["bytes"] - first["resident_bytes"] + program.resident,
-                       resident_bytes=program.resident, fix=program.fix)
+                       resident_bytes=program.resident)
         return row
     row.update({k: first[k] for k in ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "code_bytes",
                                       "kernels")}, resident_bytes=program.resident)
@@ -443,13 +485,68 @@ def table(rows: list[dict]) -> str:
     return "\n".join([fmt(head), fmt(["-" * w for w in widths[:-1]] + ["-" * 7]), *map(fmt, body)])
 
 
+def with_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`raw` with `--config.KEY=VALUE` overrides applied as the command line applies them (a key the config does
+    not have is refused)."""
+    cd = ml_collections.ConfigDict(copy.deepcopy(raw))
+    for o in overrides:
+        apply_override(cd, o)
+    return cd.to_dict()
+
+
+def try_fixes(raw: dict, program: Program, devices, hbm: int, compiled: dict, progress: bool = False) -> list[dict]:
+    """Each of `program`'s fixes applied to the config `raw` and the program built and compiled again (not when
+    `compiled` holds it: program_key), and where none fits alone, all of them together. One dict per fix tried
+    (fix, overrides, bytes, verdict, key): those that fit first, the most bytes saved first."""
+    fixes = list(program.fixes)
+    out = []
+    for n, fix in enumerate(fixes):
+        out.append(_try(raw, program, fix, devices, hbm, compiled, progress))
+        if n == len(fixes) - 1 and len(fixes) > 1 and not any(t["verdict"] == "fits" for t in out):
+            merged = {k: (k, v, why) for f in fixes for k, v, why in f.changes}  # a key changed twice: the last
+            fixes.append(Fix(tuple(merged.values())))
+    return sorted(out, key=lambda t: (t["verdict"] != "fits", t.get("bytes", math.inf)))
+
+
+def _try(raw: dict, program: Program, fix: Fix, devices, hbm: int, compiled: dict, progress: bool) -> dict:
+    tried = {"fix": str(fix), "overrides": fix.overrides}
+    try:
+        changed = [p for st in stages(with_overrides(raw, fix.overrides), devices, hbm,
+                                      only=program.stage.split(".")[0] if "stages" in raw else None)
+                   for p in st.programs if (p.stage, p.name) == (program.stage, program.name)]
+    except VtError as e:  # an override this config refuses (a mesh the devices do not divide into, ...)
+        return tried | {"verdict": "invalid", "error": str(e)}
+    if not changed:
+        return tried | {"verdict": "invalid", "error": "the program is gone"}
+    with tqdm(total=1, desc=f"trying {program.stage}/{program.name} with {' '.join(fix.overrides)}",
+              disable=not progress, bar_format="{desc}: {elapsed}", leave=True) as bar:
+        row = measure(changed[0], hbm, compiled)
+        bar.update()
+    return row | tried
+
+
+def _fix_text(r: dict) -> str:
+    """What a DOES NOT FIT line says to change: the fixes that fit, each with its bytes, the most saved first."""
+    tried = r.get("fixes", [])
+    if not tried:
+        return "; ".join(r.get("untried", [])) + (" (not compiled: --no-try-fixes)" if r.get("untried") else
+                                                   "no change to suggest")
+    fits = [f"{t['fix']}: {_gb(t['bytes'])} GB" for t in tried if t["verdict"] == "fits"]
+    if fits:
+        return "fits with (the most bytes saved first): " + "; ".join(fits)
+    return "no suggested change fits: " + "; ".join(
+        f"{t['fix']}: " + (f"{_gb(t['bytes'])} GB" if "bytes" in t else t.get("error", t["verdict"])) for t in tried)
+
+
 def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | None = None,
-         echo: Callable[[str], None] = print, reuse: Path | None = None) -> int:
+         echo: Callable[[str], None] = print, reuse: Path | None = None, fixes: bool = True) -> int:
     """Compile every program of the config `raw` (a plain dict) for the topology; print the table and, for each
-    program that does not fit or does not compile, one line naming it, its bytes and what to change. Returns the
-    exit code: 0 everything fits, 1 something does not (or failed to compile). `json_out`: the rows, written as
-    they come. `reuse`: an earlier run's JSON rows for this topology; programs found there are not compiled
-    again (a config changed in one stage recompiles that stage's programs only)."""
+    program that does not fit or does not compile, one line naming it, its bytes and what to change: `fixes`, each
+    suggested change compiled (try_fixes) and the ones that fit printed, the most bytes saved first; else the
+    changes uncompiled. Returns the exit code: 0 everything fits, 1 something does not (or failed to compile).
+    `json_out`: the rows, written as they come (the fixes tried too, as rows with `fix_of`). `reuse`: an earlier
+    run's JSON rows for this topology; programs found there are not compiled again (a config changed in one stage
+    recompiles that stage's programs only)."""
 
     topo = tp.parse(topology_name)
     devices = tp.devices(topo)
@@ -460,9 +557,22 @@ def plan(raw: dict, topology_name: str, progress: bool = True, json_out: Path | 
     earlier = []
     if reuse is not None:
         earlier = [r for r in json.loads(reuse.read_text()) if r.get("topology", topo.name) == topo.name]
-    rows = measure_all(todo, hbm, progress, json_out, earlier)
-    for r in rows:
+    compiled = {}
+    rows = measure_all(todo, hbm, progress, json_out, earlier, compiled)
+    tried = []
+    for program, r in zip(todo, rows):
         r["topology"] = topo.name
+        if r["verdict"] != "DOES NOT FIT":
+            continue
+        if fixes:
+            r["fixes"] = try_fixes(raw, program, devices, hbm, compiled, progress)
+            tried += [dict(t, fix_of=f"{r['stage']}/{r['program']}", topology=topo.name) for t in r["fixes"]
+                      if "key" in t]
+        else:
+            r["untried"] = [str(f) for f in program.fixes]
+        r["fix"] = _fix_text(r)
+    if json_out is not None and tried:  # the fixes' programs too: --reuse skips them as well
+        atomic_write_json(json_out, rows + tried)
     echo(table(rows))
     bad = [r for r in rows if r["verdict"] != "fits"]
     for r in bad:

@@ -29,6 +29,7 @@ from vt.config import to_dataclass
 from vt.data.curriculum import load_pass_rates
 from vt.data.tasks import task_corpus, task_records
 from vt.data.tokenizer import TINY_CORPUS, build_tiny_tokenizer, load_tokenizer
+from vt.distributed import process_mesh
 from vt.distill.run import DOMAINS as DISTILL_DOMAINS
 from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
 from vt.eval.runner import EvalConfig, run_eval
@@ -39,6 +40,7 @@ from vt.rl.profile import profile
 from vt.rl.rollouts import load_records, rollout_and_score
 from vt.sampling.config import Request, SamplerConfig
 from vt.sampling.engine import Engine
+from vt.sharding import MeshConfig
 from vt.tracking import LoggingConfig
 from vt.train.selection import mean_pass_at_k, select_and_merge
 from vt.train.sft import SftConfig, train
@@ -56,6 +58,9 @@ class ProbeConfig:
     data: dict = dataclasses.field(default_factory=dict)  # domain -> prompt file ({} = no table)
     limit: Annotated[int, NON_NEGATIVE] = 64  # prompts per domain (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=4, max_new_tokens=64, batch_size=256)
+    # the sampler's mesh over this process's devices (vt.distributed.process_mesh, as vt eval's model.mesh): one
+    # device by default; fsdp=-1 shards the weights and the KV pool over all of them (`vt plan` on 16 GB chips)
+    mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
 
     def __post_init__(self):
         check_fields(self)
@@ -282,6 +287,9 @@ class ProfileStageConfig:
     prompts_per_call: Annotated[int, AT_LEAST_1] = 64
     limit: Annotated[int, NON_NEGATIVE] = 0  # profile only the first N distinct prompts (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)  # RECIPE: n = 8 rollouts
+    # the sampler's mesh over this process's devices (vt.distributed.process_mesh, as vt eval's model.mesh): one
+    # device by default; fsdp=-1 shards the weights and the KV pool over all of them (`vt plan` on 16 GB chips)
+    mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
 
     def __post_init__(self):
         check_fields(self)
@@ -308,7 +316,7 @@ def run_profile(ctx, plan: Plan[ProfileStageConfig], sdir: Path) -> StageOutput:
     out = sdir / "pass_rates.jsonl"
     s = c.sampler
     profile(Path(ckpt), Path(ctx.cfg.tokenizer), str(prompts), out, s, k=s.n, prompts_per_call=c.prompts_per_call,
-            progress=False)
+            mesh=c.mesh if process_mesh(c.mesh).size > 1 else None, progress=False)  # one device: no mesh
     rates = load_pass_rates(out)
     vals = [r.pass_rate for r in rates.values()]
     return StageOutput(metrics={"prompts": len(vals), "mean_pass_rate": sum(vals) / max(1, len(vals)),
@@ -325,6 +333,9 @@ class SelectStageConfig:
     k: Annotated[int, AT_LEAST_1] = 4  # Pass@K from sampler.n samples per probe (RECIPE: selection by pass@k, not pass@1 or loss)
     limit: Annotated[int, NON_NEGATIVE] = 0  # probes per domain (0 = all)
     sampler: SamplerConfig = SamplerConfig(n=8, max_new_tokens=4096, batch_size=64)
+    # the sampler's mesh over this process's devices (vt.distributed.process_mesh, as vt eval's model.mesh): one
+    # device by default; fsdp=-1 shards the weights and the KV pool over all of them (`vt plan` on 16 GB chips)
+    mesh: MeshConfig = MeshConfig(data=1, fsdp=1, tensor=1)
 
     def __post_init__(self):
         check_fields(self)
@@ -345,15 +356,17 @@ def plan_select(ctx, section, sdir) -> Plan:
 class _Verifier:
     """Engine + rewards for a set of domains, reused across checkpoints (weights swapped in place)."""
 
-    def __init__(self, ctx: Context, domains, sampler: SamplerConfig):
+    def __init__(self, ctx: Context, domains, sampler: SamplerConfig, mesh: MeshConfig):
         self.tokenizer = load_tokenizer(ctx.cfg.tokenizer)
         self.rewards = {d: make_reward(d) for d in domains}
         self.sampler, self.engine = sampler, None
+        self.mesh = process_mesh(mesh)
+        self.mesh = None if self.mesh.size == 1 else self.mesh  # one device: nothing to shard (as vt eval)
 
     def load(self, ckpt: str) -> None:
-        model = load_model(ckpt)
+        model = load_model(ckpt, self.mesh)  # restored straight into the mesh's sharding
         if self.engine is None:
-            self.engine = Engine(model, self.sampler, tokenizer=self.tokenizer)
+            self.engine = Engine(model, self.sampler, mesh=self.mesh, tokenizer=self.tokenizer)
         else:
             self.engine.update_weights(nnx.state(model))
 
@@ -374,7 +387,7 @@ def run_select(ctx, plan: Plan[SelectStageConfig], sdir: Path) -> StageOutput:
     if not candidates:
         raise VtError(f"select: no checkpoints in {list(c.pools)}")
     probes = {d: _load_limited(p, c.limit, f"select.probes.{d}") for d, p in sorted(c.probes.items())}
-    v = _Verifier(ctx, probes, c.sampler)
+    v = _Verifier(ctx, probes, c.sampler, c.mesh)
 
     def scorer(ckpt: Path) -> dict[str, float]:
         v.load(str(ckpt))
@@ -639,7 +652,7 @@ def heldout_accuracy(ctx: Context, ckpt: str, sdir: Path) -> dict[str, float]:
     """avg@n correctness per probe domain (binary: every test / constraint met), samples saved for inspection."""
     p = ctx.cfg.probe
     data = {d: _load_limited(path, p.limit, f"probe.data.{d}") for d, path in sorted(p.data.items())}
-    v = _Verifier(ctx, data, p.sampler)
+    v = _Verifier(ctx, data, p.sampler, p.mesh)
     acc, rows = {}, []
     try:
         v.load(ckpt)
