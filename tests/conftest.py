@@ -1,7 +1,6 @@
 """Session fixtures shared by every test folder (the helpers behind them live in testutil.py), and the
 `devices(n)` marker: a test that needs n simulated CPU devices runs in a child pytest process started with them
 (JAX fixes its device count when it starts, and this process already started it with one)."""
-import fcntl
 import functools
 import os
 import re
@@ -29,7 +28,7 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(32 << 30))
 # a 2-core box) and the first of them would hold libtpu's lockfile.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from testutil import make_hf_model, run_vt  # noqa: E402
+from testutil import build_once, make_hf_model, run_vt  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,52 +43,38 @@ def shared_dir(tmp_path_factory) -> Path:
     return Path(os.environ["VT_TEST_SHARED_DIR"])
 
 
-def build_once(path: Path, build) -> Path:
-    """`build(tmp)` once per `path` across processes (a file lock; the result appears whole, by a rename)."""
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():
-            partial = path.with_name(path.name + ".partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            build(partial)
-            partial.rename(path)
-    return path
-
-
 @pytest.fixture(scope="session", params=[("qwen2", True), ("qwen2", False), ("qwen3", True), ("qwen3", False)],
                 ids=["qwen2-tied", "qwen2-untied", "qwen3-tied", "qwen3-untied"])
 def hf_dir(request, shared_dir) -> Path:
     """An HF directory (save_pretrained) of a tiny random Qwen2 and Qwen3 (testutil.make_hf_model), tied and
     untied."""
-    return _hf_dir(shared_dir, *request.param)
+    return _hf_dir(*request.param)
 
 
-def _hf_dir(shared_dir: Path, arch: str, tie: bool) -> Path:
-    return build_once(shared_dir / f"hf_{arch}_{tie}", lambda d: make_hf_model(tie=tie, arch=arch).save_pretrained(d))
+def _hf_dir(arch: str, tie: bool) -> Path:  # after the shared_dir fixture (VT_TEST_SHARED_DIR)
+    return build_once(f"hf_{arch}_{tie}", lambda d: make_hf_model(tie=tie, arch=arch).save_pretrained(d))
 
 
-def _vt_ckpt(shared_dir: Path, hf_dir: Path) -> Path:
+def _vt_ckpt(hf_dir: Path) -> Path:
     """`hf_dir` converted with the real CLI."""
-    def convert(d: Path):
-        d.mkdir()
-        run_vt("convert", "hf-to-orbax", str(hf_dir), str(d / "ck"), check=True)
-    return build_once(shared_dir / f"ckpt_{hf_dir.name}", convert) / "ck"
+    return build_once(f"ckpt_{hf_dir.name}",
+                      lambda d: run_vt("convert", "hf-to-orbax", str(hf_dir), str(d / "ck"), check=True)) / "ck"
 
 
 @pytest.fixture(scope="session")
 def vt_ckpt(hf_dir, shared_dir) -> Path:
-    return _vt_ckpt(shared_dir, hf_dir)
+    return _vt_ckpt(hf_dir)
 
 
 @pytest.fixture(scope="session")
 def hf_dir_qwen2(shared_dir) -> Path:
     """One of `hf_dir`'s models (Qwen2, tied), for tests whose subject is not the architecture (error paths)."""
-    return _hf_dir(shared_dir, "qwen2", True)
+    return _hf_dir("qwen2", True)
 
 
 @pytest.fixture(scope="session")
 def vt_ckpt_qwen2(hf_dir_qwen2, shared_dir) -> Path:
-    return _vt_ckpt(shared_dir, hf_dir_qwen2)
+    return _vt_ckpt(hf_dir_qwen2)
 
 
 # Property tests draw the same examples on every run of the suite (CI must not turn red by luck); pass

@@ -2,16 +2,36 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+def build_once(name: str, build: Callable[[Path], None]) -> Path:
+    """`build(path)` once per test session, whichever xdist worker or devices(n) child asks first; the others wait
+    for it (a file lock) and read what it made. So an expensive fixture (a demo run, multi-process launches, the
+    RL task's SFT) is not run again by each worker its module's tests land on. Built in place, so paths a run
+    records inside stay valid; `{path}.built` marks it whole (a build that failed part-way is started over)."""
+    path = Path(os.environ["VT_TEST_SHARED_DIR"]) / name
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = Path(f"{path}.built")
+        if not marker.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            build(path)
+            marker.touch()
+    return path
+
 
 # Odd sizes on purpose (issue 2): 3 layers, hidden 96, 6 query heads, 2 KV heads.
 TINY_HF = dict(vocab_size=300, hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,

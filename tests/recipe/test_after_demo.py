@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from testutil import REPO, run_vt
+from testutil import REPO, build_once, run_vt
 from vt.recipe.stages import STAGE_NAMES
 
 KEPT = ("data", "sft1", "eval", "export")
@@ -40,17 +40,19 @@ def _overrides() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """(directory holding demo_out, the run's console output)."""
-    root = tmp_path_factory.mktemp("after_demo")
-    proc = subprocess.run([sys.executable, "-m", "vt", "pipeline", "--config", "configs/demo.py:ci", "--workdir",
-                           str(root / "demo_out"), *_overrides()], cwd=REPO, capture_output=True, text=True,
-                          timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # README's commands run from the repository root: the same names here (configs/, .venv/), demo_out the run's.
-    (root / "configs").symlink_to(REPO / "configs")
-    (root / ".venv").symlink_to(Path(sys.prefix))
-    return root, proc.stdout + proc.stderr
+def demo(shared_dir):
+    """(directory holding demo_out, the run's console output), built once a session (testutil.build_once)."""
+    def run(root: Path):
+        proc = subprocess.run([sys.executable, "-m", "vt", "pipeline", "--config", "configs/demo.py:ci", "--workdir",
+                               str(root / "demo_out"), *_overrides()], cwd=REPO, capture_output=True, text=True,
+                              timeout=1500)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (root / "console.txt").write_text(proc.stdout + proc.stderr)
+        # README's commands run from the repository root: the same names here (configs/, .venv/), demo_out the run's.
+        (root / "configs").symlink_to(REPO / "configs")
+        (root / ".venv").symlink_to(Path(sys.prefix))
+    root = build_once("after_demo", run)
+    return root, (root / "console.txt").read_text()
 
 
 def test_readme_after_the_demo_commands_run_as_written(demo):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testutil import REPO, run_vt
+from testutil import REPO, build_once, run_vt
 from vt.checkpoint.seal import sealed_steps
 from vt.config import load_config
 from vt.recipe.runner import recipe_config, validate
@@ -65,12 +65,15 @@ def _demo(workdir: Path, *extra, **kw):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("demo") / "straight"
-    proc = _demo(workdir)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out[-4000:]
-    return workdir, out
+def straight(shared_dir):
+    """The demo's CI variant run once a session (testutil.build_once; the tests only read it): (workdir, console)."""
+    def run(root: Path):
+        proc = _demo(root / "straight")
+        out, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-4000:]
+        (root / "console.txt").write_text(out)
+    root = build_once("demo_ci", run)
+    return root / "straight", (root / "console.txt").read_text()
 
 
 def manifests(workdir: Path) -> dict:

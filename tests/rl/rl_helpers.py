@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from testutil import build_once
 from vt.config import to_dataclass
 from vt.data.tasks import math_corpus, math_record
 from vt.data.tokenizer import build_tiny_tokenizer, render_qwen_chat
@@ -35,8 +36,18 @@ def build_task(root: Path, sft_steps: int = 400, preset: str = "tiny") -> dict:
         "train": {"steps": sft_steps, "progress": False},
         "checkpoint": {"every": 100000, "keep": 1, "async_save": False}})
     train(sft, root / "sft")
+    return task_paths(root)
+
+
+def task_paths(root: Path) -> dict:
     ckpt = sorted((root / "sft" / "checkpoints").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)[-1]
     return {"root": root, "ckpt": ckpt, "tok": root / "tok"}
+
+
+def shared_task() -> dict:
+    """The tiny preset's task, built once per test session for every module and xdist worker that asks
+    (testutil.build_once): it is only read."""
+    return task_paths(build_once("rl_task", build_task))
 
 
 def rl_config(task: dict, **overrides) -> RLConfig:

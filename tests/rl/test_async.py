@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from rl_helpers import build_task, metrics, rl_config, run_rl_process
+from rl_helpers import metrics, rl_config, run_rl_process, shared_task
+from testutil import build_once
 from vt import VtError
 from vt.checkpoint.params import flat_params, load_model
 from vt.rl.buffer import RolloutBuffer, staleness_metrics
@@ -18,8 +19,8 @@ from vt.sampling.engine import Engine, Sample
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    return build_task(tmp_path_factory.mktemp("rl_task"))
+def task(shared_dir):
+    return shared_task()
 
 
 def final_params(workdir, step):
@@ -169,11 +170,9 @@ RESUME = {"train.eval_every": 0, "data.eval": "", "checkpoint.every": 3, "rollou
 
 
 @pytest.fixture(scope="module")
-def straight(task, tmp_path_factory):
-    """6 uninterrupted steps at k = 1: what every interrupted run must reproduce."""
-    workdir = tmp_path_factory.mktemp("straight")
-    train_rl(rl_config(task, **{**RESUME, "train.steps": 6}), workdir)
-    return workdir
+def straight(task):
+    """6 uninterrupted steps at k = 1: what every interrupted run must reproduce (read only: built once a session)."""
+    return build_once("rl_async_straight", lambda d: train_rl(rl_config(task, **{**RESUME, "train.steps": 6}), d))
 
 
 def test_async_resume_continues_as_an_uninterrupted_run(task, straight, tmp_path):

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from rl_helpers import build_task, metrics, rl_config, run_rl_process
+from rl_helpers import metrics, rl_config, run_rl_process, shared_task
 from vt.checkpoint.params import load_model
 from vt.checkpoint.params import flat_params
 from vt.rl.learner import train_rl
@@ -12,8 +12,8 @@ from vt.rl.rollouts import prompts_for_step
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory):
-    return build_task(tmp_path_factory.mktemp("rl_task"))
+def task(shared_dir):
+    return shared_task()
 
 
 def test_mgpo_raises_held_out_accuracy(task, tmp_path):

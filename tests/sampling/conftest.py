@@ -4,21 +4,19 @@ from pathlib import Path
 
 import pytest
 
-from testutil import make_hf_model, run_vt
+from testutil import build_once, make_hf_model, run_vt
 
 
 @pytest.fixture(scope="session")
-def sampling_hf_dir(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sampling_hf")
-    make_hf_model(tie=False, seed=1).save_pretrained(path)
-    return path
+def sampling_hf_dir(shared_dir) -> Path:
+    return build_once("sampling_hf", lambda d: make_hf_model(tie=False, seed=1).save_pretrained(d))
 
 
 @pytest.fixture(scope="session")
-def sampling_ckpt(sampling_hf_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sampling_ckpt") / "ck"
-    run_vt("convert", "hf-to-orbax", str(sampling_hf_dir), str(out), check=True)
-    return out
+def sampling_ckpt(sampling_hf_dir) -> Path:
+    def convert(d: Path) -> None:
+        run_vt("convert", "hf-to-orbax", str(sampling_hf_dir), str(d / "ck"), check=True)
+    return build_once("sampling_ckpt", convert) / "ck"
 
 
 @pytest.fixture(scope="session")

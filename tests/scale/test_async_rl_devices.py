@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from test_multiprocess import TIMEOUT, _env, _local, _run
+from testutil import build_once
 from vt.checkpoint.params import flat_params, load_model
 
 RL = ["--config", "configs/instruct_rl.py:smoke"]
@@ -42,15 +43,16 @@ def _vt(workdir: Path, devices: int, *extra: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("async_devices")
-    for k in (1, 0):
-        _vt(d / f"split_k{k}", 8, "--config.rollout.sampler_devices=4", f"--config.rollout.max_staleness={k}")
-        _vt(d / f"shared4_k{k}", 4, f"--config.rollout.max_staleness={k}")
-    _vt(d / "shared8_k1", 8, "--config.rollout.max_staleness=1")
-    _local([sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "two_k1", *OVERRIDES,
-            "--config.rollout.max_staleness=1"], "2 processes x 4 devices: vt train (RL, k = 1)", d / "logs")
-    return d
+def runs(shared_dir) -> Path:
+    """Built once a session (testutil.build_once): the tests only read it."""
+    def build(d: Path) -> None:
+        for k in (1, 0):
+            _vt(d / f"split_k{k}", 8, "--config.rollout.sampler_devices=4", f"--config.rollout.max_staleness={k}")
+            _vt(d / f"shared4_k{k}", 4, f"--config.rollout.max_staleness={k}")
+        _vt(d / "shared8_k1", 8, "--config.rollout.max_staleness=1")
+        _local([sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "two_k1", *OVERRIDES,
+                "--config.rollout.max_staleness=1"], "2 processes x 4 devices: vt train (RL, k = 1)", d / "logs")
+    return build_once("async_devices", build)
 
 
 def _metrics(workdir: Path) -> dict[int, dict]:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testutil import REPO
+from testutil import REPO, build_once
 
 LOCAL = REPO / "launch" / "local.sh"
 WORKER = REPO / "tests" / "scale" / "mp_worker.py"
@@ -82,33 +82,34 @@ def _local(args: list, what: str, log_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("scale")
-    _single(["train", "--out", d / "single.npz", "--save", d / "single_ck"], "1 process x 8 devices: train")
-    _local([sys.executable, WORKER, "train", "--out", d / "multi.npz", "--save", d / "multi_ck",
-            "--restore", d / "single_ck", "--restore-out", d / "multi_from_single.npz"],
-           "2 processes x 4 devices: train", d / "logs_train")
-    _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_run", *VT_OVERRIDES],
-           "2 processes x 4 devices: vt train", d / "logs_vt")
-    _single_vt(d / "vt_single", "1 process x 8 devices: vt train")
-    # The 2-process run as it stood at its step-2 checkpoint (step 4 and its metrics removed), resumed alone.
-    shutil.copytree(d / "vt_run", d / "vt_resume", ignore=shutil.ignore_patterns("tb"))
-    shutil.rmtree(d / "vt_resume" / "checkpoints" / "4")
-    _single_vt(d / "vt_resume", "1 process x 8 devices: vt train resumed from the 2-process step-2 checkpoint")
-    # And the other way round: the 1-process run at its step-2 checkpoint, resumed on 2 processes.
-    shutil.copytree(d / "vt_single", d / "vt_resume2", ignore=shutil.ignore_patterns("tb"))
-    shutil.rmtree(d / "vt_resume2" / "checkpoints" / "4")
-    _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_resume2", *VT_OVERRIDES],
-           "2 processes x 4 devices: vt train resumed from the 1-process step-2 checkpoint", d / "logs_resume2")
-    _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "multi_ck", "--out", d / "single_from_multi.npz",
-             "--ckpt", d / "vt_run" / "checkpoints" / "4", "--out", d / "vt_model.npz",
-             "--ckpt", d / "vt_single" / "checkpoints" / "4", "--out", d / "vt_single_model.npz",
-             "--ckpt", d / "vt_resume" / "checkpoints" / "4", "--out", d / "vt_resume_model.npz",
-             "--ckpt", d / "vt_resume2" / "checkpoints" / "4", "--out", d / "vt_resume2_model.npz",
-             "--train-state", f"{d / 'vt_run'}:4", "--train-state-out", d / "vt_state.npz",
-             *VT_TRAIN, *(f"--override={o}" for o in VT_OVERRIDES)],
-            "1 process x 8 devices (fsdp 8): restore")
-    return d
+def runs(shared_dir) -> Path:
+    """Built once a session (testutil.build_once): the tests only read it."""
+    def build(d: Path) -> None:
+        _single(["train", "--out", d / "single.npz", "--save", d / "single_ck"], "1 process x 8 devices: train")
+        _local([sys.executable, WORKER, "train", "--out", d / "multi.npz", "--save", d / "multi_ck",
+                "--restore", d / "single_ck", "--restore-out", d / "multi_from_single.npz"],
+               "2 processes x 4 devices: train", d / "logs_train")
+        _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_run", *VT_OVERRIDES],
+               "2 processes x 4 devices: vt train", d / "logs_vt")
+        _single_vt(d / "vt_single", "1 process x 8 devices: vt train")
+        # The 2-process run as it stood at its step-2 checkpoint (step 4 and its metrics removed), resumed alone.
+        shutil.copytree(d / "vt_run", d / "vt_resume", ignore=shutil.ignore_patterns("tb"))
+        shutil.rmtree(d / "vt_resume" / "checkpoints" / "4")
+        _single_vt(d / "vt_resume", "1 process x 8 devices: vt train resumed from the 2-process step-2 checkpoint")
+        # And the other way round: the 1-process run at its step-2 checkpoint, resumed on 2 processes.
+        shutil.copytree(d / "vt_single", d / "vt_resume2", ignore=shutil.ignore_patterns("tb"))
+        shutil.rmtree(d / "vt_resume2" / "checkpoints" / "4")
+        _local([sys.executable, VT_MP, "train", *VT_TRAIN, "--workdir", d / "vt_resume2", *VT_OVERRIDES],
+               "2 processes x 4 devices: vt train resumed from the 1-process step-2 checkpoint", d / "logs_resume2")
+        _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "multi_ck", "--out", d / "single_from_multi.npz",
+                 "--ckpt", d / "vt_run" / "checkpoints" / "4", "--out", d / "vt_model.npz",
+                 "--ckpt", d / "vt_single" / "checkpoints" / "4", "--out", d / "vt_single_model.npz",
+                 "--ckpt", d / "vt_resume" / "checkpoints" / "4", "--out", d / "vt_resume_model.npz",
+                 "--ckpt", d / "vt_resume2" / "checkpoints" / "4", "--out", d / "vt_resume2_model.npz",
+                 "--train-state", f"{d / 'vt_run'}:4", "--train-state-out", d / "vt_state.npz",
+                 *VT_TRAIN, *(f"--override={o}" for o in VT_OVERRIDES)],
+                "1 process x 8 devices (fsdp 8): restore")
+    return build_once("scale", build)
 
 
 def _params(path: Path) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from test_multiprocess import TIMEOUT, _env, _local, _run, _single, assert_params_close
-from testutil import REPO
+from testutil import REPO, build_once
 
 RL = ["--config", "configs/instruct_rl.py:smoke"]
 OVERRIDES = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2", "--config.train.steps=3",
@@ -37,15 +37,16 @@ PARAM_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def rl_runs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("scale_rl")
-    _local([sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "two", *OVERRIDES],
-           "2 processes x 4 devices: vt train (RL)", d / "logs")
-    _run(["timeout", "-k", "10", TIMEOUT, sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "one",
-          *OVERRIDES], _env(8), "1 process x 8 devices: vt train (RL)")
-    _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "one" / "checkpoints" / "3", "--out", d / "one.npz",
-             "--ckpt", d / "two" / "checkpoints" / "3", "--out", d / "two.npz"], "restore the step-3 models")
-    return d
+def rl_runs(shared_dir) -> Path:
+    """Built once a session (testutil.build_once): the tests only read it."""
+    def build(d: Path) -> None:
+        _local([sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "two", *OVERRIDES],
+               "2 processes x 4 devices: vt train (RL)", d / "logs")
+        _run(["timeout", "-k", "10", TIMEOUT, sys.executable, "-m", "vt", "train", *RL, "--workdir", d / "one",
+              *OVERRIDES], _env(8), "1 process x 8 devices: vt train (RL)")
+        _single(["restore", "--mesh", "1,8,1", "--ckpt", d / "one" / "checkpoints" / "3", "--out", d / "one.npz",
+                 "--ckpt", d / "two" / "checkpoints" / "3", "--out", d / "two.npz"], "restore the step-3 models")
+    return build_once("scale_rl", build)
 
 
 def _metrics(workdir: Path) -> dict[int, dict]:
