@@ -284,8 +284,7 @@ def fingerprint(reward) -> bytes:
 
 
 def leftovers(reward) -> list[int]:
-    # The sandbox uids' processes first, then the pool's: an init the server forks ahead in between (it does
-    # so as it replies) is in the second list only.
+    # The sandbox uids' processes first, then the pool's: an init still exiting then is in the second list only.
     live = processes_matching(reward.sandbox_uids)
     idle = reward.pool.pids()
     return [p for p in live if p not in idle]
@@ -857,9 +856,9 @@ def test_a_server_that_cannot_make_a_runs_namespaces_is_a_verifier_error_never_a
     with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
         worker = r.pool.workers[0]
         assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0
-        (worker.code_dir / "fail-setup").touch()  # inits made ahead may be past the point already: they pass
+        (worker.code_dir / "fail-setup").touch()
         scores = [x.score for x in r([HONEST[0]] * 3, [HONEST[1]] * 3)]
-        assert scores[-1] is None and set(scores) <= {1.0, None}, scores  # the third is an init made after
+        assert scores[-1] is None and set(scores) <= {1.0, None}, scores  # each run's init is made at its request
         failed = r([HONEST[0]], [HONEST[1]])[0]  # a fresh server's own check fails: it never starts
         assert failed.score is None and "sandbox" in failed.details["reason"], failed
         (worker.code_dir / "fail-setup").unlink()

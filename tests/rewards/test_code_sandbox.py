@@ -46,7 +46,7 @@ def reward():
 def leftovers(reward) -> list[int]:
     """Live processes of the sandbox uids besides the pool's idle workers (outer bwrap, namespace init,
     server and the rest of test_code_pool's list: they run no candidate code): whatever a run left behind.
-    Listed before the pool's, so that an init the server forks ahead in between is in the pool's only."""
+    Listed before the pool's, so that an init still exiting in between is in the pool's only."""
     live = processes_matching(reward.sandbox_uids)
     idle = reward.pool.pids() if reward.pool is not None else set()
     return [p for p in live if p not in idle]
@@ -323,8 +323,7 @@ def test_fork_bomb_is_bounded_and_cleaned_up(reward, kind):
     assert r.score == 0.0 and r.failure in ("timeout", "runtime_error"), r
     # RLIMIT_NPROC (64: the bomb's uid inside its namespace, its server, the server's parent, its tester and the
     # runs' inits included) plus its outer bwrap and the other worker's standing processes (outer bwrap,
-    # namespace init, the server's parent, the server, its tester, an init forked ahead and one still
-    # exiting): never thousands.
+    # namespace init, the server's parent, the server, its tester and inits still exiting): never thousands.
     assert count.peak <= 64 + 9, count.peak
     assert leftovers(reward) == []
 

@@ -348,8 +348,8 @@ class SandboxPool:
 
     def pids(self) -> set[int]:
         """Host PIDs of the idle workers' processes (outer bwrap, namespace init, the server's parent, the
-        server, its program-test tester, the next runs' inits it forked ahead and those of finished runs
-        still exiting): everything of the sandbox uids that may exist between runs."""
+        server, its program-test tester and the inits of finished runs still exiting): everything of the
+        sandbox uids that may exist between runs."""
         return {pid for w in self.workers for pid, _, _ in _tree(w)}
 
     def server_pids(self) -> set[int]:

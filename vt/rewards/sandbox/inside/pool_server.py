@@ -4,12 +4,12 @@ SandboxPool, which starts it). Python stdlib only; it never imports vt and never
 Usage (by warm.py, PoolWorker._start): python3 -I /code/pool/pool_server.py REQUESTS_FD,REPLIES_FD CONFIG_JSON
   (its parts next to it in /code/pool, /code/_harness.py and solution.py beside). The protocol's two pipes
   are inherited fds (bwrap's own stdio is /dev/null: see cold.channel_arg); CONFIG_JSON: {"tmp_bytes",
-  "shm_bytes"}, the sizes of each run's /tmp and /dev/shm (see inits.Inits.run_init).
+  "shm_bytes"}, the sizes of each run's /tmp and /dev/shm (see inits.Inits.init_main).
 
 Its parts, each a file of /code/pool (imported from there at start-up, then taken off sys.path and
 sys.modules, so that a run's interpreter looks as a fresh one):
   pool_server.py  the server: start-up, the request loop, each run's start and reply, the clean-up after it
-  inits.py        a run's namespaces and its init (PID 1), which forks the run's process (PID 2) ahead
+  inits.py        a run's namespaces and its init (PID 1), which forks the run's process (PID 2)
   run_process.py  what the run's process becomes: the harness on the run's stdio, or a program test's solution
   supervise.py    watching a run: its output, wall clock, its init's report, the tester's verdict
   tester.py       the process that runs program tests (see Tester)
@@ -20,7 +20,8 @@ It imports the harness (and the modules solutions commonly use) once, then serve
 is one forked child that becomes exactly what ``python3 -I /code/_harness.py LIMITS MODE`` would be in a fresh
 sandbox (its own session, stdio, rlimits, signal dispositions, cwd /tmp), and only that child ever sees the
 solution. Each run starts in namespaces of its own, as a fresh sandbox does (inits.py): the child is
-PID 2 of a new PID namespace under an init of the server's (PID 1), with a new mount namespace (a fresh
+PID 2 of a new PID namespace under an init the server makes for the run (PID 1; cloned with the server's
+memory, it watches the run while the server waits), with a new mount namespace (a fresh
 size-capped tmpfs at /tmp and /dev/shm, a /proc of its own PID namespace that shows processes only) and a
 new IPC namespace. So what a run can observe starts the same for every run: its pids, the inode numbers of
 its files, System V IPC ids, the processes /proc lists (the server and the tester are not among them, and no
@@ -77,7 +78,6 @@ from kernel import (  # noqa: E402
     drop_bounding_set,
     mount,
     mount_proc,
-    parent_of,
     remove_sysv_ipc,
     scheduling,
     set_capabilities,
@@ -165,8 +165,8 @@ class Server:
             comm = f.read().strip()
         umask = os.umask(0o022)
         os.umask(umask)
-        run_process = RunProcess(self.harness, HARNESS, comm, umask)
-        self.inits = Inits(run_process, config, {d: mode for d, (mode, _, _) in self.scratch.items()})
+        self.run_process = RunProcess(self.harness, HARNESS, comm, umask)
+        self.inits = Inits(config, {d: mode for d, (mode, _, _) in self.scratch.items()})
         # Everything allocated so far is the server's: out of the garbage collector's sight, so that a
         # collection in a run's child never walks (and so copies, page by page) the inherited heap.
         gc.collect()
@@ -174,77 +174,82 @@ class Server:
 
     def serve(self):
         self.inits.check()
-        self.inits.prepare()
         send(self.harness, self.replies, {"ready": True})
         while True:
             request = self.harness.recv(self.requests)  # the header; its payload: copy_stdin
             if request is None:
                 return  # the host closed the pipe
+            # (Python < 3.9 in the sandbox has no socket.send_fds: the harness's own program mode there.) The
+            # tester is forked first, so that it holds neither this run's stdin nor its output buffers.
+            tested = request["mode"] in TESTED_MODES and hasattr(socket, "send_fds")
+            tester = self.tester_ready() if tested else None
             stdin_fd = copy_stdin(self.requests, request["stdin"])
             out, err = Output(int(request["output_bytes"])), Output(STDERR_KEEP, keep_tail=True)
             try:
-                # (Python < 3.9 in the sandbox has no socket.send_fds: the harness's own program mode there.)
-                tested = request["mode"] in TESTED_MODES and hasattr(socket, "send_fds")
-                run = self.run_program if tested else self.run
-                reply = run(request, stdin_fd, out, err)
+                reply = self.run(request, stdin_fd, out, err, tester)
                 reply["clean"] = self.clear()
                 reply["stdout"], reply["stderr"] = len(out.data()), len(err.data())
                 send(self.harness, self.replies, reply, out.data(), err.data())
             finally:
                 out.close()
                 err.close()
-            self.inits.prepare()  # the next run's namespaces are made while the host reads this reply
 
-    def run(self, request, stdin_fd, out, err):
-        """A stdin or call run: one forked child, the harness on the run's stdio; the run is done when that
-        child has exited and its stdout and stderr are closed."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        start = time.monotonic()
-        pid, status_r = self.inits.launch(request, "harness", [stdin_fd, out_w, err_w])
-        for fd in (stdin_fd, out_w, err_w):
-            os.close(fd)
-        return self.finish(supervise(self.inits, pid, status_r, start, float(request["wall_s"]), out, err,
-                                     out_r, err_r))
-
-    def run_program(self, request, stdin_fd, out, err):
-        """A program test: the solution in one forked child (the harness's serve_solution, on pipes to the
-        tester), the test program in the tester (Tester), which reads the request and writes the verdict on
-        the run's stdout. Only the child sees candidate code; the child never holds the request (its nonce
-        and test code: the memfd goes to the tester), the run's stdout or the tester's memory (the tester is
-        not dumpable). One fork a run, where the harness alone (cold path) forks twice."""
-        tester = self.tester_ready()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        call_r, call_w = os.pipe()  # tester -> solution: calls
-        reply_r, reply_w = os.pipe()  # solution -> tester: ready, replies
-        start = time.monotonic()
-        pid, status_r = self.inits.launch(request, "solution", [err_w, call_r, reply_w])
-        for fd in (err_w, call_r, reply_w):
-            os.close(fd)
+    def run(self, request, stdin_fd, out, err, tester=None):
+        """One run in its own init (inits.Inits.start), which runs ``run_job``; the reply's status, returncode
+        and wall_s. A program test's returncode is the tester's verdict (0: passed)."""
         try:
-            socket.send_fds(tester.sock, [b"run"], [stdin_fd, out_w, call_w, reply_r])
-        except OSError:  # it died between runs (no doing of this run's, which has not started): a fresh one
-            self.retire_tester()
-            tester = self.tester_ready()
-            socket.send_fds(tester.sock, [b"run"], [stdin_fd, out_w, call_w, reply_r])
-        for fd in (stdin_fd, out_w, call_w, reply_r):
-            os.close(fd)
-        return self.finish(supervise(self.inits, pid, status_r, start, float(request["wall_s"]), out, err,
-                                     out_r, err_r, tester), tester)
-
-    def finish(self, watched, tester=None):
-        """The reply's status, returncode and wall_s from what supervise saw: a program test's returncode is
-        the tester's verdict (0: passed)."""
-        status, code, verdict, wall = watched
-        if code == SETUP_FAILED:  # no code of the run ever ran: the sandbox failed, not the answer
-            self.broken = True
-            return {"status": "sandbox_error", "returncode": None, "wall_s": wall}
-        if tester is not None:
-            if not verdict:  # no verdict (cut off, or the tester died): it may be mid-run, so it goes
+            report = self.inits.start(lambda: self.run_job(request, stdin_fd, out, err, tester))
+            if report.get("tester_lost"):  # it died between runs (none of this run's code ran): a fresh one
                 self.retire_tester()
-            return {"status": status, "returncode": 0 if verdict else 1, "wall_s": wall}
-        return {"status": status, "returncode": code, "wall_s": wall}
+                tester = self.tester_ready()
+                report = self.inits.start(lambda: self.run_job(request, stdin_fd, out, err, tester))
+        finally:
+            os.close(stdin_fd)
+        if report.get("code") == SETUP_FAILED or report.get("lost") or report.get("tester_lost"):
+            # No code of the run ran (its namespaces could not be made), or its init ended without a report
+            # (it shares our memory: nothing of it is trusted): we are to be replaced.
+            self.broken = True
+            if report.get("lost"):
+                return {"status": "exited", "returncode": 128 + signal.SIGKILL, "wall_s": 0.0}
+            return {"status": "sandbox_error", "returncode": None, "wall_s": 0.0}
+        out.n, err.n = report["out_n"], report["err_n"]  # (a forked init filled the shared buffers, not ours)
+        status, code, verdict = report["status"], report["code"], report.get("verdict")
+        if tester is None:
+            return {"status": status, "returncode": code, "wall_s": report["wall"]}
+        if not verdict:  # no verdict (cut off, or the tester died): it may be mid-run, so it goes
+            self.retire_tester()
+        return {"status": status, "returncode": 0 if verdict else 1, "wall_s": report["wall"]}
+
+    def run_job(self, request, stdin_fd, out, err, tester):
+        """In the run's init (PID 1 of its namespaces, no capabilities left): fork the run's process (PID 2)
+        and watch it (supervise). A stdin or call run: the harness on the run's stdio. A program test: the
+        solution in the run's process (the harness's serve_solution, on pipes to the tester), the test program
+        in the tester (Tester), which reads the request and writes the verdict on the run's stdout. Only the
+        run's process sees candidate code; it never holds the request (its nonce and test code: the memfd goes
+        to the tester), the run's stdout or the tester's memory (the tester is not dumpable). One fork a run,
+        where the harness alone (cold path) forks twice. Every pipe of the run is made here, in the init's own
+        fd table: the server never holds one, so each closes when the run's processes and the tester are done."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        if tester is None:
+            body, fds, theirs = "harness", [stdin_fd, out_w, err_w], []
+        else:
+            call_r, call_w = os.pipe()  # tester -> solution: calls
+            reply_r, reply_w = os.pipe()  # solution -> tester: ready, replies
+            body, fds, theirs = "solution", [err_w, call_r, reply_w], [stdin_fd, out_w, call_w, reply_r]
+            try:
+                socket.send_fds(tester.sock, [b"run"], theirs)
+            except OSError:
+                return {"tester_lost": True}
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            self.run_process.become(request, body, fds, (out, err))  # never returns
+        for fd in set(fds + theirs):
+            os.close(fd)
+        status, code, verdict, wall = supervise(pid, start, float(request["wall_s"]), out, err, out_r, err_r,
+                                                tester)
+        return {"status": status, "code": code, "verdict": verdict, "wall": wall, "out_n": out.n, "err_n": err.n}
 
     # ---- the tester ------------------------------------------------------------------------------
 
@@ -259,7 +264,6 @@ class Server:
         os.close(self.requests)
         os.close(self.replies)
         os.close(self.inits.pidns)
-        self.inits.forget()
 
     def retire_tester(self):
         if self.tester is not None:
@@ -272,16 +276,15 @@ class Server:
         """SIGKILL every process of the namespace but us, until none is left, if a run left any.
 
         A run's processes live in its own PID namespace, which dies with the run's init, and an init reports
-        only once every other process of its namespace is gone (Inits.run_init): after a run, none is left but
-        the tester, the inits forked ahead and inits still exiting. Should one be (others), kill(-1)
-        signals every process we may signal in our PID namespace and those below it, except ourselves, in
-        one pass under the kernel's task-list lock, so a fork bomb cannot outrun it; the tester and the
-        inits forked ahead go with it (fresh ones start when needed)."""
+        only once every other process of its namespace is gone (inits.Inits.init_main): after a run, none is
+        left but the tester and inits still exiting. Should one be (others), kill(-1) signals every process we
+        may signal in our PID namespace and those below it, except ourselves, in one pass under the kernel's
+        task-list lock, so a fork bomb cannot outrun it; the tester goes with it (a fresh one starts when
+        needed)."""
         self.reap()
         if not self.others():
             return True
         self.retire_tester()
-        self.inits.forget()  # the inits ahead die with the rest
         end = time.monotonic() + timeout_s
         while True:
             try:
@@ -311,13 +314,10 @@ class Server:
                 self.tester = None
 
     def others(self):
-        """Every process of the namespace (and those below it) but us, our tester, the inits forked ahead (and
-        the run processes they forked, waiting for their runs) and those of runs that reported (each done with
-        its run: see supervise), zombies included."""
+        """Every process of the namespace (and those below it) but us, our tester and the inits of runs that
+        reported (each done with its run), zombies included."""
         spared = {1, self.me, self.tester.pid if self.tester is not None else 1} | self.inits.retiring
-        ahead = {pid for pid, _, _ in self.inits.ahead}
-        found = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared and int(p) not in ahead]
-        return [p for p in found if parent_of(p) not in ahead] if found and ahead else found
+        return [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in spared]
 
     def clear(self):
         if self.broken:  # a run's namespaces could not be made: the host replaces us

@@ -21,9 +21,16 @@ class RunProcess:
         self.harness, self.harness_path = harness, harness_path
         self.comm, self.umask = comm, umask  # the interpreter's name and umask, as a fresh one has them
 
-    def become(self, request, body, fds):
+    def become(self, request, body, fds, shared):
         """Become the run ("solution": a program test's solution, served to the tester, fds: stderr, calls,
-        replies; "harness": the harness on the run's stdio, fds: stdin, stdout, stderr); never returns."""
+        replies; "harness": the harness on the run's stdio, fds: stdin, stdout, stderr); never returns.
+        ``shared``: the server's output buffers (framing.Output), shared mappings this process inherited from
+        its init: unmapped first, before any of the run's code could write a forged output into them."""
+        try:
+            for buffer in shared:
+                buffer.close()
+        except BaseException:  # noqa: BLE001
+            _exit(125)
         if body == "solution":
             err_w, call_r, reply_w = fds
             self.child(os.open(os.devnull, os.O_RDONLY), err_w, err_w, request,
