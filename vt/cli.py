@@ -18,29 +18,35 @@ from vt.cluster import detect
 from vt.io import error_detail, out_of_space
 from vt.validation import ArgumentParser
 
-# Modules that contribute subcommands, in the order `vt --help` lists them.
-COMMAND_MODULES = (
-    "vt.checkpoint.commands",  # convert, info
-    "vt.sampling.commands",  # sample
-    "vt.rewards.commands",  # reward
-    "vt.learners.commands",  # train
-    "vt.train.commands",  # merge
-    "vt.rl.commands",  # profile
-    "vt.eval.commands",  # eval
-    "vt.datagen.commands",  # data filter|dedup|decontam|expand|judge|distill|stratify
-    "vt.data.commands",  # tokenizer build-qwen2.5
-    "vt.distill.commands",  # self-distill
-    "vt.recipe.commands",  # pipeline, demo
-    "vt.plan.commands",  # plan
-)
+# Modules that contribute subcommands, in the order `vt --help` lists them, and the commands each registers:
+# `vt <command>` imports only its module (every import here is start-up time of every command: `vt reward` on
+# HumanEval records pays it per file scored), `vt`, `vt --help` and an unknown command all of them.
+COMMAND_MODULES = {
+    "vt.checkpoint.commands": ("convert", "info"),
+    "vt.sampling.commands": ("sample",),
+    "vt.rewards.commands": ("reward",),
+    "vt.learners.commands": ("train",),
+    "vt.train.commands": ("merge",),
+    "vt.rl.commands": ("profile",),
+    "vt.eval.commands": ("eval",),
+    "vt.datagen.commands": ("data",),  # data filter|dedup|decontam|expand|judge|distill|stratify
+    "vt.data.commands": ("tokenizer",),  # tokenizer build-qwen2.5
+    "vt.distill.commands": ("self-distill",),
+    "vt.recipe.commands": ("pipeline", "demo"),
+    "vt.plan.commands": ("plan",),
+}
 
 
-def build_parser() -> ArgumentParser:
+def build_parser(command: str | None = None) -> ArgumentParser:
+    """The parser of every command, or only of ``command``'s module when that registers it."""
     # Subparsers inherit the class: every usage error of every subcommand is one line, exit code 2.
     parser = ArgumentParser(prog="vt", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
+    selected = [m for m, names in COMMAND_MODULES.items() if command in names]
+    for name in selected or COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)
+    if selected and command not in subparsers.choices:  # its module no longer registers it: all of them
+        return build_parser()
     _name_leaves(parser)
     return parser
 
@@ -103,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("absl").addFilter(_NO_RAISED_TRACEBACKS)
     logging.getLogger("asyncio").addFilter(_NO_RAISED_TRACEBACKS)
     _install_hooks()
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words else None)
     try:
         args, extra = parser.parse_known_args(argv)
         # Only config-driven commands accept `--config.key=value` overrides; anything else is a typo.
