@@ -122,8 +122,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_scored(args, reward, records, references) -> tuple[collections.Counter, float]:
     """Score in batches into --out, which is replaced only when every record is scored (vt.io.write_jsonl)."""
-    from tqdm import tqdm
-
     counts: collections.Counter = collections.Counter()
     score_sum = 0.0
 
@@ -139,9 +137,22 @@ def _write_scored(args, reward, records, references) -> tuple[collections.Counte
                 yield {**rec, **res.to_json()}
             bar.update(len(chunk))
 
-    bar = tqdm(total=len(records), unit="record", file=sys.stderr, desc="vt reward", disable=args.no_progress)
+    if args.no_progress:  # tqdm's import (importlib.metadata's with it) is start-up time: paid only for a bar
+        bar = _NoBar()
+    else:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(records), unit="record", file=sys.stderr, desc="vt reward")
     try:
         write_jsonl(args.out, scored_rows())
     finally:
         bar.close()
     return counts, score_sum
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
