@@ -208,9 +208,14 @@ def sft_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> 
     if tensor is not None and d.global_batch_size % a2 == 0 and (d.global_batch_size // a2) % max(1, shards // 2) == 0:
         tensor = [tensor, ("data.grad_accum_steps", a2, f"now {d.grad_accum_steps}: {rows // 2} rows a micro-batch "
                            f"over {shards // 2} batch shards, as many a shard as now")]
+    half = d.seq_len // 2  # rows half as long, twice as many: the batch's tokens and a shard's tokens as they are
+    shorter = [("data.seq_len", half, f"now {d.seq_len}: rows of {half}, a longer example cut or dropped as "
+                f"data.overlong says"), ("data.global_batch_size", d.global_batch_size * 2, "as many tokens a batch"),
+               ("data.grad_accum_steps", d.grad_accum_steps * 2, "as many tokens a micro-batch")] \
+        if half >= 1024 else None
     fix = suggest(where, accum and ("data.grad_accum_steps", accum, f"now {d.grad_accum_steps}: micro-batches of "
                                     f"{rows} rows of {d.seq_len}, {d.global_batch_size // accum} with {accum}"),
-                  _remat(mc), tensor, None if mc.lora_rank else LORA)
+                  _remat(mc), tensor, None if mc.lora_rank else LORA, shorter)
     return [Program(stage, "train_step", pg.sft_step(ts, mesh, d.grad_accum_steps, rows, d.seq_len,
                                                      cfg.model.loss_chunk), fix,
                     note=f"{d.grad_accum_steps} x {rows} x {d.seq_len}")]
@@ -232,9 +237,12 @@ def rl_stage(stage: str, section: dict, devices, hbm: int, where: str = "") -> l
     tokens = cfg.train.tokens_per_micro_batch // 2
     fewer = rl_rows(tokens, T, mesh, _processes(learner_devices)) < rows  # a micro-batch has a row per shard
     tensor = _more_tensor(mc, mesh, "mesh.", "splits each layer's weights and activations")
+    new = T // 2 - cfg.data.max_prompt_tokens  # rows half as long: the longest prompt and a response this long
+    shorter = ("rollout.sampler.max_new_tokens", new, f"now {s.max_new_tokens}: rows of {T // 2}, responses cut at "
+               f"{new} tokens") if new >= 1024 and new < s.max_new_tokens else None
     fix = suggest(where, ("train.tokens_per_micro_batch", tokens, f"now {cfg.train.tokens_per_micro_batch}: "
                                                                    f"{rows} rows of {T}") if fewer else None,
-                  _remat(mc), tensor, None if mc.lora_rank else LORA)
+                  _remat(mc), tensor, None if mc.lora_rank else LORA, shorter)
     kw = dict(temperature=s.temperature, loss_chunk=cfg.model.loss_chunk)
     upd = dict(eps_low=m.eps_low, eps_high=m.eps_high, kl_coef=m.kl_coef, is_cap=m.is_cap)
     sampler_mc = mc if not mc.lora_rank else dataclasses.replace(mc, lora_rank=0)
@@ -385,7 +393,9 @@ def measure_all(todo: list[Program], hbm: int, progress: bool = False, json_out:
     rows = []
     if compiled is None:
         compiled = {}
-    compiled.update({r["key"]: r for r in earlier if "key" in r and "same_as" not in r})
+    for r in sorted(earlier, key=lambda r: "same_as" in r):  # a row reused in its own run holds the numbers too
+        if "key" in r and ("bytes" in r or "error" in r):
+            compiled.setdefault(r["key"], r)
     for program in todo:
         with tqdm(total=1, desc=f"compiling {program.stage}/{program.name}", disable=not progress,
                   bar_format="{desc}: {elapsed}", leave=True) as bar:
