@@ -142,6 +142,27 @@ this load no difference between before and after is measurable, and the per-run 
 not pay. Program tests (one worker, HumanEval's 164 canonical solutions twice, warm; sandbox CPU from the worker's
 processes' utime + stime, tester included), the three alternated twice at load 34-39: f9f80e2 23.7, 24.6 ms a
 problem (sandbox CPU 8.96, 8.45 ms); 19199e3 20.1, 22.2 (7.56, 7.99); 82d4bf1 14.4, 17.4 (5.21, 5.12).
+Issue 49, later (2026-12-06, a3b4e88 at load 0.3 first: the whole command on 820 records 222.7 records/s vs the
+harness 74.9, 2.97x). Where a HumanEval record's CPU went (perf -a over one warm worker scoring the 164 canonical
+solutions three times, samples of this process's tree by role, load 6.7): host 1.43 ms, server 1.97 (+ its parent
+0.13), the run's init 2.71, the run's process 4.62 (its Python 1.97, copy-on-write faults 1.47, exit 0.70), the
+tester 0.80: 11.7 ms. The init, a fork of the warm server: its exit's teardown 0.67, its faults 0.85, its Python
+0.53, its fork of the run's process 0.34, its namespaces and mounts 0.18, and the server's fork of it 0.36. The
+idea left by the stop before (a small init plus a short-lived warm helper that forks the run and exits) was not
+built: a fork + exit of a bare ``python3 -I`` costs what one of the warm server does (parent + child CPU 0.32 + 0.96
+vs 0.32 + 0.92 ms, 500 forks each at load ~11; anonymous memory 6.9 vs 7.6 MB), so a Python init is not cheap for
+being small, and the helper is one more warm fork: three interpreter copies a run instead of two. Built instead
+(db5ef96): the init is cloned with the server's memory (CLONE_VM | CLONE_VFORK, the server's Python run as a ctypes
+callback on a stack of its own, the server asleep in clone() meanwhile) and watches the run itself; the run's
+process stays a fork, of the init (inside/inits.py says why nothing of the run reaches the server). A loop outside
+the sandbox (fork into a new PID namespace, fork a child, wait, exit): 2.2-2.3 ms vs 3.7-5.0 ms of CPU at load ~20.
+The same perf after (load 17.9): server 0.89, init 1.88 (its fork of the run's process 0.52, its Python, which now
+includes watching the run, 0.52, faults 0.31, exit 0.14), the run's process 4.94, tester 0.87, host 1.41: 10.2 ms.
+Then `vt <command>` imports only its command's module and --no-progress no tqdm (0cecf1f, 5e29f7c: host CPU of vt
+reward on one record 0.49-0.66 s -> 0.43-0.48 s at load 21). This bench, --command-copies 5 only, a3b4e88 and the
+tree alternated (the box loaded by four other sessions): at load 25-35 (db5ef96 alone) 1.58x, 1.82x before vs
+2.18x, 2.07x after (vt 43.1, 41.2 vs 51.3, 54.4 records/s); at load 17-22 (with 0cecf1f, 5e29f7c) 2.03x, 1.90x
+vs 2.32x, 2.75x (56.9, 46.3 vs 67.1, 65.1 records/s). Not measured on a quiet box: the >= 3x there is not shown.
 """
 from __future__ import annotations
 
