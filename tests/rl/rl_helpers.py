@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testutil import build_once
 from vt.config import to_dataclass
 from vt.data.tasks import math_corpus, math_record
 from vt.data.tokenizer import build_tiny_tokenizer, render_qwen_chat
@@ -47,6 +46,7 @@ def task_paths(root: Path) -> dict:
 def shared_task() -> dict:
     """The tiny preset's task, built once per test session for every module and xdist worker that asks
     (testutil.build_once): it is only read."""
+    from testutil import build_once  # tests/ is on the path under pytest; bench/ imports this module without it
     return task_paths(build_once("rl_task", build_task))
 
 
