@@ -248,6 +248,33 @@ def test_local_callable_judge():
     assert [x.score for x in res] == [0.0] * 3 and calls == [2, 2]
 
 
+def test_a_response_two_concurrent_batches_hold_is_asked_once():
+    """An asynchronous learner verifies the batch ahead while the current batch's requests are in flight: a
+    (prompt, response, criterion) both batches hold is asked once, and both get its verdict; a failure too."""
+    asked, release = [], threading.Event()
+
+    def judge(conversations):
+        asked.extend(m[1]["content"] for m in conversations)
+        release.wait(30)
+        return ["no score" if "broken" in m[1]["content"] else "Score: 10" for m in conversations]
+
+    r = RubricReward(judge, judge_identity="local")
+    out = {}
+    first = threading.Thread(target=lambda: out.setdefault("first", r([REC, REC], ["shared", "broken"])))
+    first.start()
+    while len(asked) < 2:
+        time.sleep(0.01)
+    second = threading.Thread(target=lambda: out.setdefault("second", r([REC, REC, REC], ["shared", "own", "broken"])))
+    second.start()
+    while len(asked) < 3:
+        time.sleep(0.01)
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert len(asked) == 3 and sum("own" in a for a in asked) == 1, asked  # "shared" and "broken" once each
+    assert [x.score for x in out["first"]] == [1.0, None] and [x.score for x in out["second"]] == [1.0, 1.0, None]
+
+
 def test_local_judge_failures():
     def broken(conversations):
         raise RuntimeError("sampler crashed")

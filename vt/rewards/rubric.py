@@ -311,6 +311,10 @@ class RubricReward(RewardFunction):
         # Part of every cache key: two judges never share verdicts.
         self.judge_identity = judge_identity or getattr(judge, "identity", None) or repr(judge)
         self.cache = _Cache(c.cache_entries)
+        # Keys asked right now, by any batch (key -> the Future of its score): an asynchronous learner verifies the
+        # batch ahead while the current one's requests are in flight, and a key both ask is asked once.
+        self._in_flight: dict[str, cf.Future] = {}
+        self._in_flight_lock = threading.Lock()
 
     def reference(self, record: Mapping[str, Any], index: int) -> tuple[str, list[Criterion]]:
         prompt = prompt_text(field(record, "prompt", index), f"record {index}: field 'prompt'")
@@ -329,23 +333,42 @@ class RubricReward(RewardFunction):
         keys = [self._key(references[i][0], responses[i], c) for i, c in pairs]
         scores: list[int | str | None] = [self.cache.get(k) for k in keys]
         todo: dict[str, list[int]] = {}  # key -> the pairs asking it, first one asked
-        for j, s in enumerate(scores):
-            if s is None:
-                todo.setdefault(keys[j], []).append(j)
-        if todo:
-            asked = [js[0] for js in todo.values()]
-            convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in asked]
-            replies = self._ask(convs)
-            for js, reply in zip(todo.values(), replies):
-                try:
-                    if isinstance(reply, BaseException):
-                        raise MalformedJudgement(f"judge failed: {reply}")
-                    score = parse_score(reply)
-                    self.cache.put(keys[js[0]], score)
-                except MalformedJudgement as e:
-                    score = str(e)
-                for j in js:
-                    scores[j] = score
+        waiting: dict[cf.Future, list[int]] = {}  # another batch's request of a key -> the pairs waiting for it
+        with self._in_flight_lock:
+            for j, score in enumerate(scores):
+                if score is None:
+                    if keys[j] in todo or keys[j] not in self._in_flight:
+                        todo.setdefault(keys[j], []).append(j)
+                    else:
+                        waiting.setdefault(self._in_flight[keys[j]], []).append(j)
+            mine = {key: cf.Future() for key in todo}
+            self._in_flight.update(mine)
+        try:
+            if todo:
+                asked = [js[0] for js in todo.values()]
+                convs = [judge_messages(references[pairs[j][0]][0], responses[pairs[j][0]], pairs[j][1]) for j in asked]
+                replies = self._ask(convs)
+                for (key, js), reply in zip(todo.items(), replies):
+                    try:
+                        if isinstance(reply, BaseException):
+                            raise MalformedJudgement(f"judge failed: {reply}")
+                        score = parse_score(reply)
+                        self.cache.put(key, score)
+                    except MalformedJudgement as e:
+                        score = str(e)
+                    mine[key].set_result(score)
+                    for j in js:
+                        scores[j] = score
+        finally:
+            with self._in_flight_lock:
+                for key, future in mine.items():
+                    if not future.done():  # (the judge call raised: those waiting get its failure)
+                        future.set_result("judge failed: its batch's call raised")
+                    del self._in_flight[key]
+        for future, js in waiting.items():  # (every Future is resolved by its batch, which waits for none)
+            score = future.result()
+            for j in js:
+                scores[j] = score
         return [self._combine(i, pairs, scores) for i in range(len(references))]
 
     def _ask(self, convs: list[Messages]) -> list:
