@@ -57,6 +57,10 @@ def test_recipe_compiles_each_distinct_program_once(compiles):
     fresh = [r for r in again if "same_as" not in r]
     assert len(compiles) - n == len(fresh) > 0 and {r["stage"] for r in fresh} == {"select"}
     assert all(a["bytes"] == r["bytes"] for a, r in zip(again, rows) if a["stage"] != "select")
+    # and a third run given the second one's rows (most of them reused there) compiles nothing
+    n = len(compiles)
+    third = measure_all([p for s in stages(raw, jax.devices()[:1], HBM) for p in s.programs], HBM, earlier=again)
+    assert len(compiles) == n and [r["bytes"] for r in third] == [r["bytes"] for r in again]
 
 
 def test_key_blanks_constants_not_shapes():
