@@ -4,8 +4,18 @@
                                       [--rounds 3] [--vt-reward python|verifier] [--skip-tunix]
     .venv/bin/python bench/rl_step.py --long-tail [--lt-window 1024] [--lt-sigma 1.0] [--lt-at-window 2]
                                       [--lt-tokens-per-micro-batch 4096] [--prompts 16] [--group 8] ...
+    .venv/bin/python bench/rl_step.py --opd [--steps 6] [--warmup 2] [--max-new 16] [--json FILE]
     .venv/bin/python bench/rl_step.py --async [--steps 6] [--warmup 2] [--judge-latency 0.5] [--json FILE]
                                       [--workloads code judge] [--code-workers 2]
+
+--opd times on-policy distillation's step (vt.rl.opd) on the toy task: the student (the toy SFT'd for
+--opd-student-sft-steps, fp32) samples, a teacher (the toy SFT'd for --sft-steps, loaded in --opd-teacher-dtype:
+vt.rl.teachers.CheckpointTeacher) scores every sampled token as each sample finishes (beside decoding), then the update. --json FILE writes {"opd": {"sample_s",
+"score_s", "update_s", "step_s", ...}}: medians over the timed steps of decoding (time_sample_s), the teacher's
+busy time (time_teacher_s), the update (time_train_s) and the step (one step's end to the next's); step_s below
+sample_s + score_s + update_s is the scoring hidden behind decoding (time_teacher_overlap_s: its part before
+decoding ended). The sampler decodes --opd-steps-per-call steps a host round trip, so finished samples reach the
+teacher while the others decode.
 
 --async compares the synchronous learner with asynchronous RL (rollout.max_staleness k = 1 and 2: the rollouts
 of step s + k are sampled while step s's update runs) on the toy task, same steps and seeds, on the workloads:
@@ -828,6 +838,59 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
             "dropped_groups": int(rows[-1].get("dropped_groups", 0))}
 
 
+def opd_bench(args) -> None:
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests" / "rl"))
+    from rl_helpers import build_task, metrics, rl_config
+    from vt.rl.learner import Learner
+
+    load = [os.getloadavg()[0]]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        task = build_task(tmp / "task", sft_steps=args.sft_steps)
+        # the student: the same toy SFT'd for fewer steps (the same tokenizer: built from the same corpus)
+        student = build_task(tmp / "student", sft_steps=args.opd_student_sft_steps)
+        total = args.warmup + args.steps + 1
+        cfg = rl_config(student, **{
+            "data.eval": "", "opd.teacher": str(task["ckpt"]), "opd.teacher_batch": args.opd_teacher_batch,
+            "opd.teacher_dtype": args.opd_teacher_dtype,
+            "rollout.group_size": args.group, "rollout.prompts_per_step": args.prompts,
+            "rollout.sampler.max_new_tokens": args.max_new, "rollout.sampler.batch_size": args.prompts * args.group,
+            "rollout.sampler.steps_per_call": args.opd_steps_per_call,
+            "train.steps": total, "train.progress": False, "checkpoint.every": 1000})
+        learner = Learner(cfg, tmp / "opd")
+        ends = []
+        throughput = learner.throughput
+
+        def marking_step_end(*a, **kw):  # once per step, after its sampling, scoring and update
+            ends.append(time.perf_counter())
+            return throughput(*a, **kw)
+
+        learner.throughput = marking_step_end
+        result = learner.run()
+        if result.step != total:
+            raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
+        rows = [m for m in metrics(tmp / "opd") if "time_train_s" in m]
+    timed = range(args.warmup + 1, min(args.warmup + 1 + args.steps, len(ends)))
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    out = {"sample_s": med(rows[i]["time_sample_s"] for i in timed),
+           "score_s": med(rows[i]["time_teacher_s"] for i in timed),
+           "update_s": med(rows[i]["time_train_s"] for i in timed),
+           "step_s": med(ends[i] - ends[i - 1] for i in timed),
+           "score_overlap_s": med(rows[i]["time_teacher_overlap_s"] for i in timed),
+           "teacher_tokens_per_s": med(rows[i]["opd/teacher_tokens_per_s"] for i in timed),
+           "reverse_kl": med(rows[i]["opd/reverse_kl"] for i in timed), "timed_steps": len(timed)}
+    load.append(os.getloadavg()[0])
+    parts = out["sample_s"] + out["score_s"] + out["update_s"]
+    print(f"opd: step {out['step_s']:.3f} s (median of {len(timed)}) vs sample {out['sample_s']:.3f} + score "
+          f"{out['score_s']:.3f} + update {out['update_s']:.3f} = {parts:.3f} s: {out['step_s'] / parts:.2f}x; "
+          f"scoring before decoding ended {out['score_overlap_s']:.3f} s; teacher {out['teacher_tokens_per_s']:.0f} "
+          f"tokens/s; reverse KL {out['reverse_kl']:.4f}/token; load average {load[0]:.1f} -> {load[1]:.1f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"opd": out}, indent=2))
+
+
 def async_bench(args) -> None:
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "tests" / "rl"))
@@ -891,6 +954,14 @@ def main():
     ap.add_argument("--workloads", nargs="+", choices=["code", "math", "judge"], default=["code", "judge"],
                     help="--async: the workloads to run")
     ap.add_argument("--code-workers", type=int, default=2, help="--async code: sandboxes verifying at once")
+    ap.add_argument("--opd", action="store_true",
+                    help="on-policy distillation's step: sampling, the teacher's scoring beside it, the update")
+    ap.add_argument("--opd-teacher-batch", type=int, default=16, help="--opd: completions per teacher call")
+    ap.add_argument("--opd-steps-per-call", type=int, default=2, help="--opd: decode steps per host round trip")
+    ap.add_argument("--opd-teacher-dtype", default="bfloat16",
+                    help="--opd: the teacher's dtype (float32 on CPU, where bf16 matmuls are emulated)")
+    ap.add_argument("--opd-student-sft-steps", type=int, default=40,
+                    help="--opd: SFT steps of the student (the teacher: --sft-steps)")
     ap.add_argument("--json", type=Path, help="also write the per-step results here")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
@@ -903,6 +974,9 @@ def main():
         return
     if args.async_:
         async_bench(args)
+        return
+    if args.opd:
+        opd_bench(args)
         return
     if args.long_tail:
         sys.path.insert(0, str(REPO))

@@ -4,6 +4,7 @@ import dataclasses
 import ml_collections
 
 from vt.rewards.registry import RewardsConfig
+from vt.rl.opd import OpdConfig
 from vt.sampling.config import SamplerConfig
 from vt.tracking import logging_defaults
 
@@ -26,6 +27,12 @@ def rewards_section() -> ml_collections.ConfigDict:
     """A `rewards` section (vt.rewards.registry.RewardsConfig, where every option is documented): each domain's
     options at their defaults, so each can be set with --config.rewards.<domain>.<option>=VALUE."""
     return ml_collections.ConfigDict(dataclasses.asdict(RewardsConfig()))
+
+
+def opd_section() -> ml_collections.ConfigDict:
+    """An `opd` section (vt.rl.opd.OpdConfig: on-policy distillation's teacher and coefficients, documented there),
+    every field at its default (off: no teacher), so each can be set with --config.opd.<field>=VALUE."""
+    return ml_collections.ConfigDict(dataclasses.asdict(OpdConfig()))
 
 
 def sampler(**values) -> ml_collections.ConfigDict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import ml_collections
 
-from configs.common import logging_section, parse_arg, rewards_section
+from configs.common import logging_section, opd_section, parse_arg, rewards_section
 
 SMOKE_DATA = Path(__file__).resolve().parent / "smoke_data"
 
@@ -130,6 +130,7 @@ def get_config(arg=None):
 
     c.rewards = rewards_section()  # each domain's options (vt.rewards.registry)
     c.rewards.math.workers = 8  # killable math-verify worker processes
+    c.opd = opd_section()  # on-policy distillation off: no teacher (configs/opd.py sets one)
 
     c.logging = logging_section()  # W&B beside TensorBoard: --config.logging.wandb_project=NAME (vt.tracking)
 

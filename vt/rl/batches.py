@@ -27,6 +27,7 @@ from vt.distributed import allgather, global_batch
 from vt.model.attention import resolve, supports_branches
 from vt.rewards.shaping import long2short
 from vt.rl import objectives as obj
+from vt.rl import opd
 from vt.rl.rollouts import ROW_BUCKET, Scored, batch_length, build_rows, per_token, row_units, unit_lengths
 from vt.rl.step import ROW_KEYS, row_sharding
 
@@ -117,10 +118,15 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg, mesh, sh
     k = E // m.mini_batches
     order = np.random.default_rng([cfg.rollout.sampler.seed, step]).permutation(E) if m.mini_batches > 1 else np.arange(E)
     groups = [order[i * k:(i + 1) * k] for i in range(m.mini_batches)]
-    minis = []
+    minis, taught = [], {}
     for g in groups:
-        rows = build_rows(s.select(g), T, pack=t.pack_rows, share=share)
+        sel = s.select(g)
+        rows = build_rows(sel, T, pack=t.pack_rows, share=share)
         rows["adv"] = per_token(adv[g].reshape(-1), rows["sample"])
+        if cfg.opd.enabled:  # per-token advantages from the teacher's log-probs (vt.rl.opd)
+            prompt_lengths = np.array([len(p) for p, group in zip(sel.prompts, sel.samples) for _ in group])
+            rows["adv"], sums = opd.row_advantages(rows, prompt_lengths, [x for q in sel.teacher for x in q], cfg.opd)
+            taught = {k: taught.get(k, 0.0) + v for k, v in sums.items()}
         used = rows["sample"] >= 0
         completion = np.bincount(rows["sample"][used], weights=rows["loss_mask"][used], minlength=k * C)
         minis.append((rows, completion))
@@ -143,8 +149,13 @@ def learner_batches(s: Scored, adv: np.ndarray, T: int, step: int, cfg, mesh, sh
             start += b
             computed += b * jax.process_count() * T
         out.append(micro)
-    return out, groups, {"tokens_real": float(real), "tokens_computed": float(computed),
-                         "padding_fraction": 1.0 - float(real) / max(computed, 1)}
+    host = {"tokens_real": float(real), "tokens_computed": float(computed),
+            "padding_fraction": 1.0 - float(real) / max(computed, 1)}
+    if taught:  # every process's sums: per-token means over the step's completion tokens
+        total = dict(zip(taught, allgather(np.array(list(taught.values()), np.float64)).sum(0)))
+        n = max(total.pop("tokens"), 1.0)
+        host |= {f"opd/{k}": float(v / n) for k, v in total.items()}
+    return out, groups, host
 
 
 def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:

@@ -34,7 +34,8 @@ def _group_state(s: Scored, version: int) -> dict:
             "samples": [{"ids": [int(t) for t in x.completion_ids], "logprobs": [float(p) for p in x.logprobs],
                          "finish": x.finish_reason, "text": x.text} for x in s.samples[0]],
             **{k: np.asarray(getattr(s, k))[0].tolist() for k in _ARRAYS},
-            **({"timeouts": np.asarray(s.timeouts)[0].tolist()} if s.timeouts is not None else {})}
+            **({"timeouts": np.asarray(s.timeouts)[0].tolist()} if s.timeouts is not None else {}),
+            **({"teacher": [np.asarray(t, np.float32).tolist() for t in s.teacher[0]]} if s.teacher is not None else {})}
 
 
 def _group_from_state(g: dict) -> tuple[Scored, int]:
@@ -42,7 +43,9 @@ def _group_from_state(g: dict) -> tuple[Scored, int]:
                       text=x["text"]) for x in g["samples"]]
     arrays = {k: np.asarray([g[k]], dtype) for k, dtype in _ARRAYS.items()}
     timeouts = np.asarray([g["timeouts"]], bool) if "timeouts" in g else None  # older checkpoints: not recorded
-    return Scored([list(g["prompt"])], [samples], domains=[g["domain"]], **arrays, timeouts=timeouts), int(g["version"])
+    teacher = [[np.asarray(t, np.float32) for t in g["teacher"]]] if "teacher" in g else None  # OPD's (vt.rl.opd)
+    return (Scored([list(g["prompt"])], [samples], domains=[g["domain"]], **arrays, timeouts=timeouts, teacher=teacher),
+            int(g["version"]))
 
 
 class RolloutBuffer:

@@ -47,6 +47,8 @@ from vt.rl import objectives as obj
 from vt.rl.batches import learner_batches, rollout_metrics, row_length, shares_prompts, step_advantages
 from vt.rl.buffer import staleness_metrics
 from vt.rl.hosts import process_slice
+from vt.rl.opd import OpdConfig
+from vt.rl.teachers import StreamingTeacher, make_teacher
 from vt.rl.rollouts import TIMES, Scored, drop_trivial, load_records, prompts_for_step, rollout_and_score
 from vt.rl.schedule import RolloutSchedule
 from vt.rl.step import make_rl_step, make_token_logps
@@ -149,6 +151,7 @@ class RLConfig(LearnerConfig):
     optim: OptimConfig = OptimConfig(lr=1e-6, final_lr=1e-6, warmup_frac=0.0)
     train: RLTrainConfig = RLTrainConfig()
     rewards: RewardsConfig = RewardsConfig()  # each domain's options: rewards.code.workers, ...
+    opd: OpdConfig = OpdConfig()  # on-policy distillation: a teacher's per-token advantages (vt.rl.opd); off by default
 
     def __post_init__(self):
         check_learner(self, "rl")
@@ -208,14 +211,23 @@ class Learner:
                                    temperature=temperature, eps_low=m.eps_low, eps_high=m.eps_high,
                                    kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
         self.engine = self.ref_params = None  # built by run()
+        # OPD's teacher, checked against the student (vocabulary) before any work; it scores beside decoding on the
+        # learner's mesh (idle while the batch decodes at k = 0; not the sampler's with rollout.sampler_devices),
+        # on several processes each one's own devices, as each scores its own samples when they finish
+        self.teacher = (make_teacher(cfg.opd, self.model_cfg, s.mesh if jax.process_count() == 1 else
+                                     self.sampler_mesh, self.tokenizer, cfg.data.tokenizer)
+                        if cfg.opd.enabled else None)
 
     def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0,
-                on_decoded=None) -> Scored:
+                on_decoded=None, teach: bool = False) -> Scored:
+        """teach: the OPD teacher scores the samples (training batches; not evaluation's)."""
         seed = int(np.random.default_rng([self.cfg.rollout.sampler.seed, seed_offset, step]).integers(2**31))
+        teacher = (lambda n: StreamingTeacher(self.teacher, self.cfg.opd.teacher_batch, n)) \
+            if teach and self.teacher is not None else None
         return rollout_and_score(self.engine, self.tokenizer, records, self.rewards, group_size=group_size,
                                  seed=seed, max_prompt_tokens=self.cfg.data.max_prompt_tokens,
                                  domain=self.cfg.data.domain, first_request=first_request,
-                                 stream=self.cfg.rollout.stream_rewards, on_decoded=on_decoded)
+                                 stream=self.cfg.rollout.stream_rewards, on_decoded=on_decoded, teacher=teacher)
 
     def rollout_batch(self, step: int, on_decoded=None) -> Scored:
         """This process's groups of step `step` (all E on one process, E/P each on P). With dynamic sampling,
@@ -231,8 +243,8 @@ class Learner:
         idx = prompts_for_step(n, step, cfg.rollout.prompts_per_step, cfg.data.seed)[mine]
         if rounds <= 0:
             return self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start,
-                                on_decoded=on_decoded)
-        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start)
+                                on_decoded=on_decoded, teach=True)
+        scored = self.rollout([self.records[i] for i in idx], step, C, first_request=mine.start, teach=True)
         keep, spare = [scored.select(np.flatnonzero(scored.informative()))], [scored.select(
             np.flatnonzero(~scored.informative()))]
         for r in range(rounds):
@@ -241,7 +253,8 @@ class Learner:
                 break
             stream = (step * rounds + r) * jax.process_count() + jax.process_index()
             idx = prompts_for_step(n, stream, E - have, cfg.data.seed + 1)
-            extra = self.rollout([self.records[i] for i in idx], step, C, seed_offset=2 + r, first_request=mine.start)
+            extra = self.rollout([self.records[i] for i in idx], step, C, seed_offset=2 + r, first_request=mine.start,
+                                 teach=True)
             keep.append(extra.select(np.flatnonzero(extra.informative())))
             spare.append(extra.select(np.flatnonzero(~extra.informative())))
         if on_decoded is not None:
@@ -364,6 +377,10 @@ class Learner:
         metrics.update(self.throughput(metrics, sampled, spans["time_sample_s"], done_at - t1))
         metrics.update(rollout_metrics(used, sorted(self.rewards)), time_rollout_s=busy, time_train_s=done_at - t1,
                        **spans, prompts_dropped=self.dropped)
+        if self.teacher is not None:  # completion tokens the teacher scored per second of its scoring
+            taught = float(fresh.lengths.sum()) if fresh is not None else 0.0
+            metrics["opd/teacher_tokens"] = taught
+            metrics["opd/teacher_tokens_per_s"] = taught / max(spans["time_teacher_s"], 1e-9)
         k = self.schedule.k
         if k:
             metrics.update(time_learner_idle_s=(t_end - t0) - (done_at - t1), time_sampler_idle_s=(t_end - t0) - busy,

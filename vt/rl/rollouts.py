@@ -75,7 +75,10 @@ def prompt_ids(record: Record, tokenizer, max_prompt_tokens: int) -> list[int]:
 #   time_reward_s   waiting for verdicts after decoding ended (with streaming, the verification not hidden)
 #   time_verify_s   wall time during which at least one verification ran (the verifier pool's busy time)
 #   time_overlap_s  the part of time_verify_s before decoding ended (0 when scored after decoding)
-TIMES = ("time_sample_s", "time_reward_s", "time_verify_s", "time_overlap_s")
+#   time_teacher_s  wall time during which an OPD teacher scored completions (vt.rl.opd; 0 without one)
+#   time_teacher_overlap_s  the part of time_teacher_s before decoding ended
+TIMES = ("time_sample_s", "time_reward_s", "time_verify_s", "time_overlap_s", "time_teacher_s",
+         "time_teacher_overlap_s")
 
 
 @dataclasses.dataclass
@@ -93,9 +96,13 @@ class Scored:
     time_reward_s: float = 0.0
     time_verify_s: float = 0.0
     time_overlap_s: float = 0.0
+    time_teacher_s: float = 0.0
+    time_teacher_overlap_s: float = 0.0
     # bool: the verdict is 0 because the check or the program ran out of time (failure "timeout": counted apart
     # from other wrong answers and from verifier errors); None where not recorded
     timeouts: np.ndarray | None = None
+    # OPD: the teacher's log-prob of each completion token, teacher[q][g] [len(completion)]; None without one
+    teacher: list[list[np.ndarray]] | None = None
 
     def informative(self) -> np.ndarray:
         """[E] bool: groups whose verified rewards are not all equal (the only ones with a learning signal)."""
@@ -110,7 +117,8 @@ class Scored:
         return Scored([self.prompts[q] for q in g], [self.samples[q] for q in g], self.correct[g], self.rewards[g],
                       self.valid[g], self.lengths[g], self.truncated[g], [self.domains[q] for q in g],
                       **{t: getattr(self, t) for t in TIMES},
-                      timeouts=None if self.timeouts is None else self.timeouts[g])
+                      timeouts=None if self.timeouts is None else self.timeouts[g],
+                      teacher=None if self.teacher is None else [self.teacher[q] for q in g])
 
     @staticmethod
     def concat(parts: Sequence["Scored"]) -> "Scored":
@@ -118,7 +126,9 @@ class Scored:
         return Scored([x for p in parts for x in p.prompts], [x for p in parts for x in p.samples], cat("correct"),
                       cat("rewards"), cat("valid"), cat("lengths"), cat("truncated"),
                       [d for p in parts for d in p.domains], **{t: sum(getattr(p, t) for p in parts) for t in TIMES},
-                      timeouts=cat("timeouts") if all(p.timeouts is not None for p in parts) else None)
+                      timeouts=cat("timeouts") if all(p.timeouts is not None for p in parts) else None,
+                      teacher=[x for p in parts for x in p.teacher] if all(p.teacher is not None for p in parts)
+                      else None)
 
 
 def completion_text(sample: Sample, tokenizer) -> str:
@@ -138,7 +148,7 @@ def _naming(record: Record, domain: str):
 def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewards: dict[str, RewardFunction],
                       *, group_size: int, seed: int, max_prompt_tokens: int, domain: str = "",
                       first_request: int = 0, stream: bool = True,
-                      on_decoded: Callable[[], None] | None = None) -> Scored:
+                      on_decoded: Callable[[], None] | None = None, teacher=None) -> Scored:
     """first_request: the index of records[0] among the step's prompts (a process's share samples with the seeds
     the whole batch would use; see Engine.generate).
 
@@ -146,7 +156,10 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
     domains whose reward streams; the others, and every domain with stream=False, are scored after decoding.
     Either way a domain's verdicts are those of its reward on the batch of its records' samples, in order (q, g).
 
-    on_decoded() is called once decoding ends, before the wait for the verdicts (the engine is free again)."""
+    on_decoded() is called once decoding ends, before the wait for the verdicts (the engine is free again).
+
+    teacher(count) -> a vt.rl.teachers.StreamingTeacher for `count` completions (OPD): each completion is submitted to
+    it as it finishes, scored beside decoding; Scored.teacher holds the log-probs."""
     prompts = [prompt_ids(r, tokenizer, max_prompt_tokens) for r in records]
     E, C = len(records), group_size
     domains = [domain or r.domain for r in records]
@@ -166,14 +179,18 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
             if stream and rewards[d].streams:
                 with _naming(records[rows[d][0]], d):
                     scorers[d] = stack.enter_context(StreamingScorer(rewards[d], batch[d]))
+        scoring = stack.enter_context(teacher(E * C)) if teacher is not None else None
 
         def on_finished(q: int, g: int, sample: Sample) -> None:
+            if scoring is not None:
+                scoring.submit(q * C + g, prompts[q], sample.completion_ids)
             if domains[q] in scorers:
                 scorers[domains[q]].submit(item[q] + g, completion_text(sample, tokenizer))
 
         t0 = time.perf_counter()
         samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
-                                  first_request=first_request, on_finished=on_finished if scorers else None)
+                                  first_request=first_request,
+                                  on_finished=on_finished if scorers or scoring is not None else None)
         t1 = time.perf_counter()
         if on_decoded is not None:
             on_decoded()
@@ -187,6 +204,9 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
                     start = time.perf_counter()
                     results[d] = rewards[d](batch[d], texts)
                     spans.append((start, time.perf_counter()))
+        if scoring is not None:
+            flat = scoring.results()
+            taught = [flat[q * C:(q + 1) * C] for q in range(E)]
     t2 = time.perf_counter()
     scores = np.zeros((E, C), np.float32)
     valid = np.zeros((E, C), bool)
@@ -201,7 +221,9 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
                   lengths=lengths, truncated=truncated, domains=domains, time_sample_s=t1 - t0,
                   time_reward_s=t2 - t1, time_verify_s=busy_seconds(spans), time_overlap_s=busy_seconds(spans, t1),
-                  timeouts=timeouts)
+                  timeouts=timeouts, teacher=taught if scoring is not None else None,
+                  time_teacher_s=busy_seconds(scoring.spans) if scoring is not None else 0.0,
+                  time_teacher_overlap_s=busy_seconds(scoring.spans, t1) if scoring is not None else 0.0)
 
 
 ROW_BUCKET = 16  # the shortest row length (vt.buckets' series from there)
