@@ -6,6 +6,7 @@ count and case constraints), with a byte-level BPE tokenizer (Qwen2's pipeline) 
     make demo                     # = vt demo  (workdir demo_out/)
     vt demo --variant ci          # shorter: the CI test runs it
     vt pipeline --config configs/demo.py --workdir demo_out      # the same thing through the general runner
+    vt demo --variant opd         # the full demo, then on-policy distillation: the final model teaches SFT-1's
 
 The SFT teacher is deliberately noisy (`stages.data.noise` of its answers are wrong), so SFT reaches a
 middling accuracy that RL then raises; every number below is a demo-size stand-in for the 3B value.
@@ -72,7 +73,7 @@ def _tiny_rl(c, domain, steps, *, prompts=16, group=8, lr=3e-4):
 
 
 def get_config(arg=None):
-    variant = parse_arg(arg, "ci")
+    variant = parse_arg(arg, "ci", "opd")
     c = vibethinker_3b.get_config(None)
     c.name = "demo"
     c.base_checkpoint = ""  # trained from scratch: sft1 starts from a random `tiny` model
@@ -125,6 +126,8 @@ def get_config(arg=None):
     _tiny_rl(s.rl_code, "code", 10, prompts=8)
     _tiny_rl(s.rl_stem, "stem", 12)
     _tiny_rl(s.rl_instruct, "instruct", 12)
+    _tiny_rl(s.opd, "math", 16, group=4)  # off but for the opd variant (opd_variant)
+    s.opd.profile_k = 0  # every prompt teaches: the teacher's signal needs no mixed pass rate
 
     d = s.self_distill.distill
     d.dtype = "float32"
@@ -159,7 +162,23 @@ def get_config(arg=None):
     s.export.check_prompts = 8
     s.export.check_max_new_tokens = 40
 
-    return ci(c) if variant == "ci" else c
+    return ci(c) if variant == "ci" else opd_variant(c) if variant == "opd" else c
+
+
+def opd_variant(c):
+    """On-policy distillation after the full demo: the demo's final model (rl_instruct's) teaches a fresh student,
+    the SFT-1 checkpoint, on the math prompts; its held-out math accuracy is measured every 2 steps against the
+    teacher-scored tokens so far (the opd stage's eval_history and opd/teacher_tokens)."""
+    o = c.stages.opd
+    o.enabled = True
+    o.start_from = "sft1"
+    o.opd.teacher = "rl_instruct"
+    o.opd.teacher_dtype = "float32"  # the demo's models are fp32
+    o.data.eval = f"{DATA}/heldout_math.jsonl"
+    o.train.eval_every = 2
+    o.train.eval_prompts = 32
+    o.train.eval_samples = 4
+    return c
 
 
 def ci(c):

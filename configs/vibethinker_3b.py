@@ -29,7 +29,7 @@ are left empty here. Sampler sections are vt.sampling.SamplerConfig (configs/com
 import ml_collections
 
 from configs import (eval_aime25, eval_gpqa, eval_ifeval, eval_lcb, instruct_rl, long2short, mgpo_code, mgpo_math,
-                     mgpo_stem, self_distill, sft_stage1, sft_stage2)
+                     mgpo_stem, opd, self_distill, sft_stage1, sft_stage2)
 from configs.common import parse_arg, sampler, logging_section
 
 
@@ -125,6 +125,13 @@ def get_config(arg=None):
     s.rl_code.rewards.code.workers = 32
     s.rl_stem = rl_stage(mgpo_stem.get_config(None), "stem", "data/rl/stem.jsonl", 200)
     s.rl_instruct = rl_stage(instruct_rl.get_config(None), "instruct", "data/rl/instruct.jsonl", 200)
+    # On-policy distillation (configs/opd.py), off: enable with a teacher (a checkpoint, an http(s) endpoint or an
+    # earlier stage's name) and the stage the student starts from ("" = the last trained before it)
+    s.opd = rl_stage(opd.get_config(None), "math", "data/rl/math.parquet", 200)
+    s.opd.enabled = False
+    s.opd.profile_k = 0  # every prompt teaches: the teacher's signal needs no mixed pass rate
+    s.opd.start_from = ""
+    s.opd.opd.teacher = "rl_instruct"
 
     s.self_distill = ml_collections.ConfigDict()
     s.self_distill.enabled = True

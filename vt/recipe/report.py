@@ -121,6 +121,9 @@ def closing_lines(workdir: Path, manifests: list[dict], final: Path | None) -> l
         keys = [k for k in summary if k.startswith(("pass@", "maj@", "prompt_strict"))]
         lines.append(f"  eval {name:13s} " + "  ".join(f"{k} {100 * summary[k]:.1f}%" for k in keys) +
                      f"  ({_shown(workdir / 'eval' / name / 'summary.md')})")
+    curve = by.get("opd", {}).get("metrics", {}).get("heldout_vs_teacher_tokens")
+    if curve:  # on-policy distillation: held-out accuracy against the teacher-scored tokens so far
+        lines.append("  opd held-out       " + "  ".join(f"{int(t)} tok: {a:.3f}" for t, a in curve))
     if (workdir / "plot.png").is_file():
         lines.append(f"  plot               {_shown(workdir / 'plot.png')}")
     lines.append(f"  TensorBoard        {viewer_command(workdir)}")
@@ -131,7 +134,9 @@ def plot(workdir: Path, manifests: list[dict]) -> Path:
     import matplotlib  # optional extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4))
+    curves = {m["stage"]: m["metrics"]["heldout_vs_teacher_tokens"] for m in manifests
+              if (m.get("metrics") or {}).get("heldout_vs_teacher_tokens")}
+    fig, (a, b, *c) = plt.subplots(1, 2 + bool(curves), figsize=(12 + 6 * bool(curves), 4))
     offset = 0
     for stage, rows in rl_curves(workdir, manifests):
         xs = [offset + r["step"] for r in rows]
@@ -151,6 +156,12 @@ def plot(workdir: Path, manifests: list[dict]) -> Path:
     b.set_title("held-out accuracy after each stage")
     if domains:
         b.legend(fontsize=8)
+    for stage, curve in curves.items():  # on-policy distillation's learning curve
+        c[0].plot([t for t, _ in curve], [acc for _, acc in curve], marker="o", label=stage)
+        c[0].set_xlabel("teacher-scored tokens")
+        c[0].set_ylabel("held-out accuracy")
+        c[0].set_title("student's held-out accuracy vs teacher tokens")
+        c[0].legend(fontsize=8)
     fig.tight_layout()
     path = workdir / "plot.png"
     fig.savefig(path, dpi=100)

@@ -417,6 +417,9 @@ class RLStageConfig:
     # always or never (0 = no profiling).
     profile_k: Annotated[int, NON_NEGATIVE] = 8
     profile_max_new_tokens: Annotated[int, NON_NEGATIVE] = 0  # 0 = rl.rollout.sampler.max_new_tokens
+    # The stage whose checkpoint it starts from ("" = the last enabled stage before it that trains a model):
+    # the opd stage's student may be an early one (the demo's: sft1)
+    start_from: str = ""
 
     def __post_init__(self):
         check_fields(self)
@@ -428,13 +431,21 @@ def plan_rl(stage: str):
         own = {k: section.pop(k) for k in pipeline if k in section}
         where = f"config.stages.{stage}"
         cfg = to_dataclass(RLStageConfig, {**own, "rl": to_dataclass(RLConfig, section, where)}, where)
-        wiring = {"model.init_checkpoint": ctx.checkpoint_before(stage), "data.tokenizer": ctx.cfg.tokenizer,
+        if cfg.start_from and cfg.start_from not in STAGE_NAMES[:STAGE_NAMES.index(stage)]:
+            raise VtError(f"{where}.start_from={cfg.start_from!r}: not a stage before {stage!r}")
+        init = ctx.output_of(cfg.start_from)["checkpoint"] if cfg.start_from else ctx.checkpoint_before(stage)
+        wiring = {"model.init_checkpoint": init, "data.tokenizer": ctx.cfg.tokenizer,
                   "logging": stage_logging(ctx, stage, cfg.rl.logging)}
+        if cfg.rl.opd.teacher in STAGE_NAMES:  # OPD's teacher named as an earlier stage: its checkpoint
+            wiring["opd.teacher"] = ctx.output_of(cfg.rl.opd.teacher)["checkpoint"]
         if cfg.profile_k > 0:
             wiring["data.profile"] = str(sdir / "profile.jsonl")
         rl = _replace(cfg.rl, **wiring)
         if stage == "long2short" and rl.mgpo.long2short_lambda <= 0:
             raise VtError("mgpo.long2short_lambda must be > 0 in the Long2Short stage (RECIPE: 0.2)")
+        if stage == "opd" and not rl.opd.enabled:
+            raise VtError(f"{where}.opd.teacher must name the teacher: a checkpoint, an http(s):// endpoint or an "
+                          "earlier stage")
         inputs = [(f"{where}.data.train", rl.data.train, "data")]
         if rl.data.eval:
             inputs.append((f"{where}.data.eval", rl.data.eval, "data"))
@@ -469,6 +480,14 @@ def run_rl(ctx, plan: Plan[RLStageConfig], sdir: Path) -> StageOutput:
                        response_len_first=mean(steps[:k], "response_len_mean"),
                        response_len_last=mean(steps[-k:], "response_len_mean"),
                        prompts_dropped=steps[-1].get("prompts_dropped", 0))
+        if "opd/reverse_kl" in steps[0]:  # on-policy distillation: the per-token KL to the teacher, first vs last
+            metrics.update(reverse_kl_first=mean(steps[:k], "opd/reverse_kl"),
+                           reverse_kl_last=mean(steps[-k:], "opd/reverse_kl"),
+                           teacher_tokens=sum(r["opd/teacher_tokens"] for r in steps))
+            # the learning curve: held-out accuracy against the teacher-scored tokens before it (step s: s steps')
+            seen = np.concatenate([[0.0], np.cumsum([r["opd/teacher_tokens"] for r in steps])])
+            metrics["heldout_vs_teacher_tokens"] = [[float(seen[min(s, len(steps))]), acc]
+                                                    for s, acc in result.eval_history]
     metrics["steps"] = result.step
     metrics["eval_history"] = result.eval_history
     return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
@@ -695,6 +714,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("rl_stem", plan_rl("rl_stem"), run_rl, True, RLConfig),
     Stage("self_distill", plan_self_distill, run_self_distill, True, SelfDistillStageConfig),
     Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
+    # on-policy distillation (vt.rl.opd): off unless configured; its teacher a checkpoint, an endpoint or a stage
+    Stage("opd", plan_rl("opd"), run_rl, True, RLConfig),
     Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
     Stage("export", plan_export, run_export, False, ExportStageConfig),
 )
