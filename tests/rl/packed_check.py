@@ -111,11 +111,15 @@ def gather(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def padded_reference(md: ModelDef, params: dict, old_params: dict, ref_params: dict, s: Scored, T: int) -> dict:
+def padded_reference(md: ModelDef, params: dict, old_params: dict, ref_params: dict, s: Scored, T: int,
+                     mask: np.ndarray | None = None) -> dict:
     """aggregation -> (loss, grads) of -J + kl_coef * KL on one sample per row, from objectives' row functions,
-    for both aggregations (one compile); params as host arrays, computed on this process's first device."""
+    for both aggregations (one compile); params as host arrays, computed on this process's first device.
+    `mask` [Y, T]: the tokens J and KL count, in place of build_rows' loss_mask (tests/rl/test_tool_masks.py)."""
     rows = build_rows(s, T, pack=False)
     batch = {k: rows[k] for k in ("input_ids", "targets", "positions", "segment_ids", "loss_mask", "sampler_logp")}
+    if mask is not None:
+        batch["loss_mask"] = np.asarray(mask, np.float32)
     batch["adv"] = {agg: step_advantages(s, config(agg, False, 1).mgpo)[0].reshape(-1) for agg in obj.AGGREGATIONS}
 
     def logp_of(p, batch):

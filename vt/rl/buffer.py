@@ -32,7 +32,9 @@ def _group_state(s: Scored, version: int) -> dict:
     """One group (s holds exactly one) as JSON: floats are float32 values, which Python floats hold exactly."""
     return {"version": int(version), "prompt": [int(t) for t in s.prompts[0]], "domain": s.domains[0],
             "samples": [{"ids": [int(t) for t in x.completion_ids], "logprobs": [float(p) for p in x.logprobs],
-                         "finish": x.finish_reason, "text": x.text} for x in s.samples[0]],
+                         "finish": x.finish_reason, "text": x.text,
+                         **({"policy": x.policy_mask.tolist()} if x.policy_mask is not None else {})}
+                        for x in s.samples[0]],
             **{k: np.asarray(getattr(s, k))[0].tolist() for k in _ARRAYS},
             **({"timeouts": np.asarray(s.timeouts)[0].tolist()} if s.timeouts is not None else {}),
             **({"teacher": [np.asarray(t, np.float32).tolist() for t in s.teacher[0]]} if s.teacher is not None else {})}
@@ -40,7 +42,8 @@ def _group_state(s: Scored, version: int) -> dict:
 
 def _group_from_state(g: dict) -> tuple[Scored, int]:
     samples = [Sample(completion_ids=list(x["ids"]), logprobs=list(x["logprobs"]), finish_reason=x["finish"],
-                      text=x["text"]) for x in g["samples"]]
+                      text=x["text"], policy_mask=np.asarray(x["policy"], bool) if "policy" in x else None)
+               for x in g["samples"]]
     arrays = {k: np.asarray([g[k]], dtype) for k, dtype in _ARRAYS.items()}
     timeouts = np.asarray([g["timeouts"]], bool) if "timeouts" in g else None  # older checkpoints: not recorded
     teacher = [[np.asarray(t, np.float32) for t in g["teacher"]]] if "teacher" in g else None  # OPD's (vt.rl.opd)

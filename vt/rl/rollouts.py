@@ -89,7 +89,7 @@ class Scored:
     correct: np.ndarray  # bool: reward == 1 (binary correctness: what p(q) counts)
     rewards: np.ndarray  # float32 reward scores (partial credit possible; 0 at verifier errors)
     valid: np.ndarray  # bool: the verifier produced a verdict
-    lengths: np.ndarray  # int: completion tokens
+    lengths: np.ndarray  # int: completion tokens the policy sampled (policy_tokens: a tool turn's are not counted)
     truncated: np.ndarray  # bool: finish_reason == "length"
     domains: list[str]
     time_sample_s: float = 0.0  # TIMES above
@@ -129,6 +129,12 @@ class Scored:
                       timeouts=cat("timeouts") if all(p.timeouts is not None for p in parts) else None,
                       teacher=[x for p in parts for x in p.teacher] if all(p.teacher is not None for p in parts)
                       else None)
+
+
+def policy_tokens(sample: Sample) -> int:
+    """The sample's length as a response: the completion tokens the policy sampled (Long2Short's and the length
+    metrics' count), not the tool turns' tokens in between (context the policy read)."""
+    return len(sample.completion_ids) if sample.policy_mask is None else int(np.count_nonzero(sample.policy_mask))
 
 
 def completion_text(sample: Sample, tokenizer) -> str:
@@ -216,7 +222,7 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
         scores[qs] = s.reshape(len(qs), C)
         valid[qs] = v.reshape(len(qs), C)
         timeouts[qs] = np.array([r.failure == "timeout" for r in results[d]], bool).reshape(len(qs), C)
-    lengths = np.array([[len(s.completion_ids) for s in group] for group in samples])
+    lengths = np.array([[policy_tokens(s) for s in group] for group in samples])
     truncated = np.array([[s.finish_reason == "length" for s in group] for group in samples])
     return Scored(prompts, samples, correct=(scores == 1.0) & valid, rewards=scores, valid=valid,
                   lengths=lengths, truncated=truncated, domains=domains, time_sample_s=t1 - t0,
@@ -290,10 +296,11 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True, share: bool = 
                 sample (the toy RL step's 11-token prompts x 8 samples: 800 slots instead of 1,920).
     pack=False  padded: sample i alone in row i, right-padded (W = Y).
 
-    Slot t predicts targets[t]; `loss_mask` is 1 where that target is a completion token, `sampler_logp` holds the
-    sampler's log-prob of it, and `sample` the index (q*C + g) of the sample in the slot (-1 on padding and on a
-    shared prompt), by which per-sample values become per-token ones (`per_token`). Samples longer than T are cut
-    (T >= the batch_length of every process's samples, so none is)."""
+    Slot t predicts targets[t]; `loss_mask` is 1 where that target is a completion token the policy sampled (not
+    a tool turn's: Sample.policy_mask; so no loss, KL, entropy or IS ratio there, and objective weights count
+    policy tokens), `sampler_logp` holds the sampler's log-prob of it, and `sample` the index (q*C + g) of the
+    sample in the slot (-1 on padding and on a shared prompt), by which per-sample values become per-token ones
+    (`per_token`). Samples longer than T are cut (T >= the batch_length of every process's samples, so none is)."""
     pairs = [(p, s) for p, group in zip(scored.prompts, scored.samples) for s in group]
     T = length
     units = row_units(scored, T, share and pack) if pack else [[i] for i in range(len(pairs))]
@@ -307,12 +314,13 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True, share: bool = 
             "positions": np.zeros(total, np.int32), "branch": np.zeros(total, np.int32),
             "sample": np.full(total, -1, np.int32)}
 
-    def put(o, ids, first, logprobs, position, branch, sample):
-        """Slots o.. for ids[:-1] predicting ids[1:]; targets from `first` on are completion tokens."""
+    def put(o, ids, first, logprobs, position, branch, sample, policy=None):
+        """Slots o.. for ids[:-1] predicting ids[1:]; targets from `first` on are completion tokens, trained on
+        where `policy` (Sample.policy_mask) says the policy sampled them (a tool's tokens are context only)."""
         n = len(ids) - 1
         flat["input_ids"][o:o + n], flat["targets"][o:o + n] = ids[:-1], ids[1:]
         k = max(0, n - first)
-        flat["loss_mask"][o + first:o + first + k] = 1.0
+        flat["loss_mask"][o + first:o + first + k] = 1.0 if policy is None else np.asarray(policy[:k], np.float32)
         flat["sampler_logp"][o + first:o + first + k] = np.asarray(logprobs[:k], np.float32)
         flat["positions"][o:o + n] = position + np.arange(n)
         flat["branch"][o:o + n], flat["sample"][o:o + n] = branch, sample
@@ -323,12 +331,12 @@ def build_rows(scored: Scored, length: int, *, pack: bool = True, share: bool = 
         if len(members) == 1:
             i = members[0]
             put(offsets[u], np.asarray(p + list(pairs[i][1].completion_ids), np.int32)[: T + 1], len(p) - 1,
-                pairs[i][1].logprobs, 0, 0, i)
+                pairs[i][1].logprobs, 0, 0, i, pairs[i][1].policy_mask)
             continue
         o = put(offsets[u], np.asarray(p, np.int32), len(p), (), 0, 0, -1)  # the prompt: no completion target
         for j, i in enumerate(members, start=1):
             ids = np.asarray(p[-1:] + list(pairs[i][1].completion_ids), np.int32)[: T - len(p) + 2]
-            o = put(o, ids, 0, pairs[i][1].logprobs, len(p) - 1, j, i)
+            o = put(o, ids, 0, pairs[i][1].logprobs, len(p) - 1, j, i, pairs[i][1].policy_mask)
     if pack:
         layout = pack_lengths(lengths, T)
     else:
