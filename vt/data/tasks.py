@@ -164,7 +164,54 @@ def instruct_record(index: int, seed: int, *, max_items: int = 3, noise: float =
     return rec
 
 
-RECORD_FNS = {"math": arith_record, "code": code_record, "stem": stem_record, "instruct": instruct_record}
+TOOL_SYSTEM = "Use the python tool."
+
+
+def tool_call(code: str) -> dict:
+    """An assistant turn calling the `python` tool (vt.tools) on `code`, in the chat format's tool_calls."""
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}]}
+
+
+def tool_record(index: int, seed: int, *, digits: int = 3, noise: float = 0.0, with_answer: bool = True,
+                split: str = "train") -> dict:
+    """`a*b` of two `digits`-digit numbers -> `\\boxed{a*b}`: a product the tiny model cannot work out in its head
+    but can copy from the `python` tool's output (the demo's tools variant; graded by the math verifier). The SFT
+    trace calls the tool (`print(a*b)`), reads its output in a `tool` turn and boxes it; with probability
+    `noise` it answers at once with a guess instead (wrong), so RL has both behaviours to choose between. Chat
+    templates that render tool turns (Qwen2.5's) write it as vt's sampler does (vt.tools.format)."""
+    rng = _rng(seed, split, index, 5)
+    a, b = (int(x) for x in rng.integers(10 ** (digits - 1), 10 ** digits, 2))
+    rec = {"id": f"tools-{split}-{index}", "domain": "math", "ground_truth": str(a * b),
+           "messages": [{"role": "system", "content": TOOL_SYSTEM}, {"role": "user", "content": f"{a}*{b}"}]}
+    if with_answer:
+        if rng.random() < noise:
+            guess = int(rng.integers(10 ** (2 * digits - 2), 10 ** (2 * digits)))
+            guess += guess == a * b  # a guess: wrong
+            rec["messages"].append({"role": "assistant", "content": f"\\boxed{{{guess}}}"})
+        else:
+            rec["messages"] += [tool_call(f"print({a}*{b})"), {"role": "tool", "content": str(a * b)},
+                                {"role": "assistant", "content": f"\\boxed{{{a * b}}}"}]
+    return rec
+
+
+def tool_corpus(seed: int, n: int) -> list[str]:
+    """Texts of the tool task as Qwen2.5's template renders them (tokenizer training)."""
+    texts = []
+    for rec in (tool_record(i, seed, noise=0.5) for i in range(n)):
+        m = rec["messages"]
+        text = f"<|im_start|>system\n{m[0]['content']}<|im_end|>\n<|im_start|>user\n{m[1]['content']}<|im_end|>\n"
+        if len(m) > 3:
+            code = m[2]["tool_calls"][0]["function"]["arguments"]["code"]
+            text += (f'<|im_start|>assistant\n<tool_call>\n{{"name": "python", "arguments": {{"code": "{code}"}}}}\n'
+                     f"</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{m[3]['content']}\n</tool_response>"
+                     "<|im_end|>\n")
+        texts.append(text + f"<|im_start|>assistant\n{m[-1]['content']}<|im_end|>\n")
+    return texts
+
+
+RECORD_FNS = {"math": arith_record, "code": code_record, "stem": stem_record, "instruct": instruct_record,
+              "tools": tool_record}
 
 
 def task_records(domain: str, n: int, seed: int, *, split: str = "train", noise: float = 0.0,
@@ -173,10 +220,13 @@ def task_records(domain: str, n: int, seed: int, *, split: str = "train", noise:
             for i in range(n)]
 
 
-def task_corpus(seed: int = 0, n_per_domain: int = 200) -> list[str]:
-    """Chat texts of every domain (answers right and wrong): enough to train a tokenizer that covers them."""
+def task_corpus(seed: int = 0, n_per_domain: int = 200, domains: tuple[str, ...] = DOMAINS) -> list[str]:
+    """Chat texts of `domains` (answers right and wrong): enough to train a tokenizer that covers them."""
     texts = []
-    for d in DOMAINS:
+    for d in domains:
+        if d == "tools":
+            texts += tool_corpus(seed, n_per_domain)
+            continue
         for rec in task_records(d, n_per_domain, seed, noise=0.5):
             texts.append(render_qwen_chat(rec["messages"]))
     return texts
