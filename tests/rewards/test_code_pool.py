@@ -825,6 +825,29 @@ def test_cpu_claims_and_solutions_never_follow_someone_elses_paths(tmp_path, mon
         assert r([HONEST[0]], [HONEST[1]])[0].score == 1.0
 
 
+def test_where_the_init_cannot_share_the_server_s_memory_it_is_a_fork_and_runs_look_the_same(tmp_path, monkeypatch):
+    """Each run's init is cloned with the server's memory (inits.py) where it can; where it cannot (a Python that
+    checks its C stack, a kernel that refuses the flags) it is a plain fork, and a run is graded and sees its
+    namespace as with the clone: PID 2 under PID 1, its /proc, a program test's tester."""
+    marker = 'self.vm = sys.version_info < (3, 14) and hasattr(_libc, "clone")'
+
+    def forking(source):
+        assert source.count(marker) == 1
+        return source.replace(marker, "self.vm = False")
+
+    server_with(tmp_path, monkeypatch, "inits.py", forking)
+    seen = block("import os\nprint(os.getpid(), os.getppid(), sorted(os.listdir('/proc')))")
+    good = block("def add(a, b):\n    return a + b\n")
+    right, wrong = ({"tests": [{"program": f"assert add(3, 4) == {n}\n"}]} for n in (7, 8))
+    with CodeReward(workers=1, test_time_limit_s=TEST_LIMIT_S) as r:
+        view = r([stdio("x")], [seen])[0]
+        assert view.failure == "wrong" and view.details["stdout"] == "2 1 ['1', '2', 'self', 'thread-self']", view
+        assert [x.score for x in r([HONEST[0], right, wrong], [HONEST[1], good, good])] == [1.0, 1.0, 0.0]
+        assert r.pool.replaced == 0
+        uids = r.sandbox_uids
+    assert processes_matching(uids) == []
+
+
 def test_without_fd_passing_program_tests_take_the_harness_s_own_program_mode(tmp_path, monkeypatch):
     """A sandbox Python without socket.send_fds (< 3.9) cannot feed a tester: the server runs program tests as
     the cold path does (the harness forks the solution's process from the test's) and grades them alike."""
