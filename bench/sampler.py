@@ -5,6 +5,13 @@
                                       [--skip-hf]
     .venv/bin/python bench/sampler.py --setup-tunix     # once: a separate venv with google-tunix (see below)
     .venv/bin/python bench/sampler.py --roofline [--roofline-dtype bfloat16] [--json FILE]
+    .venv/bin/python bench/sampler.py --tools [--tool-batch 16] [--tool-n 16] [--skip-hf --skip-tunix] [--json FILE]
+
+`--tools` adds a row: tool-call latency hidden behind decoding. A tiny model trained briefly (200 steps) to call a
+tool twice per sample (bench/tool_policy.py, tool `bench_calc`: the product its code prints) samples the same
+workload (its 4 prompts x `--tool-n` samples at temperature 1, `--tool-batch` slots) twice: with the tool answering
+at once and with it sleeping 0.2 s per call. Policy tokens/s of each (runs alternated, A B A B ..., after a warm-up of
+each; best of 3 each), and slow / instant; JSON {"tools": {"instant_tok_s", "slow_tok_s", "ratio", ...}}.
 
 `--long N` makes the workload a long tail (every `--long-every`-th prompt wants N new tokens). `--roofline`
 measures, instead of tokens/s, the bytes XLA's cost analysis says one compiled decode step of qwen2.5-coder-3b
@@ -106,6 +113,61 @@ def run_vt(args, hf_dir: Path, work) -> dict:
                 peak_pages=st.peak_pages, peak_pages_needed=st.peak_pages_needed, page_bytes=st.page_bytes,
                 preemptions=st.preemptions, prefill_seconds=st.prefill_seconds, decode_seconds=st.decode_seconds,
                 host_seconds=st.host_seconds)
+
+
+TOOL_DELAY_S = {"bench_calc": 0.0}  # what the `bench_calc` tool sleeps per call
+
+
+def run_tools(args) -> dict:
+    import re
+
+    import numpy as np
+    from tool_policy import tool_policy
+
+    from vt.data.tokenizer import build_tiny_tokenizer
+    from vt.sampling.config import Request, SamplerConfig, ToolsConfig
+    from vt.sampling.engine import Engine
+    from vt.tools.registry import tool
+
+    @tool("bench_calc")
+    def bench_calc(arguments, cfg):  # the product `print(a*b)` prints, computed without running the code
+        time.sleep(TOOL_DELAY_S["bench_calc"])
+        m = re.fullmatch(r"print\((\d+)\*(\d+)\)", str(arguments.get("code", "")))
+        return str(int(m[1]) * int(m[2])) if m else "Error: bench_calc reads print(a*b)"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = build_tiny_tokenizer(Path(tmp) / "tok")
+    t = time.perf_counter()
+    model, prompts, _ = tool_policy(tok, n_traces=4, calls=2, tool="bench_calc")
+    train_s = time.perf_counter() - t
+    engine = Engine(model, SamplerConfig(batch_size=args.tool_batch, max_new_tokens=320, temperature=1.0,
+                                         n=args.tool_n, tools=ToolsConfig(tools=("bench_calc",), workers=32)),
+                    tokenizer=tok)
+    requests = [Request(p) for p in prompts]
+
+    def once(delay):
+        TOOL_DELAY_S["bench_calc"] = delay
+        compiles = engine.compile_count
+        out = engine.generate(requests, seed=3)
+        st = engine.last_stats
+        policy = sum(int(np.sum(s.policy_mask)) if s.policy_mask is not None else len(s.completion_ids)
+                     for g in out for s in g)
+        # compiles: resume prefills of a shape no earlier run had (how many samples came back at once, how long
+        # their tool turns were) compile inside the timed run; load_1min: the box's load when the run ended
+        return dict(seconds=st.seconds, policy_tokens=policy, tool_calls=st.tool_calls,
+                    tool_wait_seconds=st.tool_wait_seconds, tok_s=policy / st.seconds,
+                    compiles=engine.compile_count - compiles, load_1min=os.getloadavg()[0])
+
+    once(0.0), once(0.2)  # compile: each run's resume prefills may take shapes of their own
+    compiles = engine.compile_count
+    runs = {"instant": [], "slow": []}
+    for _ in range(3):
+        runs["instant"].append(once(0.0))
+        runs["slow"].append(once(0.2))
+    best = {k: max(r["tok_s"] for r in v) for k, v in runs.items()}
+    return dict(instant_tok_s=best["instant"], slow_tok_s=best["slow"], ratio=best["slow"] / best["instant"],
+                runs=runs, train_seconds=train_s, compiles_after_warmup=engine.compile_count - compiles,
+                batch=args.tool_batch, samples=len(requests) * args.tool_n)
 
 
 def cost_analysis_cache():
@@ -297,6 +359,9 @@ def main():
     ap.add_argument("--roofline-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="weights and KV dtype of the measured step (XLA:CPU upcasts bfloat16 matmuls to float32 "
                          "through extra copies, which a GPU or TPU does not)")
+    ap.add_argument("--tools", action="store_true", help="add the tool-latency row (instant vs 0.2 s tool)")
+    ap.add_argument("--tool-batch", type=int, default=16)
+    ap.add_argument("--tool-n", type=int, default=16, help="samples per prompt of the tool row (4 prompts)")
     ap.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results as JSON")
     ap.add_argument("--worker", choices=["tunix"], help=argparse.SUPPRESS)
     ap.add_argument("--hf-dir", type=Path, help=argparse.SUPPRESS)
@@ -345,8 +410,16 @@ def main():
         if "tok_s" in results[name]:
             results[name]["vt_ratio"] = vt / results[name]["tok_s"]
             print(f"  vt / {name}: {vt / results[name]['tok_s']:.2f}x")
+    out = {"throughput": results}
+    if args.tools:
+        out["tools"] = t = run_tools(args)
+        print(f"  tools ({t['samples']} samples, 2 calls each, batch {t['batch']}): policy tokens/s instant "
+              f"{t['instant_tok_s']:.1f}, 0.2 s tool {t['slow_tok_s']:.1f}: {t['ratio']:.2f}x (best of 3 each; "
+              f"runs instant {[round(r['tok_s'], 1) for r in t['runs']['instant']]} slow "
+              f"{[round(r['tok_s'], 1) for r in t['runs']['slow']]}, "
+              f"{t['compiles_after_warmup']} compiles after warm-up)")
     if args.json:
-        args.json.write_text(json.dumps({"throughput": results}, indent=1) + "\n")
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return None
 
 

@@ -91,7 +91,7 @@ def test_cache_parity_prefill_and_every_decode_step(which, tiny, sampling_model)
     slot_pages[4, 2] = copy_dst
     insert = jax.jit(functools.partial(steps.insert, params=SamplingParams(temperature=0.0), stop_ids=()))
     admission = steps.Admission(src=jnp.asarray(src), dst=jnp.asarray(dst), lens=jnp.asarray(lens[src]),
-                                max_new=jnp.full(5, 100), ids=jnp.zeros((5, 2), jnp.int32),
+                                max_new=jnp.full(5, 100), ids=jnp.zeros((5, 2), jnp.int32), count=jnp.zeros(5, jnp.int32),
                                 copy_src=jnp.asarray([table[0, 2]]), copy_dst=jnp.asarray([copy_dst]))
     cache, slots, _, _ = insert(cache, zeros_of(steps.Slots.abstract(B)), logits, admission, jax.random.PRNGKey(0))
     cache = PagedKVCache(k=cache.k, v=cache.v, page_table=jnp.asarray(slot_pages))

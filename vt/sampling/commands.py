@@ -8,6 +8,9 @@ and optionally "max_new_tokens" (int, overrides the flag for this prompt) and "n
 Output, one line per sample, in input order:
     {"index": i, "sample": j, "prompt_ids": [...], "completion_ids": [...], "logprobs": [...],
      "finish_reason": "stop"|"length", "completion": "..." (only with --tokenizer)}
+With --tool NAME (needs --tokenizer): the model may call that tool (Qwen's <tool_call> format; vt.tools) up to
+--max-turns times per sample; each line also holds "policy_mask" (1 on the policy's tokens, 0 on the tool
+turns') and "tool_calls", and finish_reason may be "max_turns".
 All input is checked before the model loads; OUT is written to a temporary file and renamed at the end, so
 an error leaves an existing OUT untouched.
 """
@@ -51,6 +54,12 @@ def register(subparsers) -> None:
     p.add_argument("--decode-attention", choices=DECODE_KERNELS, default="auto",
                    help="decode kernel: auto (Pallas on TPU, XLA elsewhere), xla, or pallas (also JAX's Pallas "
                         "kernel on NVIDIA GPUs)")
+    p.add_argument("--tool", action="append", default=[], type=non_empty, metavar="NAME", dest="tools",
+                   help="a tool the model may call (repeatable; vt.tools.registry, e.g. python); needs --tokenizer")
+    p.add_argument("--max-turns", type=positive_int, default=4, help="tool calls per sample at most")
+    p.add_argument("--max-tool-output-tokens", type=positive_int, default=256,
+                   help="a tool's output past this many tokens is cut, with a note")
+    p.add_argument("--tool-timeout", type=number(gt=0), default=5.0, help="seconds one tool call may run")
     p.add_argument("--stats-json", type=Path, default=None, metavar="FILE",
                    help="write the run's statistics (decode steps, tokens, prefill tokens, pages, preemptions, "
                         "seconds split prefill/decode/host) to FILE")
@@ -136,12 +145,22 @@ def _check_memory(args, cfg, model_cfg, requests, lines, context: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vt.checkpoint.params import load_model, load_model_config
-    from vt.sampling.config import SamplerConfig
+    from vt.sampling.config import SamplerConfig, ToolsConfig
     from vt.sampling.engine import Engine
+    from vt.tools import python as _builtin  # noqa: F401  (registers the built-in tools)
+    from vt.tools.registry import TOOLS
 
+    tools = None
+    if args.tools:
+        unknown = [t for t in args.tools if t not in TOOLS]
+        if unknown:
+            raise VtError(f"--tool {unknown[0]}: no such tool (the tools: {', '.join(sorted(TOOLS))})")
+        tools = ToolsConfig(tools=tuple(dict.fromkeys(args.tools)), max_turns=args.max_turns,
+                            max_tool_output_tokens=args.max_tool_output_tokens, timeout_s=args.tool_timeout)
     cfg = SamplerConfig(batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, top_k=args.top_k, n=args.n, seed=args.seed, stop_strings=tuple(args.stop),
-                        page_size=args.page_size, kv_pages=args.kv_pages, decode_attention=args.decode_attention)
+                        page_size=args.page_size, kv_pages=args.kv_pages, decode_attention=args.decode_attention,
+                        tools=tools)
     refuse_same_file(args.prompts, args.out, "--prompts", "--out")
     check_output_path(args.out, "--out")
     tokenizer = None
@@ -150,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.tokenizer)
     if cfg.stop_strings and tokenizer is None:
         raise VtError("--stop needs --tokenizer")
+    if tools is not None and tokenizer is None:
+        raise VtError("--tool needs --tokenizer")
     model_cfg = load_model_config(args.ckpt)
     context = model_cfg.max_position_embeddings
     requests, lines = read_requests(args.prompts, tokenizer, model_cfg.vocab_size, context)
@@ -182,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
                            "completion_ids": s.completion_ids, "logprobs": s.logprobs, "finish_reason": s.finish_reason}
                     if tokenizer is not None:
                         rec["completion"] = s.text
+                    if tools is not None:
+                        mask = s.policy_mask if s.policy_mask is not None else [True] * len(s.completion_ids)
+                        rec["policy_mask"], rec["tool_calls"] = [int(m) for m in mask], s.tool_calls
                     yield rec
 
         write_jsonl(args.out, rows())

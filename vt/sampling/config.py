@@ -14,6 +14,23 @@ DECODE_KERNELS = ("auto", "xla", "pallas")  # vt.model.kv_pages.PagedKVCache.dec
 
 
 @dataclasses.dataclass(frozen=True)
+class ToolsConfig:
+    """Tool calls inside the rollout (vt.tools): a sample whose turn ends a `<tool_call>` is parked, the call runs
+    in the background, and the sample goes on with the tool's turn appended (vt.sampling.engine)."""
+    tools: tuple[str, ...] = ("python",)  # names in vt.tools.registry.TOOLS the policy may call
+    max_turns: Annotated[int, AT_LEAST_1] = 4  # tool calls per sample; a call past them ends it ("max_turns")
+    max_tool_output_tokens: Annotated[int, AT_LEAST_1] = 256  # a longer output is cut, with a visible note
+    timeout_s: Annotated[float, Range(gt=0)] = 5.0  # wall clock of one call (the python tool's sandbox run)
+    memory_bytes: Annotated[int, AT_LEAST_1] = 512 << 20  # the python tool's run, all its processes together
+    workers: Annotated[int, AT_LEAST_1] = 8  # calls run at once (threads; the python tool's sandboxes)
+
+    def __post_init__(self):
+        check_fields(self)
+        if not self.tools:
+            raise FieldError(type(self).__name__, "tools", "is empty (leave the sampler's tools unset for none)")
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplerConfig:
     batch_size: Annotated[int, AT_LEAST_1] = 64  # decode slots B: samples generated concurrently
     max_new_tokens: Annotated[int, AT_LEAST_1] = 256  # default per request; a Request may set its own
@@ -38,6 +55,7 @@ class SamplerConfig:
     # TPU, XLA elsewhere), "pallas" (also JAX's Pallas kernel on GPU; needs each KV head's pages whole on a
     # device) or "xla".
     decode_attention: str = "auto"
+    tools: ToolsConfig | None = None  # None: no tool calls (a sample is one completion)
 
     def __post_init__(self):
         # FieldError: a config file's sampler section names the bad field by its dotted path (vt.config)

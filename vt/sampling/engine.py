@@ -20,12 +20,22 @@ youngest sample is preempted (its pages freed, it restarts from its prompt later
 admitted only into pages left over. Since a sample's tokens depend only on its keys, none of this changes
 any result: samples are the same for every page size, pool size and batch size.
 
+Tool calls (SamplerConfig.tools, off by default): a sample whose turn ends `</tool_call>` (a stop token on device
+where the vocabulary has one, else found in the text between decode calls) is parked: its slot takes another
+sample, it keeps the pages of its decoded prefix, and its call runs on vt.tools' thread pool (the `python` tool in
+the warm sandbox pool). Once the tool answers it takes a free slot again: one prefill writes the tool turn's
+tokens after its kept prefix (a cache that `continues`: nothing decoded is recomputed) and draws its next token,
+until it answers, ends a call past `max_turns` or spends its token budget (policy and tool tokens together). A
+parked sample is the first to give its pages back when the pool runs short (it then re-prefills its whole
+sequence); a running sample with tool turns that is preempted is resumed that way too, never restarted.
+
 Randomness: sample j of request i draws its t-th token with fold_in(fold_in(fold_in(key(seed), i), j), t),
 so results depend only on (seed, request, sample), not on batch size, slot assignment, refill or sharding.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures as cf
 import contextlib
 import dataclasses
 import functools
@@ -48,6 +58,9 @@ from vt.sampling.page_table import (PagePool, PageTables, check_memory, device_m
 from vt.sampling.rules import SamplingParams
 from vt.sampling.stop import default_stop_ids, find_stop_string
 from vt.sharding import param_sharding, shardings_of, state_shardings, use_mesh, zeros_of
+from vt.tools.format import CALL_END
+from vt.tools.registry import ToolError
+from vt.tools.runner import ToolRunner
 from vt.validation import FieldError
 
 
@@ -55,11 +68,16 @@ from vt.validation import FieldError
 class Sample:
     completion_ids: list[int]  # generated tokens, the stop token included when one ended the sample
     logprobs: list[float]  # log q(token) under the sampling distribution (0.0 for greedy)
-    finish_reason: str  # "stop" (stop token or stop string) or "length"
+    finish_reason: str  # "stop" (stop token or stop string), "length" or "max_turns" (a tool call past max_turns)
     text: str | None = None  # decoded completion (cut before a stop string) when the engine has a tokenizer
     # [len(completion_ids)] bool: True where the policy sampled the token, False where a tool's turn put it (the
     # learner trains on the policy's tokens only: vt.rl.rollouts.build_rows); None: every token is the policy's
+    # With tools (SamplerConfig.tools), completion_ids hold the policy's turns and the tool turns in order, and
+    # logprobs are 0.0 on tool tokens.
     policy_mask: np.ndarray | None = None
+    tool_calls: int = 0  # calls the sample made (malformed ones included)
+    tool_errors: int = 0  # of those, calls answered with an error turn (malformed, unknown tool, bad arguments)
+    policy_version: int = 0  # Engine.policy_version (update_weights calls) when the sample began
 
 
 @dataclasses.dataclass
@@ -74,6 +92,9 @@ class Stats:
     peak_pages_needed: int = 0  # most pages the live tokens needed at once (shared pages once, no lookahead)
     page_bytes: int = 0  # bytes of one page over all layers, K and V
     preemptions: int = 0  # samples evicted to free pages (restarted later from their prompt)
+    tool_calls: int = 0  # samples parked on a tool call
+    resume_tokens: int = 0  # tokens prefilled to resume parked samples (tool turns; whole sequences if evicted)
+    tool_wait_seconds: float = 0.0  # time no slot decoded because every sample waited for a tool
     seconds: float = 0.0
     prefill_seconds: float = 0.0  # prefill and insert, to their first tokens on the host
     decode_seconds: float = 0.0  # decode calls, to their outputs on the host
@@ -125,6 +146,9 @@ class _Programs:
         rule = dict(params=params, stop_ids=stop_ids)
         self.prefill = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)), donate_argnums=1,
                                **out(mesh and (rep, cache_sh(rep))))
+        # the same prefill over a cache that `continues` (a static field, so its own shardings): resumed samples
+        self.resume = jax.jit(self._counted(functools.partial(steps.prefill, graphdef)), donate_argnums=1,
+                              **out(mesh and (rep, dataclasses.replace(cache_sh(rep), continues=True))))
         self.insert = jax.jit(self._counted(functools.partial(steps.insert, **rule)), donate_argnums=(0, 1),
                               **out(mesh and (cache_sh(rep), slots_sh, rep, rep)))
         self.decode = jax.jit(self._counted(functools.partial(steps.decode, graphdef, steps_per_call=steps_per_call,
@@ -158,6 +182,19 @@ class Engine:
         self.max_context = cfg.max_context or mc.max_position_embeddings
         self.stop_ids = (tuple(cfg.stop_token_ids) if cfg.stop_token_ids is not None
                          else default_stop_ids(mc.vocab_size, tokenizer, mc.eos_token_id))
+        self.policy_version = 0  # update_weights calls; each sample records the version it began with
+        self.tools, self.call_end_id = None, None
+        if cfg.tools is not None:
+            if tokenizer is None:
+                raise VtError("sampler config: field 'tools' needs a tokenizer")
+            try:
+                self.tools = ToolRunner(cfg.tools, tokenizer)
+            except ToolError as e:
+                raise FieldError("ToolsConfig", "tools", str(e)) from None
+            end = tokenizer.encode(CALL_END)
+            if len(end) == 1:  # a token of its own (Qwen's vocabularies): the device stops on it; else the host
+                self.call_end_id = end[0]  # finds the text between decode calls, as stop strings
+                self.stop_ids = tuple(sorted({*self.stop_ids, end[0]}))
         self.params = SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k)
         self.stats, self.last_stats = Stats(), Stats()
         self._calls = 0
@@ -190,6 +227,7 @@ class Engine:
         if jax.tree.structure(state) != jax.tree.structure(self.state) or spec(state) != spec(self.state):
             raise VtError("update_weights: the new state's structure, shapes or dtypes differ from the engine's")
         self.state = self._place(state)
+        self.policy_version += 1
 
     def check(self, requests: Sequence[Request]) -> list[tuple[np.ndarray, int, int]]:
         """Validate requests -> (prompt, max_new_tokens, n) each; max_new is cut to fit the context."""
@@ -226,6 +264,7 @@ class Engine:
             return []
         run = _Run(self.cfg, self._p, self.state, self.mesh, self.tokenizer, self.max_context, self.model_cfg,
                    self.last_stats, reqs, jax.random.PRNGKey(seed), first_request)
+        run.tools, run.call_end_id, run.policy_version = self.tools, self.call_end_id, self.policy_version
         with self._ctx():
             run.loop(results, progress, on_finished)
         st = self.last_stats
@@ -241,9 +280,25 @@ class _Slot:
     request: int
     sample: int
     born: int  # admission serial: the youngest sample is preempted first
-    toks: list[int]  # generated so far
-    lps: list[float]  # their log-probs
+    toks: list[int]  # generated so far (with tools: the policy's and the tool turns' tokens, in order)
+    lps: list[float]  # their log-probs (0.0 on tool tokens)
     seen: int = 0  # len(toks) at the last stop-string check
+    tool_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # [start, end) of each tool turn
+    turn_start: int = 0  # where the policy's current turn begins in toks (after the last tool turn)
+    call_seen: int = 0  # len(toks) at the last check for a tool call's end (host-side detection)
+    calls: int = 0
+    errors: int = 0
+    version: int = 0  # the engine's policy_version when the sample began
+
+
+@dataclasses.dataclass
+class _Parked:
+    """A sample out of its slot: waiting for its tool call (`future`: (tool turn ids, call ran) or, for a sample
+    preempted after a tool turn, ([], None)), holding the pages of its first `kept` positions."""
+    slot: _Slot
+    pages: list[int]
+    kept: int
+    future: cf.Future
 
 
 class _Run:
@@ -267,6 +322,8 @@ class _Run:
         stats.pool_pages, stats.page_bytes = n_pages, page_bytes
         self.queue = collections.deque((i, j) for i, (_, _, n) in enumerate(reqs) for j in range(n))
         self.live: list[_Slot | None] = [None] * self.B  # per decode slot: its sample, None when free
+        self.parked: list[_Parked] = []  # samples out of their slots during a tool call (with tools only)
+        self.tools, self.call_end_id, self.policy_version = None, None, 0  # set by Engine.generate
         self.serial = 0
         # the decode batch never shrinks below a multiple of the mesh's batch axes (its slots are split there)
         self.min_batch = 1 if mesh is None else int(np.prod([mesh.shape[a] for a in ("data", "fsdp")
@@ -284,7 +341,12 @@ class _Run:
 
     def _preempt(self, b: int) -> None:
         s = self.live[b]
-        self.queue.appendleft((s.request, s.sample))  # older preempted samples end up in front: request order kept
+        if s.calls:  # after a tool turn: resumed later from its tokens (re-prefilled), not restarted and re-called
+            done = cf.Future()
+            done.set_result(([], None))
+            self.parked.append(_Parked(s, [], 0, done))
+        else:
+            self.queue.appendleft((s.request, s.sample))  # older preempted samples end up in front: order kept
         self.tables.free(b)
         self.live[b] = None
         self.stats.preemptions += 1
@@ -301,7 +363,8 @@ class _Run:
                     for b in running:
                         self.tables.grow(b, self._limit(b, n_steps))
                     return n_steps
-            self._preempt(max(running, key=lambda b: self.live[b].born))
+            if not self._evict_parked():  # a parked sample re-prefills: cheaper than a restart that re-decodes
+                self._preempt(max(running, key=lambda b: self.live[b].born))
 
     def _take_units(self, free: list[int], steps: int) -> list[tuple[int, int]]:
         """Queued samples to admit now, in queue order, as many as free slots and pages allow (the rest wait).
@@ -325,7 +388,7 @@ class _Run:
     def loop(self, results, progress, on_finished) -> None:
         cfg, st = self.cfg, self.stats
         handed_over = False  # the last decode call ended early only to hand finished samples over
-        while self.queue or self._busy():
+        while self.queue or self._busy() or self.parked:
             # A call cut short only to hand samples over leaves the batch as it is: a smaller batch is a program
             # to compile, which a short run (one decode call per batch without a hook, as the demo's) would pay.
             if not handed_over:
@@ -334,20 +397,37 @@ class _Run:
             min_free = cfg.refill_min_free or max(1, B // 8)
             steps = self._pages_for_next_call()
             free = [b for b in range(B) if self.live[b] is None]
-            if self.queue and free and (cfg.refill or len(free) == B):
+            if self.parked and free:  # samples back from their tool calls go first: they hold pages already
+                free = self._resume_ready(free, steps, results, on_finished, progress)
+            # An answered sample that found a free slot but no pages: new samples wait (they would take the pages)
+            starved = bool(free) and any(p.future.done() for p in self.parked)
+            if self.queue and free and not starved and (cfg.refill or len(free) == B):
                 units = self._take_units(free, steps)
-                if not units and len(free) == B:
+                if not units and len(free) == B and not self.parked:
                     raise VtError("sampler: internal error: the KV pool cannot hold a single waiting sample")
+                if not units and not self._busy():
+                    self._evict_parked()  # parked samples' pages block every admission: they re-prefill later
+                    continue
                 if units:
                     self._admit(units, free[:len(units)], steps)
+            if not self._busy():  # every sample waits for a tool (or nothing is left)
+                if starved:
+                    self._evict_parked()  # answered, but the parked samples' pages leave none to resume it in
+                elif self.parked:
+                    t = time.perf_counter()
+                    cf.wait([p.future for p in self.parked], return_when=cf.FIRST_COMPLETED)
+                    st.tool_wait_seconds += time.perf_counter() - t
+                continue
             idle = B - len(self._busy())  # > 0 with a queue: admission waits for pages
             # Run until enough slots are free to be worth a refill; when samples wait for pages, until one more
             # sample ends (its pages come back), so each call makes progress. With nothing to refill, until every
             # slot is done, or, when on_finished waits for samples (verification beside decoding), until
             # min_free more are: they are handed over a few at a time, not all at the end of the batch.
+            # Parked samples count as waiting: a slot that frees can take one back once its tool answered.
             handover = False
-            if self.queue and cfg.refill:
-                want = idle + max(1, min(len(self.queue), min_free))
+            waiting = len(self.queue) + len(self.parked)
+            if waiting and cfg.refill:
+                want = idle + max(1, min(waiting, min_free))
             elif on_finished is not None:
                 want, handover = idle + min_free, True
             else:
@@ -370,22 +450,164 @@ class _Run:
             self._note_live(owned)
             done = [b for b in owned if not active[b]]
             cut = self._stop_strings(owned) if cfg.stop_strings else {}
-            newly = [b for b in cut if active[b]]
+            calls = self._call_ends(owned, stopped, active) if self.tools is not None else {}
+            for b, m in list(calls.items()):  # a tool call ends before any stop string: the sample parks there
+                if b in cut and cut[b][0] <= m:
+                    del calls[b]
+                else:
+                    cut.pop(b, None)
+            newly = [b for b in [*cut, *calls] if active[b]]
             if newly:
                 self.slots = self.programs.deactivate(self.slots, jnp.asarray(np.isin(np.arange(B), newly)))
                 done += newly
+            finished = 0
             for b in done:
+                reason = None
+                if b in calls:
+                    if self._park(b, calls[b]):
+                        continue
+                    reason = "max_turns"
+                finished += 1
                 s = self.live[b]
-                results[s.request][s.sample] = sample = self._result(s, bool(stopped[b]), cut.get(b))
+                results[s.request][s.sample] = sample = self._result(s, bool(stopped[b]), cut.get(b), reason)
                 st.tokens += len(sample.completion_ids)
                 self.tables.free(b)
                 self.live[b] = None
                 if on_finished is not None:
                     on_finished(s.request, s.sample, sample)
-            if done and progress is not None:
-                progress(len(done))
+            if finished and progress is not None:
+                progress(finished)
         st.peak_pages = self.pool.peak_in_use
         st.peak_pages_needed = self.tables.peak_needed
+
+    # ---- tool calls (SamplerConfig.tools) ---------------------------------------------------------------------
+
+    def _call_ends(self, owned, stopped, active) -> dict[int, int]:
+        """slot -> tokens to keep, for samples whose current turn ends a tool call: on the device's stop at the
+        `</tool_call>` token, or (a vocabulary without that token) the text's first `</tool_call>` in the turn."""
+        ends = {}
+        for b in owned:
+            s = self.live[b]
+            if self.call_end_id is not None:
+                if stopped[b] and not active[b] and s.toks[-1] == self.call_end_id:
+                    ends[b] = len(s.toks)
+            elif len(s.toks) > s.call_seen:
+                s.call_seen = len(s.toks)
+                hit = find_stop_string(s.toks[s.turn_start:], self._text, (CALL_END,))
+                if hit:
+                    ends[b] = s.turn_start + hit[0]
+        return ends
+
+    def _park(self, b: int, m: int) -> bool:
+        """Slot b's sample ended a tool call at token m: cut it there, and unless it has made max_turns calls
+        already (False: it ends), move it out of its slot, keeping the pages of its decoded prefix, and start the
+        call in the background."""
+        s = self.live[b]
+        del s.toks[m:], s.lps[m:]  # tool turns all end before the current turn: its spans stay
+        s.seen, s.call_seen = min(s.seen, m), m
+        if s.calls >= self.tools.cfg.max_turns:
+            return False
+        s.calls += 1
+        self.stats.tool_calls += 1
+        # Positions before the last token hold their keys and values (the last one's are written when it is fed).
+        kept = len(self.reqs[s.request][0]) + len(s.toks) - 1
+        self.parked.append(_Parked(s, self.tables.detach(b, kept), kept, self.tools.submit(s.toks[s.turn_start:])))
+        self.live[b] = None
+        return True
+
+    def _evict_parked(self) -> bool:
+        """Release the pages of one parked sample (it re-prefills its whole sequence when resumed), those still
+        waiting for their tool first, the most pages first. False when no parked sample holds pages."""
+        held = [p for p in self.parked if p.pages]
+        if not held:
+            return False
+        p = min(held, key=lambda p: (p.future.done(), -len(p.pages)))
+        self.pool.release(p.pages)
+        p.pages, p.kept = [], 0
+        self.stats.preemptions += 1
+        return True
+
+    def _resume_ready(self, free: list[int], steps: int, results, on_finished, progress) -> list[int]:
+        """Put samples whose tool answered back into free slots, with the tool turn appended: one prefill that
+        continues each sample's kept pages (its decoded prefix is not recomputed) and draws its next token.
+        Returns the slots still free."""
+        cfg, st = self.cfg, self.stats
+        t = time.perf_counter()
+        rows = lambda n: min(bucket(n, cfg.min_prefill_rows), bucket(self.B))  # noqa: E731
+        units, longest, budget = [], 0, self.pool.free
+        for p in [p for p in self.parked if p.future.done()]:
+            s = p.slot
+            prompt, mn, _ = self.reqs[s.request]
+            ids, ran = p.future.result()
+            if ids:
+                if not ran:
+                    s.errors += 1
+                room = mn - len(s.toks)
+                if len(ids) >= room:  # no room left for a policy token: it ends with what fits of the tool turn
+                    s.toks += ids[:room]
+                    s.lps += [0.0] * min(len(ids), room)
+                    s.tool_spans.append((len(s.toks) - min(len(ids), room), len(s.toks)))
+                    self.parked.remove(p)
+                    self.pool.release(p.pages)
+                    results[s.request][s.sample] = sample = self._result(s, False, None)
+                    st.tokens += len(sample.completion_ids)
+                    if on_finished is not None:
+                        on_finished(s.request, s.sample, sample)
+                    if progress is not None:
+                        progress(1)
+                    continue
+                s.toks += ids
+                s.lps += [0.0] * len(ids)
+                s.tool_spans.append((len(s.toks) - len(ids), len(s.toks)))
+                s.turn_start = s.call_seen = len(s.toks)
+                p.future = cf.Future()
+                p.future.set_result(([], None))  # appended: a later try (no pages yet) must not append it again
+            L = len(prompt)
+            chunk = L + len(s.toks) - p.kept
+            need = pages_for(min(L + len(s.toks) + steps, L + mn - 1), self.Z) - len(p.pages)
+            if (len(units) == len(free) or need > budget
+                    or (units and rows(len(units) + 1) * bucket(max(longest, chunk), cfg.min_prompt_bucket)
+                        > cfg.prefill_tokens)):
+                continue
+            budget -= max(0, need)
+            longest = max(longest, chunk)
+            units.append(p)
+        if units:
+            self._prefill_resumed(units, free[:len(units)], steps, rows(len(units)), longest)
+            st.prefill_seconds += time.perf_counter() - t
+        return free[len(units):]
+
+    def _prefill_resumed(self, units: list[_Parked], slots_for: list[int], n_steps: int, A: int, longest: int) -> None:
+        T = min(bucket(longest, self.cfg.min_prompt_bucket), self.M * self.Z)
+        toks = np.zeros((A, T), np.int32)
+        lens, start = np.ones(A, np.int32), np.zeros(A, np.int32)
+        table = np.full((A, self.M), self.pool.num_pages, np.int32)
+        for a, (p, b) in enumerate(zip(units, slots_for)):
+            s = p.slot
+            self.parked.remove(p)
+            seq = [*self.reqs[s.request][0], *s.toks]
+            toks[a, :len(seq) - p.kept], lens[a], start[a] = seq[p.kept:], len(seq) - p.kept, p.kept
+            self.live[b] = s
+            self.tables.assign(b, p.pages)
+            # pages for the chunk, the token drawn after it and the next call's steps (as _limit, one token on)
+            self.tables.grow(b, min(len(seq) + n_steps, len(self.reqs[s.request][0]) + self.reqs[s.request][1] - 1))
+            table[a] = self.tables.table[b]
+            self.stats.resume_tokens += len(seq) - p.kept
+        cache = dataclasses.replace(self.cache, page_table=jnp.asarray(table), continues=True)
+        logits, cache = self.programs.resume(self.state, cache, jnp.asarray(toks), jnp.asarray(lens),
+                                             jnp.asarray(start))
+        slots = [p.slot for p in units]
+        adm = self._admission([(q, b, s.request, s.sample, len(s.toks))
+                               for q, (s, b) in enumerate(zip(slots, slots_for))])
+        self.cache, self.slots, tok_Q, lp_Q = self.programs.insert(
+            dataclasses.replace(cache, continues=False), self.slots, logits, adm, self.base_key)
+        tok_Q, lp_Q = jax.device_get((tok_Q, lp_Q))
+        for q, (s, b) in enumerate(zip(slots, slots_for)):
+            s.toks.append(int(tok_Q[q]))
+            s.lps.append(float(lp_Q[q]))
+            s.born = self.serial
+            self.serial += 1
+        self.stats.prefill_calls += 1
 
     def _text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -402,12 +624,18 @@ class _Run:
                     cut[b] = hit
         return cut
 
-    def _result(self, s: _Slot, stopped: bool, cut: tuple[int, str] | None) -> Sample:
-        if cut is not None:
-            m, text = cut
-            return Sample(s.toks[:m], s.lps[:m], "stop", text)
-        return Sample(s.toks, s.lps, "stop" if stopped else "length",
-                      self._text(s.toks) if self.tokenizer is not None else None)
+    def _result(self, s: _Slot, stopped: bool, cut: tuple[int, str] | None, reason: str | None = None) -> Sample:
+        m, text = cut if cut is not None else (len(s.toks), None)
+        if cut is None and self.tokenizer is not None:
+            text = self._text(s.toks)
+        reason = reason or ("stop" if stopped or cut is not None else "length")
+        mask = None
+        if s.tool_spans:
+            mask = np.ones(m, bool)
+            for a, z in s.tool_spans:
+                mask[a:z] = False
+        return Sample(s.toks[:m], s.lps[:m], reason, text, policy_mask=mask, tool_calls=s.calls, tool_errors=s.errors,
+                      policy_version=s.version)
 
     def _note_live(self, owned) -> None:
         """Track the pages the live tokens need (each shared page once), to compare with the pages in use."""
@@ -422,7 +650,7 @@ class _Run:
         power of two: a long tail then decodes at the batch it has, not at the batch it started with. The
         pages stay where they are (only page-table rows move), and since keys follow samples, not slots,
         nothing else changes."""
-        if self.queue:
+        if self.queue or self.parked:  # parked samples come back to slots of this batch
             return
         busy = self._busy()
         target = max(bucket(len(busy)), self.min_batch)
@@ -473,27 +701,31 @@ class _Run:
             logits, self.cache = self.programs.prefill(self.state, cache, jnp.asarray(toks), jnp.asarray(lens))
             placed = [(p, i, j, b, k) for p, i in enumerate(group) for k, (j, b) in enumerate(by_req[i])]
             self.cache, self.slots, tok_Q, lp_Q = self.programs.insert(
-                self.cache, self.slots, logits, self._admission(placed, lens, copies), self.base_key)
+                self.cache, self.slots, logits, self._admission([(p, b, i, j, 0) for p, i, j, b, _ in placed], copies),
+                self.base_key)
             tok_Q, lp_Q = jax.device_get((tok_Q, lp_Q))
             for q, (p, i, j, b, k) in enumerate(placed):
-                self.live[b] = _Slot(request=i, sample=j, born=self.serial, toks=[int(tok_Q[q])], lps=[float(lp_Q[q])])
+                self.live[b] = _Slot(request=i, sample=j, born=self.serial, toks=[int(tok_Q[q])], lps=[float(lp_Q[q])],
+                                     version=self.policy_version)
                 self.serial += 1
                 self.tables.assign(b, starts[i][k])
                 self.tables.grow(b, self._limit(b, steps))
             st.prefill_calls += 1
         st.prefill_seconds += time.perf_counter() - t
 
-    def _admission(self, placed, lens, copies) -> steps.Admission:
-        """The insert call's record of the `placed` samples ((prefill row, request, sample, slot, _) each) and the
-        page `copies`, padded to B rows: one insert program per prefill shape; padding rows are dropped."""
+    def _admission(self, rows, copies=()) -> steps.Admission:
+        """The insert call's record of samples starting in slots, (prefill row, slot, request, sample, tokens its
+        completion holds already) each, and the page `copies`, padded to B rows: one insert program per prefill
+        shape; padding rows are dropped. A sample starts at position len(prompt) + those tokens."""
         def padded(values, fill, width=()):
             out = np.full((self.B, *width), fill, np.int32)
             if values:
                 out[:len(values)] = values
             return jnp.asarray(out)
         return steps.Admission(
-            src=padded([p for p, _, _, _, _ in placed], 0), dst=padded([b for _, _, _, b, _ in placed], self.B),
-            lens=padded([lens[p] for p, _, _, _, _ in placed], 0),
-            max_new=padded([self.reqs[i][1] for _, i, _, _, _ in placed], 1),
-            ids=padded([(self.first_request + i, j) for _, i, j, _, _ in placed], 0, (2,)),
+            src=padded([p for p, _, _, _, _ in rows], 0), dst=padded([b for _, b, _, _, _ in rows], self.B),
+            lens=padded([len(self.reqs[i][0]) + c for _, _, i, _, c in rows], 0),
+            max_new=padded([self.reqs[i][1] for _, _, i, _, _ in rows], 1),
+            ids=padded([(self.first_request + i, j) for _, _, i, j, _ in rows], 0, (2,)),
+            count=padded([c for *_, c in rows], 0),
             copy_src=padded([a for a, _ in copies], 0), copy_dst=padded([z for _, z in copies], self.pool.num_pages))

@@ -209,6 +209,15 @@ class PageTables:
         self.table = self.table[rows]
         self.pages = [self.pages[b] for b in rows]
 
+    def detach(self, b: int, tokens: int) -> list[int]:
+        """Take slot b's pages off its row, keeping (not releasing) those that hold its first `tokens` tokens and
+        releasing the rest: a sample parked during a tool call keeps its prefix while its slot runs another."""
+        keep, pages = pages_for(tokens, self.page_size), self.pages[b]
+        self.pool.release(pages[keep:])
+        self.pages[b] = []
+        self.table[b] = self.unowned
+        return pages[:keep]
+
     def free(self, b: int) -> None:
         self.pool.release(self.pages[b])
         self.pages[b] = []

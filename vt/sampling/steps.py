@@ -45,13 +45,16 @@ class Slots:
                    key=ArrayInfo((batch, 2), jnp.dtype(jnp.uint32), ("batch", None)))
 
 
-def prefill(graphdef, state, cache: PagedKVCache, tokens_AT, lens_A):
+def prefill(graphdef, state, cache: PagedKVCache, tokens_AT, lens_A, start_A=None):
     """Run right-padded prompts from position 0, writing their keys and values into the pages of
     `cache.page_table` ([A, pages of T]; padding past a prompt's pages is dropped). Returns (last logits [A, V],
-    cache)."""
+    cache). With `start_A` (and a cache that `continues`), row a's tokens sit at positions start_A[a] onward and
+    attend to what its pages hold before them: a sample resumed after a tool call, its decoded prefix kept."""
     model = nnx.merge(graphdef, state)
     A, T = tokens_AT.shape
     positions_AT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (A, T))
+    if start_A is not None:
+        positions_AT = positions_AT + start_A[:, None]
     return model(tokens_AT, positions_AT, None, cache, logits_at_B=lens_A - 1)  # the LM head at each last token only
 
 
@@ -65,6 +68,7 @@ class Admission:
     lens: jax.Array      # [Q] int32 its prompt length: the position of its first generated token
     max_new: jax.Array   # [Q] int32 its length limit
     ids: jax.Array       # [Q, 2] int32 (request index, sample index): what its key is folded from
+    count: jax.Array     # [Q] int32 tokens its completion already holds (0, or a sample resumed after a tool call)
     copy_src: jax.Array  # [W] int32 shared, partly filled prompt pages ...
     copy_dst: jax.Array  # [W] int32 ... copied here before anyone writes into them (copy-on-write)
 
@@ -75,14 +79,15 @@ def insert(cache: PagedKVCache, slots: Slots, logits_AV, adm: Admission, base_ke
     sample's first token. Sample (i, j)'s key is fold_in(fold_in(base_key, i), j), so its tokens do not depend on
     the slot it lands in. Returns (cache, slots, first tokens [Q], their log-probs [Q])."""
     keys_Q = jax.vmap(lambda ij: jax.random.fold_in(jax.random.fold_in(base_key, ij[0]), ij[1]))(adm.ids)
-    step_keys_Q = jax.vmap(jax.random.fold_in)(keys_Q, jnp.zeros_like(adm.lens))
+    step_keys_Q = jax.vmap(jax.random.fold_in)(keys_Q, adm.count)  # completion token t draws with fold_in(key, t)
     tok_Q, lp_Q = sample(step_keys_Q, logits_AV[adm.src], params)
     put = lambda buf, val: buf.at[adm.dst].set(val, mode="drop")  # noqa: E731
     cache = dataclasses.replace(cache, k=copy_pages(cache.k, adm.copy_src, adm.copy_dst),
                                 v=copy_pages(cache.v, adm.copy_src, adm.copy_dst))
     hit_Q = jnp.isin(tok_Q, jnp.asarray(stop_ids, jnp.int32)) if stop_ids else jnp.zeros_like(tok_Q, bool)
-    slots = Slots(last_tok=put(slots.last_tok, tok_Q), pos=put(slots.pos, adm.lens), count=put(slots.count, 1),
-                  max_new=put(slots.max_new, adm.max_new), active=put(slots.active, ~hit_Q & (adm.max_new > 1)),
+    count_Q = adm.count + 1
+    slots = Slots(last_tok=put(slots.last_tok, tok_Q), pos=put(slots.pos, adm.lens), count=put(slots.count, count_Q),
+                  max_new=put(slots.max_new, adm.max_new), active=put(slots.active, ~hit_Q & (count_Q < adm.max_new)),
                   stopped=put(slots.stopped, hit_Q), key=put(slots.key, keys_Q))
     return cache, slots, tok_Q, lp_Q
 
