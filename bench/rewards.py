@@ -164,8 +164,9 @@ tree alternated (the box loaded by four other sessions): at load 25-35 (db5ef96 
 2.18x, 2.07x after (vt 43.1, 41.2 vs 51.3, 54.4 records/s); at load 17-22 (with 0cecf1f, 5e29f7c) 2.03x, 1.90x
 vs 2.32x, 2.75x (56.9, 46.3 vs 67.1, 65.1 records/s); at load 14-20 (with the rubric and test commits after)
 1.40x, 1.68x, 1.51x, 1.60x vs 2.29x, 1.75x, 2.47x, 2.23x (vt 41.9, 54.5, 49.1, 56.3 vs 73.8, 59.5, 80.3, 89.7); at
-load 10-17 1.51x, 1.65x vs 2.25x, 2.11x (70.6, 68.5 vs 95.4, 122.8). Not measured on a quiet box: the >= 3x there
-is not shown.
+load 10-17 1.51x, 1.65x vs 2.25x, 2.11x (70.6, 68.5 vs 95.4, 122.8); at load 5.7-9, tree / a3b4e88 / tree / a3b4e88
+/ tree / a3b4e88 / tree: 3.28x, 2.41x, 2.61x, 1.42x, 2.01x, 1.67x, 2.25x (198.4, 151.6, 136.6, 67.3, 120.1, 80.3,
+98.4 records/s). Not measured on a quiet box: the >= 3x there is not shown (seen once, at load 7).
 """
 from __future__ import annotations
 
