@@ -25,6 +25,7 @@ from vt.data.tokenizer import load_tokenizer
 from vt.rewards.rubric import OpenAIChatJudge
 from vt.sampling.config import Request, SamplerConfig
 from vt.sampling.engine import Engine
+from vt.tools.answer import final_answer
 
 Messages = list[dict[str, str]]
 Teacher = Callable[[list[Messages]], list[Any]]  # list[str | BaseException]
@@ -34,7 +35,11 @@ Teacher = Callable[[list[Messages]], list[Any]]  # list[str | BaseException]
 class Completion:
     text: str
     num_tokens: int
-    finish_reason: str  # "stop" or "length" (truncated)
+    finish_reason: str  # "stop" or "length" (truncated); with tools also "max_turns"
+    # With the sampler's tools (SamplerConfig.tools): the calls the sample made and how many got an error turn; its
+    # text is then the final answer, after the last tool turn (vt.tools.answer)
+    tool_calls: int = 0
+    tool_errors: int = 0
 
 
 class Generator(Protocol):
@@ -66,8 +71,10 @@ class EngineGenerator:
             for s in per_conv:
                 ids = list(s.completion_ids)
                 body = ids[:-1] if ids and ids[-1] in stop else ids
-                text = s.text if s.text is not None else self.tokenizer.decode(body, skip_special_tokens=True)
-                row.append(Completion(text=text, num_tokens=len(ids), finish_reason=s.finish_reason))
+                text = (s.text if s.text is not None else self.tokenizer.decode(body, skip_special_tokens=True)
+                        ) if s.policy_mask is None else final_answer(s, self.tokenizer)
+                row.append(Completion(text=text, num_tokens=len(ids), finish_reason=s.finish_reason,
+                                      tool_calls=s.tool_calls, tool_errors=s.tool_errors))
             result.append(row)
         return result
 

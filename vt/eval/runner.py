@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jax
+import numpy as np
 from tqdm import tqdm
 
 from vt import VtError
@@ -243,6 +244,8 @@ def score_problem(cfg: EvalConfig, problem: Problem, completions, reward, equiva
              "failure": r.failure, "tokens": c.num_tokens, "finish": c.finish_reason}
         if cfg.domain == "instruct" and r.score is not None:  # IFEval's instruction-level verdicts
             s["strict"], s["loose"] = list(r.details["strict"]), list(r.details["loose"])
+        if cfg.sampling.tools is not None:  # tool-integrated reasoning: its text is the final answer
+            s["tool_calls"], s["tool_errors"] = c.tool_calls, c.tool_errors
         if cfg.save_text:
             s["text"] = c.text
         samples.append(s)
@@ -356,6 +359,11 @@ def summarize(cfg: EvalConfig, rows: list[dict]) -> dict:
     summary["problems_unscored"] = len(rows) - len(scored)
     summary["verifier_errors"] = sum(m["verifier_errors"] for m in recomputed)
     summary["timeouts"] = sum(m["timeouts"] for m in recomputed)  # samples scored 0 because their check timed out
+    if cfg.sampling.tools is not None:
+        calls = np.array([[s["tool_calls"], s["tool_errors"]] for r in rows for s in r["samples"]]).reshape(-1, 2)
+        # the share of samples that called a tool and got no error turn, and the calls a sample made
+        summary["tool_call_share"] = float(((calls[:, 0] > 0) & (calls[:, 1] == 0)).mean()) if len(calls) else 0.0
+        summary["tool_calls_mean"] = float(calls[:, 0].mean()) if len(calls) else 0.0
     if cfg.domain == "instruct":
         summary.update(ifeval_scores([s for r in rows for s in r["samples"] if "strict" in s]))
     if cfg.clr.enabled:
