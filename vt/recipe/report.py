@@ -34,7 +34,9 @@ def format_table(manifests: list[dict], cfg: RecipeConfig | None = None) -> str:
              head, "|" + "---|" * (len(domains) + 3)]
     for stage, acc, wall in rows:
         vals = [acc.get(d) for d in domains]
-        mean = sum(v for v in vals if v is not None) / max(1, sum(v is not None for v in vals))
+        # the mean of the accuracies (not of the tool-use shares, "tool_calls_ok/<domain>", beside them)
+        accs = [v for d, v in zip(domains, vals) if v is not None and "/" not in d]
+        mean = sum(accs) / max(1, len(accs))
         lines.append(f"| {stage} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) +
                      f" | {mean:.3f} | {wall:.0f} |")
     return "\n".join(lines)

@@ -241,6 +241,7 @@ def run_stage(ctx: Context, stage: str, plan: Plan, fp: str, out, position: str 
                     config=manifest["config"], job_type=stage)
     notes = [f"checkpoint {ckpt}"] if ckpt else []
     if heldout:
-        notes.append(f"held-out mean {sum(heldout.values()) / len(heldout):.3f}")
+        accs = [v for d, v in heldout.items() if "/" not in d]  # accuracies, not tool_calls_ok/<domain>
+        notes.append(f"held-out mean {sum(accs) / max(1, len(accs)):.3f}")
     out(f"[pipeline] {stage}: done in {manifest['wall_s']:.0f} s" + (f"; {', '.join(notes)}" if notes else ""))
     return manifest

@@ -28,7 +28,8 @@ from vt.checkpoint.seal import sealed_steps
 from vt.config import to_dataclass
 from vt.data.curriculum import load_pass_rates
 from vt.data.tasks import task_corpus, task_records
-from vt.data.tokenizer import TINY_CORPUS, build_tiny_tokenizer, load_tokenizer
+from vt.data.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
+from vt.data.tokenizer import QWEN_CHAT_TEMPLATE, TINY_CORPUS, build_tiny_tokenizer, load_tokenizer
 from vt.distributed import process_mesh
 from vt.distill.run import DOMAINS as DISTILL_DOMAINS
 from vt.distill.run import SelfDistillConfig, run_self_distill as distill_traces
@@ -225,7 +226,12 @@ def run_data(ctx: Context, plan: Plan[DataStageConfig], sdir: Path) -> StageOutp
     # A byte-level BPE in Qwen2's own pipeline (NFC, Qwen2's split regex, byte-level), so the export loads in
     # transformers as Qwen2's tokenizer with the same ids (transformers >= 5 builds every qwen2 model's tokenizer
     # that way, whatever tokenizer.json says). The built-in corpus gives the merges the tasks alone run out of.
-    tok = build_tiny_tokenizer(out / "tokenizer", task_corpus(c.seed) + list(TINY_CORPUS), vocab_size=c.vocab_size)
+    # The tools task (the demo's tools variant) needs a template that renders tool turns as the sampler writes
+    # them (Qwen2.5's) and a corpus of its own domains; the other tasks keep vt's ChatML and the four tasks' corpus.
+    tools = "tools" in c.domains
+    corpus = task_corpus(c.seed, domains=tuple(c.domains)) if tools else task_corpus(c.seed)
+    tok = build_tiny_tokenizer(out / "tokenizer", corpus + list(TINY_CORPUS), vocab_size=c.vocab_size,
+                               chat_template=QWEN25_CHAT_TEMPLATE if tools else QWEN_CHAT_TEMPLATE)
     # Every id the model can sample must decode: the vocabularies match exactly.
     if tok.vocab_size != c.vocab_size:
         raise VtError(f"the tokenizer has {tok.vocab_size} tokens, not vocab_size={c.vocab_size} "
@@ -678,6 +684,9 @@ def heldout_accuracy(ctx: Context, ckpt: str, sdir: Path) -> dict[str, float]:
         for i, (d, recs) in enumerate(data.items()):
             s = v.score(recs, d, seed=p.sampler.seed * 1000 + i)
             acc[d] = float(s.correct[s.valid].mean()) if s.valid.any() else float("nan")
+            if p.sampler.tools is not None:  # the share of samples that called a tool and got no error turn
+                acc[f"tool_calls_ok/{d}"] = float(np.mean([x.tool_calls > 0 and x.tool_errors == 0
+                                                           for g in s.samples for x in g]))
             for q in range(min(4, len(recs))):
                 rows.append({"domain": d, "prompt": recs[q].prompt[-1]["content"],
                              "samples": [x.text for x in s.samples[q][:2]], "correct": s.correct[q][:2].tolist()})
