@@ -31,8 +31,9 @@ def register(subparsers) -> None:
                     "per stage, then the held-out accuracy table, the final checkpoint, the Hugging Face export "
                     "and its transformers check, the eval summaries, plot.png and a TensorBoard command.")
     d.add_argument("--workdir", type=Path, default=Path("demo_out"))
-    d.add_argument("--variant", default="", help="'' (the full demo), 'ci' (shorter) or 'opd' (the full demo, then on-policy "
-                        "distillation of its final model into the SFT-1 checkpoint)")
+    d.add_argument("--variant", default="", help="'' (the full demo), 'ci' (shorter), 'opd' (the full demo, then on-policy "
+                        "distillation of its final model into the SFT-1 checkpoint) or 'tools' (SFT and RL with a python "
+                        "tool in the rollout)")
     d.add_argument("--fresh", action="store_true",
                    help="delete WORKDIR first, if vt created it (never under --validate, only once the config "
                         "and its inputs are checked)")
