@@ -16,6 +16,14 @@ busy time (time_teacher_s), the update (time_train_s) and the step (one step's e
 sample_s + score_s + update_s is the scoring hidden behind decoding (time_teacher_overlap_s: its part before
 decoding ended). The sampler decodes --opd-steps-per-call steps a host round trip, so finished samples reach the
 teacher while the others decode.
+Measured 2026-12-06 on the shared 2-core CPU box (other sessions' load 10-28; --steps 5 --warmup 3 --sft-steps 200
+--max-new 32, medians): bf16 teacher (--warmup 2): step 17.51 s vs sample 3.70 + score 12.71 + update 0.59 (1.03x;
+bf16 matmuls are emulated on CPU: 60 teacher tokens/s); fp32 teacher with the math verifier: step 3.48 vs 1.39 +
+0.57 + 0.42 (1.46x), 0.23 s of the scoring before decoding ended; fp32 teacher, python check: step 5.41 vs 0.84 +
+0.19 + 0.18 (4.49x), 0.185 of the 0.189 s of scoring before decoding ended, but the rollout's span 4.49 s against
+0.84 s of decoding and 4 of 5 timed steps compiling: step_s < sample_s + score_s + update_s was not shown on this
+box (the extra rollout time is unexplained: not profiled). The same run without the teacher (--opd-off): rollout
+0.45 s, decoding 0.42 s, each timed step compiling its update (19.8 s).
 
 --async compares the synchronous learner with asynchronous RL (rollout.max_staleness k = 1 and 2: the rollouts
 of step s + k are sampled while step s's update runs) on the toy task, same steps and seeds, on the workloads:
@@ -244,6 +252,21 @@ def python_reward(completion: str, answer: str) -> float:
     return float(bool(boxes) and boxes[-1].strip() == str(answer).strip())
 
 
+def python_reward_function():
+    """python_reward behind vt's reward-function contract."""
+    from vt.rewards.base import RewardFunction, failed, passed
+
+    class PythonReward(RewardFunction):
+        domain = "math"
+
+        def reference(self, record, index):
+            return record["ground_truth"]
+
+        def score_batch(self, references, completions):
+            return [passed() if python_reward(c, a) else failed("wrong") for a, c in zip(references, completions)]
+    return PythonReward()
+
+
 def timed_steps(starts: list[float], warmup: int, steps: int) -> list[tuple[int, float]]:
     """(step index, seconds) for the timed steps: start-to-next-start, skipping warm-up and the last step."""
     return [(i, starts[i + 1] - starts[i]) for i in range(warmup, min(warmup + steps, len(starts) - 1))]
@@ -314,18 +337,7 @@ def prepare(args, tmp: Path) -> tuple[dict, dict]:
 
 def run_vt(args, task: dict, workdir: Path) -> dict:
     from rl_helpers import metrics, rl_config
-    from vt.rewards.base import RewardFunction, failed, passed
     from vt.rl.learner import Learner
-
-    class PythonReward(RewardFunction):
-        """python_reward behind vt's reward-function contract."""
-        domain = "math"
-
-        def reference(self, record, index):
-            return record["ground_truth"]
-
-        def score_batch(self, references, completions):
-            return [passed() if python_reward(c, a) else failed("wrong") for a, c in zip(references, completions)]
 
     total = args.warmup + args.steps + 1
     cfg = rl_config(task, **{
@@ -342,7 +354,7 @@ def run_vt(args, task: dict, workdir: Path) -> dict:
     if args.vt_reward == "python":
         for r in learner.rewards.values():
             r.close()
-        learner.rewards = {d: PythonReward() for d in learner.rewards}
+        learner.rewards = {d: python_reward_function() for d in learner.rewards}
     starts = []
     rollout_batch = learner.rollout_batch
 
@@ -852,13 +864,16 @@ def opd_bench(args) -> None:
         student = build_task(tmp / "student", sft_steps=args.opd_student_sft_steps)
         total = args.warmup + args.steps + 1
         cfg = rl_config(student, **{
-            "data.eval": "", "opd.teacher": str(task["ckpt"]), "opd.teacher_batch": args.opd_teacher_batch,
+            "data.eval": "", "opd.teacher": "" if args.opd_off else str(task["ckpt"]), "opd.teacher_batch": args.opd_teacher_batch,
             "opd.teacher_dtype": args.opd_teacher_dtype,
             "rollout.group_size": args.group, "rollout.prompts_per_step": args.prompts,
             "rollout.sampler.max_new_tokens": args.max_new, "rollout.sampler.batch_size": args.prompts * args.group,
             "rollout.sampler.steps_per_call": args.opd_steps_per_call,
             "train.steps": total, "train.progress": False, "checkpoint.every": 1000})
         learner = Learner(cfg, tmp / "opd")
+        for r in learner.rewards.values():  # the cheap check: verification is not what --opd times
+            r.close()
+        learner.rewards = {d: python_reward_function() for d in learner.rewards}
         ends = []
         throughput = learner.throughput
 
@@ -867,6 +882,7 @@ def opd_bench(args) -> None:
             return throughput(*a, **kw)
 
         learner.throughput = marking_step_end
+        compiles = compile_clock()
         result = learner.run()
         if result.step != total:
             raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
@@ -878,14 +894,23 @@ def opd_bench(args) -> None:
            "update_s": med(rows[i]["time_train_s"] for i in timed),
            "step_s": med(ends[i] - ends[i - 1] for i in timed),
            "score_overlap_s": med(rows[i]["time_teacher_overlap_s"] for i in timed),
-           "teacher_tokens_per_s": med(rows[i]["opd/teacher_tokens_per_s"] for i in timed),
-           "reverse_kl": med(rows[i]["opd/reverse_kl"] for i in timed), "timed_steps": len(timed)}
+           "teacher_tokens_per_s": med(rows[i].get("opd/teacher_tokens_per_s", 0.0) for i in timed),
+           "reverse_kl": med(rows[i].get("opd/reverse_kl", 0.0) for i in timed), "timed_steps": len(timed),
+           # the rest of a step: the rollout's span (sampling, scoring, verdicts) and the update's, and what is
+           # outside both (the loop's metrics, logging, the sampler's new weights)
+           "rollout_s": med(rows[i]["time_rollout_s"] for i in timed),
+           "reward_wait_s": med(rows[i]["time_reward_s"] for i in timed),
+           "outside_s": med(ends[i] - ends[i - 1] - rows[i]["time_rollout_s"] - rows[i]["time_train_s"]
+                            for i in timed),
+           "compiled_steps": sum(any(ends[i - 1] < at <= ends[i] for at, _ in compiles) for i in timed)}
     load.append(os.getloadavg()[0])
     parts = out["sample_s"] + out["score_s"] + out["update_s"]
     print(f"opd: step {out['step_s']:.3f} s (median of {len(timed)}) vs sample {out['sample_s']:.3f} + score "
           f"{out['score_s']:.3f} + update {out['update_s']:.3f} = {parts:.3f} s: {out['step_s'] / parts:.2f}x; "
           f"scoring before decoding ended {out['score_overlap_s']:.3f} s; teacher {out['teacher_tokens_per_s']:.0f} "
           f"tokens/s; reverse KL {out['reverse_kl']:.4f}/token; load average {load[0]:.1f} -> {load[1]:.1f}")
+    print(f"  rollout span {out['rollout_s']:.3f} s (verdict wait after decoding {out['reward_wait_s']:.3f} s), outside "
+          f"the rollout and the update {out['outside_s']:.3f} s; {out['compiled_steps']} timed steps compiled")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"opd": out}, indent=2))
@@ -960,6 +985,7 @@ def main():
     ap.add_argument("--opd-steps-per-call", type=int, default=2, help="--opd: decode steps per host round trip")
     ap.add_argument("--opd-teacher-dtype", default="bfloat16",
                     help="--opd: the teacher's dtype (float32 on CPU, where bf16 matmuls are emulated)")
+    ap.add_argument("--opd-off", action="store_true", help="--opd's run without the teacher (MGPO): the baseline")
     ap.add_argument("--opd-student-sft-steps", type=int, default=40,
                     help="--opd: SFT steps of the student (the teacher: --sft-steps)")
     ap.add_argument("--json", type=Path, help="also write the per-step results here")
