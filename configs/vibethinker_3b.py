@@ -67,7 +67,7 @@ def one_device():
 
 
 def get_config(arg=None):
-    parse_arg(arg)
+    variant = parse_arg(arg, "v5e8")
     c = ml_collections.ConfigDict()
     c.name = "vibethinker-3b"
     c.base_checkpoint = "checkpoints/qwen2.5-coder-3b"  # vt checkpoint of the base model (SFT stage 1 starts here)
@@ -159,4 +159,33 @@ def get_config(arg=None):
     s.export.check_transformers = False  # a 3B greedy comparison on CPU takes a while: opt in
     s.export.check_prompts = 4
     s.export.check_max_new_tokens = 64
+    return v5e8(c) if variant == "v5e8" else c
+
+
+def v5e8(c):
+    """The recipe on a v5e-8 (8 chips of 16 GB): `vt plan --config configs/vibethinker_3b.py --topology v5e-8` finds
+    these stages too big as configured and prints these changes as ones that fit (each compiled); `:v5e8` is checked
+    by running it again with them (README, "Sizing a run before launching it")."""
+    s = c.stages
+    # profile, select, the probe table and eval load the fp32 checkpoint (12.3 GB) onto one chip: 20-23 GB with
+    # their KV pool and buffers. Sharded over the host's 8 chips (the weights and the KV pool): 10.17 / 10.95 GB.
+    for section in (s.profile, s.select, c.probe):
+        section.mesh.fsdp = -1
+    for bench in s.eval.benchmarks.values():
+        bench.model.mesh.fsdp = -1
+    # SFT: 18.84 GB; no single change fits (tensor=2 with twice the accumulation 21.36 GB, rows of 16K 21.24, LoRA
+    # alone neither): all together 14.72 GB. A heavy change: LoRA adapters instead of full fine-tuning, traces over
+    # 16K tokens cut (data.overlong).
+    for sft in (s.sft1, s.sft2, s.self_distill.sft):
+        sft.mesh.tensor = 2
+        sft.data.seq_len //= 2
+        sft.data.global_batch_size *= 2  # as many tokens a batch
+        sft.data.grad_accum_steps *= 2  # as many tokens a micro-batch
+        sft.model.lora_rank = 64
+    # RL: the update on rows of 32K, one a chip, needs 22.61 GB; no single change fits (tensor=2 18.19 GB, rows of
+    # 16K neither): all together 8.00 GB. Also heavy: LoRA, responses cut at 12,288 tokens.
+    for name in ("rl_math", "long2short", "rl_code", "rl_stem", "rl_instruct"):
+        s[name].mesh.tensor = 2
+        s[name].model.lora_rank = 64
+        s[name].rollout.sampler.max_new_tokens = 16384 - s[name].data.max_prompt_tokens
     return c
