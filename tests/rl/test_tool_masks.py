@@ -30,7 +30,8 @@ def tool_sample(rng, turns: int, end_in_tool: bool = False) -> Sample:
             mask += [False] * m
             if end_in_tool and t == turns - 1:
                 break
-    return Sample(ids, logp, "length" if end_in_tool else "stop", policy_mask=np.array(mask))
+    return Sample(ids, logp, "length" if end_in_tool else "stop", policy_mask=np.array(mask), tool_calls=turns,
+                  tool_errors=int(turns > 1))
 
 
 def tool_scored(seed: int = 0) -> Scored:
@@ -96,7 +97,7 @@ def setup():
 
 
 def test_tool_tokens_get_no_loss_kl_or_gradient(setup):
-    """The learner's update (packed, shared and padded rows, both aggregations) equals the padded objective
+    """The learner's update (packed and shared rows, both aggregations) equals the padded objective
     written from objectives' row functions over the policy tokens only (mask from the samples); the mutant that
     trains on the tool tokens too does not."""
     s = tool_scored()
@@ -104,8 +105,8 @@ def test_tool_tokens_get_no_loss_kl_or_gradient(setup):
     params = [host_params(p) for p in (setup.params, setup.old_params, setup.ref_params)]
     reference = padded_reference(setup.md, *params, s, T, mask=policy_rows(s, T))
     bad = []
-    for agg, pack, share in (("seq_mean", True, False), ("seq_mean", True, True), ("seq_mean", False, False),
-                             ("token_mean", True, True)):
+    # (the padded layout equals the packed one: tests/rl/test_packed_rl.py; its rows are the reference's here)
+    for agg, pack, share in (("seq_mean", True, False), ("seq_mean", True, True), ("token_mean", True, True)):
         loss, grads, _, _ = setup.learner_update(s, config(agg, pack, 128), T, share)
         bad += compare(f"{agg} pack={pack} share={share}", loss, grads, *reference[agg])
     assert not bad, "\n".join(bad)
@@ -187,3 +188,48 @@ def test_tool_samples_keep_their_masks_through_the_rollout_buffer():
                 np.testing.assert_array_equal(x.policy_mask, y.policy_mask)
     T = row_length(s)
     np.testing.assert_array_equal(build_rows(s, T)["loss_mask"], build_rows(back, T)["loss_mask"])
+
+
+def test_tool_sample_is_graded_on_its_final_answer(tmp_path):
+    """The verifier reads the text after the last tool turn: a \\boxed{} the tool printed or an earlier turn
+    wrote is not the answer; a stop string's cut (the engine's text) is kept."""
+    from vt.data.tokenizer import build_tiny_tokenizer
+    from vt.tools.answer import final_answer
+    tok = build_tiny_tokenizer(tmp_path / "tok", ["<tool_call> print(2+3) </tool_call> <tool_response> \\boxed{7}"] * 5,
+                               vocab_size=300)
+    turns = [("maybe \\boxed{4} <tool_call>print(2+3)</tool_call>", True),
+             ("<|im_end|>\n<|im_start|>user\n<tool_response>\n\\boxed{7}\n</tool_response><|im_end|>\n"
+              "<|im_start|>assistant\n", False), ("so \\boxed{5}<|im_end|>", True)]
+    ids, mask = [], []
+    for text, policy in turns:
+        t = tok.encode(text)
+        ids, mask = ids + t, mask + [policy] * len(t)
+    sample = Sample(ids, [0.0] * len(ids), "stop", policy_mask=np.array(mask))
+    assert final_answer(sample, tok) == "so \\boxed{5}"
+    sample.text = tok.decode(ids, skip_special_tokens=True)[:-2]  # as if a stop string "5}" cut it
+    assert final_answer(sample, tok) == "so \\boxed{"
+    assert "\\boxed{4}" in final_answer(Sample(ids, [0.0] * len(ids), "stop"), tok)  # one turn: all of it
+
+
+def test_tool_call_reward_and_metrics():
+    """mgpo.tool_call_reward adds its value per call to the reward the advantages see (the binary correctness,
+    and so w(q), stays the verifier's); the step's metrics count calls, the share that called without an error
+    turn, and say which length is whose."""
+    import dataclasses
+    from vt.rl import objectives as obj
+    s = tool_scored(seed=4)
+    m = dataclasses.replace(config("seq_mean", True, 128).mgpo, long2short_lambda=0.0)
+    calls = np.array([[x.tool_calls for x in g] for g in s.samples])
+    errors = np.array([[x.tool_errors for x in g] for g in s.samples])
+    assert calls.any() and errors.any()
+    for bonus in (0.1, -0.1):
+        adv, w = step_advantages(s, dataclasses.replace(m, tool_call_reward=bonus))
+        want, want_w = obj.mgpo_advantages(s.rewards + bonus * calls, s.correct, m.gamma, m.adv_eps, m.std_ddof,
+                                           s.valid)
+        np.testing.assert_allclose(adv, want, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(w, want_w)
+        assert not np.allclose(adv, step_advantages(s, m)[0])
+    out = rollout_metrics(s, ["math"])
+    assert out["tool_calls_mean"] == calls.mean()
+    assert out["tool_calls_ok"] == ((calls > 0) & (errors == 0)).mean()
+    assert out["response_len_mean"] == s.lengths.mean() < out["completion_len_mean"]

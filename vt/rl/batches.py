@@ -34,7 +34,10 @@ from vt.rl.step import ROW_KEYS, row_sharding
 
 def step_advantages(s: Scored, m) -> tuple[np.ndarray, np.ndarray]:
     """(w(q) * A_i [E, C], w(q) [E]) of a step's groups, from the rewards (Long2Short-shaped when enabled)."""
-    adv, w = _advantages(s.rewards, s.correct, s.lengths, s.valid, m.long2short_lambda, m.gamma, m.adv_eps,
+    rewards = s.rewards
+    if m.tool_call_reward:  # a bonus (> 0) or penalty (< 0) per tool call, beside the verdict (which stays binary)
+        rewards = rewards + m.tool_call_reward * np.array([[x.tool_calls for x in g] for g in s.samples], np.float32)
+    adv, w = _advantages(rewards, s.correct, s.lengths, s.valid, m.long2short_lambda, m.gamma, m.adv_eps,
                          m.std_ddof)
     return np.asarray(adv), np.asarray(w)
 
@@ -169,6 +172,9 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
     local = {"correct": s.correct, "rewards": s.rewards, "valid": s.valid, "lengths": s.lengths,
              "truncated": s.truncated, "domain": np.array([domains.index(d) for d in s.domains], np.int32),
              "timeouts": s.timeouts if s.timeouts is not None else np.zeros_like(s.valid),
+             "tool_calls": np.array([[x.tool_calls for x in g] for g in s.samples], np.int32),
+             "tool_errors": np.array([[x.tool_errors for x in g] for g in s.samples], np.int32),
+             "completion_tokens": np.array([[len(x.completion_ids) for x in g] for g in s.samples], np.int32),
              "digest": np.stack([digest(g) for g in s.samples])}
     g = {k: (lambda a: a.reshape(-1, *a.shape[2:]))(allgather(v)) for k, v in local.items()}
     p = np.asarray(obj.group_accuracy(g["correct"], g["valid"]))
@@ -181,8 +187,13 @@ def rollout_metrics(s: Scored, domains: list[str]) -> dict[str, float]:
             "groups_all_wrong": float((p == 0).mean()), "verifier_errors": float((~valid).mean()),
             # wrong answers whose check or program ran out of time (a verdict of 0, not a verifier error)
             "wrong_timeouts": float(g["timeouts"].mean()),
+            # the policy's tokens (with tools: not the tool turns' tokens, counted in completion_len_mean)
             "response_len_mean": float(g["lengths"].mean()), "response_len_max": float(g["lengths"].max()),
             "truncated_fraction": float(g["truncated"].mean())}
+    if g["tool_calls"].any():  # multi-turn samples: tool calls per sample, the share that called without error
+        calls, errors = g["tool_calls"], g["tool_errors"]
+        out |= {"tool_calls_mean": float(calls.mean()), "tool_calls_ok": float(((calls > 0) & (errors == 0)).mean()),
+                "tool_errors_mean": float(errors.mean()), "completion_len_mean": float(g["completion_tokens"].mean())}
     for i in sorted(set(g["domain"].tolist())):
         v = valid[g["domain"] == i]
         out[f"reward_mean/{domains[i]}"] = float(rewards[g["domain"] == i][v].mean()) if v.any() else float("nan")

@@ -25,6 +25,7 @@ from vt.rewards.base import RewardFunction, RewardSpecError, scores_and_mask
 from vt.rewards.streaming import StreamingScorer, busy_seconds
 from vt.sampling.config import Request
 from vt.sampling.engine import Engine, Sample
+from vt.tools.answer import final_answer
 
 
 def load_records(spec: str, where: str):
@@ -137,11 +138,6 @@ def policy_tokens(sample: Sample) -> int:
     return len(sample.completion_ids) if sample.policy_mask is None else int(np.count_nonzero(sample.policy_mask))
 
 
-def completion_text(sample: Sample, tokenizer) -> str:
-    """What the verifier reads: the engine's text (cut before a stop string), else the decoded tokens."""
-    return sample.text if sample.text is not None else tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
-
-
 @contextlib.contextmanager
 def _naming(record: Record, domain: str):
     """A dataset error (RewardSpecError) from a domain's batch becomes a VtError naming its first record."""
@@ -191,7 +187,7 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
             if scoring is not None:
                 scoring.submit(q * C + g, prompts[q], sample.completion_ids)
             if domains[q] in scorers:
-                scorers[domains[q]].submit(item[q] + g, completion_text(sample, tokenizer))
+                scorers[domains[q]].submit(item[q] + g, final_answer(sample, tokenizer))
 
         t0 = time.perf_counter()
         samples = engine.generate([Request(prompt_ids=p, n=group_size) for p in prompts], seed=seed,
@@ -206,7 +202,7 @@ def rollout_and_score(engine: Engine, tokenizer, records: Sequence[Record], rewa
                     results[d] = scorers[d].results()
                     spans += scorers[d].spans
                 else:
-                    texts = [completion_text(s, tokenizer) for q in rows[d] for s in samples[q]]
+                    texts = [final_answer(s, tokenizer) for q in rows[d] for s in samples[q]]
                     start = time.perf_counter()
                     results[d] = rewards[d](batch[d], texts)
                     spans.append((start, time.perf_counter()))
