@@ -72,6 +72,7 @@ def get_config(arg=None):
     sampler.kv_pages = 0  # KV pool in pages; 0: kv_memory_fraction of the free device memory
     sampler.kv_memory_fraction = 0.5
     sampler.decode_attention = "auto"  # decode kernel: Pallas on TPU, XLA elsewhere; "pallas": also on GPU
+    sampler.tools = None  # None: one completion per sample; a vt.sampling.ToolsConfig section: multi-turn tool calls
     c.rollout.stream_rewards = True  # verify each sample as its slot finishes, beside decoding; False: after the batch
     # Staleness bound k: 0 = the synchronous learner; k >= 1 samples the batch of step s + k with policy version s
     # while step s updates (whole groups, truncated importance weight mgpo.is_cap against the behaviour policy).
