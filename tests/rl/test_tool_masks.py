@@ -172,8 +172,8 @@ def test_tool_turns_do_not_count_as_response_length():
 
 
 def test_tool_samples_keep_their_masks_through_the_rollout_buffer():
-    """An asynchronous run's checkpoint holds buffered groups: their samples' policy masks come back with them
-    (else a resumed run would train on the tool tokens)."""
+    """An asynchronous run's checkpoint holds buffered groups: their samples' policy masks and tool call counts
+    come back with them (else a resumed run would train on the tool tokens, or shape rewards without the calls)."""
     from vt.rl.buffer import RolloutBuffer
     s = tool_scored(seed=3)
     buf = RolloutBuffer(max_staleness=1)
@@ -184,6 +184,7 @@ def test_tool_samples_keep_their_masks_through_the_rollout_buffer():
     for g, h in zip(s.samples, back.samples):
         for x, y in zip(g, h):
             assert (x.policy_mask is None) == (y.policy_mask is None)
+            assert (x.tool_calls, x.tool_errors) == (y.tool_calls, y.tool_errors)  # tool_call_reward, metrics
             if x.policy_mask is not None:
                 np.testing.assert_array_equal(x.policy_mask, y.policy_mask)
     T = row_length(s)

@@ -33,7 +33,8 @@ def _group_state(s: Scored, version: int) -> dict:
     return {"version": int(version), "prompt": [int(t) for t in s.prompts[0]], "domain": s.domains[0],
             "samples": [{"ids": [int(t) for t in x.completion_ids], "logprobs": [float(p) for p in x.logprobs],
                          "finish": x.finish_reason, "text": x.text,
-                         **({"policy": x.policy_mask.tolist()} if x.policy_mask is not None else {})}
+                         **({"policy": x.policy_mask.tolist()} if x.policy_mask is not None else {}),
+                         **({"tool_calls": x.tool_calls, "tool_errors": x.tool_errors} if x.tool_calls else {})}
                         for x in s.samples[0]],
             **{k: np.asarray(getattr(s, k))[0].tolist() for k in _ARRAYS},
             **({"timeouts": np.asarray(s.timeouts)[0].tolist()} if s.timeouts is not None else {}),
@@ -42,7 +43,8 @@ def _group_state(s: Scored, version: int) -> dict:
 
 def _group_from_state(g: dict) -> tuple[Scored, int]:
     samples = [Sample(completion_ids=list(x["ids"]), logprobs=list(x["logprobs"]), finish_reason=x["finish"],
-                      text=x["text"], policy_mask=np.asarray(x["policy"], bool) if "policy" in x else None)
+                      text=x["text"], policy_mask=np.asarray(x["policy"], bool) if "policy" in x else None,
+                      tool_calls=x.get("tool_calls", 0), tool_errors=x.get("tool_errors", 0))
                for x in g["samples"]]
     arrays = {k: np.asarray([g[k]], dtype) for k, dtype in _ARRAYS.items()}
     timeouts = np.asarray([g["timeouts"]], bool) if "timeouts" in g else None  # older checkpoints: not recorded
