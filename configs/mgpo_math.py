@@ -93,6 +93,7 @@ def get_config(arg=None):
     c.mgpo.long2short_lambda = 0.0  # Long2Short off in this phase (see long2short.py)
     c.mgpo.mini_batches = 1  # one update per batch (team scripts)
     c.mgpo.dynamic_sampling_rounds = 0  # > 0: replace zero-variance groups with fresh prompts, up to N extra rounds
+    c.mgpo.tool_call_reward = 0.0  # with the sampler's tools: added to a sample's reward per call it made (< 0: a penalty)
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = 1  # replicas
