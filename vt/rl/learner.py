@@ -119,8 +119,9 @@ class MgpoConfig:
     is_cap: Annotated[float, POSITIVE] = 2.0  # C in min(pi_learner / pi_sampler, C)
     kl_coef: Annotated[float, NON_NEGATIVE] = 0.0  # KL to the frozen starting policy; 0 = none (the reports use none)
     long2short_lambda: Annotated[float, NON_NEGATIVE] = 0.0  # > 0 enables Long2Short shaping (RECIPE: 0.2 at the end of math RL)
-    # With the sampler's tools: added to a sample's reward per tool call it made (< 0: a penalty); 0 = the verdict only
-    tool_call_reward: float = 0.0
+    # With the sampler's tools: added to a sample's reward per tool call it made (< 0: a penalty); 0 = the verdict only.
+    # Within +-1, the span of a verdict: a larger one would outweigh being right.
+    tool_call_reward: Annotated[float, Range(ge=-1, le=1)] = 0.0
     mini_batches: Annotated[int, AT_LEAST_1] = 1  # optimiser updates per RL batch
     dynamic_sampling_rounds: Annotated[int, NON_NEGATIVE] = 0  # > 0: replace zero-variance groups with fresh prompts, up to that many extra rounds
 
