@@ -47,7 +47,7 @@ from vt.rl import objectives as obj
 from vt.rl.batches import learner_batches, rollout_metrics, row_length, shares_prompts, step_advantages
 from vt.rl.buffer import staleness_metrics
 from vt.rl.hosts import process_slice
-from vt.rl.opd import OpdConfig
+from vt.rl.opd import OpdConfig, teacher_throughput
 from vt.rl.teachers import StreamingTeacher, make_teacher
 from vt.rl.rollouts import TIMES, Scored, drop_trivial, load_records, prompts_for_step, rollout_and_score
 from vt.rl.schedule import RolloutSchedule
@@ -283,9 +283,8 @@ class Learner:
     def dispatch_update(self, state: TrainState, s: Scored) -> tuple[TrainState, dict, list, dict]:
         """train_on's device work, dispatched and not waited for: (new state, the last mini-batch's metrics and
         every update's `finite`, both on device, host metrics)."""
-        m = self.cfg.mgpo
+        m, t = self.cfg.mgpo, self.cfg.train
         adv, w = step_advantages(s, m)
-        t = self.cfg.train
         T = row_length(s, self.model_cfg, t.pack_rows, t.tokens_per_micro_batch, self.mesh, share=self.share_prompts)
         batches, _, tokens = learner_batches(s, adv, T, int(jax.device_get(state.step)), self.cfg, self.mesh,
                                              share=self.share_prompts)
@@ -305,13 +304,12 @@ class Learner:
 
     def finish_update(self, state: TrainState, metrics: dict, finite: list, host: dict) -> tuple[TrainState, dict]:
         """Wait for dispatch_update's metrics: train_on's result."""
-        w_mean, tokens, T = host["w_mean"], host["tokens"], host["T"]
         # Metrics describe the last mini-batch, except `finite`: any skipped (non-finite) update halts the run.
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         metrics["finite"] = float(all(bool(f) for f in jax.device_get(finite)))
-        metrics["w_mean"] = w_mean  # every process holds as many groups
-        metrics.update(tokens)  # the learner's tokens per pass: real (what tokens/s and MFU count) vs computed
-        metrics["row_length"] = float(T)
+        # w_mean: every process holds as many groups; tokens: the learner's tokens per pass, real (what tokens/s and
+        # MFU count) vs computed
+        metrics.update(host["tokens"], w_mean=host["w_mean"], row_length=float(host["T"]))
         return state, metrics
 
     def throughput(self, metrics: dict, sampled_tokens: int, sample_s: float, train_s: float) -> dict[str, float]:
@@ -335,14 +333,13 @@ class Learner:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
         self.engine = Engine((self.sampler_weights.md.graphdef, self.sampler_weights(state.params)),
                              cfg.rollout.sampler, mesh=self.sampler_mesh, tokenizer=self.tokenizer)
-
-        def close():
-            for r in self.rewards.values():
-                r.close()
-
         return run_loop(self.setup, state, start, cfg.train.steps, self.step,
                         evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
-                        eval_at_start=True, rollouts=self.schedule.buffer, close=close)
+                        eval_at_start=True, rollouts=self.schedule.buffer, close=self.close_rewards)
+
+    def close_rewards(self):
+        for r in self.rewards.values():
+            r.close()
 
     def step(self, state: TrainState, step: int) -> tuple[TrainState, dict]:
         """One RL step, at every staleness (vt.rl.schedule): take the step's batch, dispatch its updates, wait
@@ -380,10 +377,8 @@ class Learner:
         metrics.update(self.throughput(metrics, sampled, spans["time_sample_s"], done_at - t1))
         metrics.update(rollout_metrics(used, sorted(self.rewards)), time_rollout_s=busy, time_train_s=done_at - t1,
                        **spans, prompts_dropped=self.dropped)
-        if self.teacher is not None:  # completion tokens the teacher scored per second of its scoring
-            taught = float(fresh.lengths.sum()) if fresh is not None else 0.0
-            metrics["opd/teacher_tokens"] = taught
-            metrics["opd/teacher_tokens_per_s"] = taught / max(spans["time_teacher_s"], 1e-9)
+        if self.teacher is not None:
+            metrics.update(teacher_throughput(fresh, spans["time_teacher_s"]))
         k = self.schedule.k
         if k:
             metrics.update(time_learner_idle_s=(t_end - t0) - (done_at - t1), time_sampler_idle_s=(t_end - t0) - busy,

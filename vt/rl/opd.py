@@ -86,3 +86,16 @@ def row_advantages(rows: dict[str, np.ndarray], prompt_lengths: np.ndarray, teac
     sums = {"reverse_kl": d.sum(), "abs_logp_gap": np.abs(d).sum(), "teacher_logp": t[m].sum(),
             "student_logp": s[m].sum(), "tokens": float(m.sum())}
     return adv, sums
+
+
+def teacher_throughput(scored, teacher_s: float) -> dict[str, float]:
+    """opd/teacher_tokens: the completion tokens the teacher scored for the batches verified during a step (a tool
+    turn's included: the teacher scores whole completions), and per second of its scoring."""
+    taught = float(sum(len(t) for group in scored.teacher or () for t in group)) if scored is not None else 0.0
+    return {"opd/teacher_tokens": taught, "opd/teacher_tokens_per_s": taught / max(teacher_s, 1e-9)}
+
+
+def tokens_to_reach(curve: Sequence[Sequence[float]], target: float) -> float | None:
+    """The first teacher-token count at which a held-out curve [[tokens, accuracy], ...] reaches `target`; None if
+    it never does (the learning check of `vt demo --variant opd`: OPD's vs SFT on the teacher's samples)."""
+    return next((float(t) for t, acc in curve if acc >= target), None)
