@@ -14,7 +14,7 @@ middling accuracy that RL then raises; every number below is a demo-size stand-i
 """
 import ml_collections
 
-from configs import eval_demo_tasks, vibethinker_3b
+from configs import eval_demo_tasks, sft_stage1, vibethinker_3b
 from configs.common import parse_arg, rewards_section
 
 DOMAINS = ("math", "code", "stem", "instruct")
@@ -189,7 +189,7 @@ def tools_variant(c):
     s.data.sft_per_domain = 2000
     s.data.rl_per_domain = 256
     s.sft1.data.seq_len = 128  # a trace: ~90 tokens
-    s.sft1.train.steps = 400
+    s.sft1.train.steps = 800
     c.probe.data = {"math": f"{DATA}/heldout_tools.jsonl"}  # graded by the math verifier: \boxed{a*b}
     c.probe.sampler.tools = tools
     c.probe.sampler.max_new_tokens = 96  # a call, the tool's turn and the answer
@@ -224,6 +224,16 @@ def opd_variant(c):
     o.train.eval_every = 2
     o.train.eval_prompts = 32
     o.train.eval_samples = 4
+    # Its baseline: sft1 SFT'd on rl_instruct's own samples of the same prompts, as many teacher tokens as OPD's
+    # teacher scored, held-out accuracy measured as the opd stage measures it (vt.recipe.stages.run_opd_sft).
+    a = c.stages.opd_sft = ml_collections.ConfigDict()
+    a.enabled = True
+    a.samples_per_prompt = 4
+    a.eval_every = 2
+    a.seed = 0
+    a.sft = _tiny_sft(sft_stage1.get_config(None), steps=1, lr=1e-3, every=2)  # sft2's rate; steps: one epoch
+    a.sft.optim.final_lr = 1e-3  # constant, as OPD's: a point of the curve does not depend on where the epoch ends
+    a.sft.data.eval = ""
     return c
 
 

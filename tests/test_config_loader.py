@@ -94,7 +94,7 @@ def test_stage_configs_declare_every_setting(spec):
     assert _undeclared(_stage_config_class(spec), load_config(f"configs/{spec}.py")) == []
 
 
-@pytest.mark.parametrize("spec", ["vibethinker_3b", "vibethinker_1p5b", "demo", "demo:ci"])
+@pytest.mark.parametrize("spec", ["vibethinker_3b", "vibethinker_1p5b", "demo", "demo:ci", "demo:opd"])
 def test_recipe_configs_declare_every_setting_of_every_stage(spec):
     """The recipe's stage sections start from the stage configs; every field of every section (what its Stage
     record says it holds) and of the recipe's own fields (the probe's sampler included) is declared, so any can

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vt.io import atomic_write_json
 from vt.recipe.stages import RecipeConfig
+from vt.rl.opd import tokens_to_reach
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +124,27 @@ def closing_lines(workdir: Path, manifests: list[dict], final: Path | None) -> l
         keys = [k for k in summary if k.startswith(("pass@", "maj@", "prompt_strict"))]
         lines.append(f"  eval {name:13s} " + "  ".join(f"{k} {100 * summary[k]:.1f}%" for k in keys) +
                      f"  ({_shown(workdir / 'eval' / name / 'summary.md')})")
-    curve = by.get("opd", {}).get("metrics", {}).get("heldout_vs_teacher_tokens")
-    if curve:  # on-policy distillation: held-out accuracy against the teacher-scored tokens so far
-        lines.append("  opd held-out       " + "  ".join(f"{int(t)} tok: {a:.3f}" for t, a in curve))
+    lines += distillation_lines(manifests)
     if (workdir / "plot.png").is_file():
         lines.append(f"  plot               {_shown(workdir / 'plot.png')}")
     lines.append(f"  TensorBoard        {viewer_command(workdir)}")
+    return lines
+
+
+def distillation_lines(manifests: list[dict]) -> list[str]:
+    """On-policy distillation (opd) and SFT on the teacher's samples (opd_sft): each one's held-out accuracy
+    against the teacher tokens spent so far, and how many it took to come within 0.05 of the teacher."""
+    curves = {m["stage"]: m["metrics"]["heldout_vs_teacher_tokens"] for m in manifests
+              if (m.get("metrics") or {}).get("heldout_vs_teacher_tokens")}
+    lines = [f"  {stage + ' held-out':18s} " + "  ".join(f"{int(t)} tok: {a:.3f}" for t, a in curve)
+             for stage, curve in curves.items()]
+    teacher = next((m["metrics"]["teacher_heldout"] for m in manifests if "teacher_heldout" in (m.get("metrics") or {})),
+                   None)
+    if teacher is not None:
+        reach = {s: tokens_to_reach(c, teacher - 0.05) for s, c in curves.items()}
+        lines.append(f"  teacher held-out   {teacher:.3f}; within 0.05 of it after " + ", ".join(
+            f"{s}: {'not within its ' + str(int(curves[s][-1][0])) + ' tokens' if t is None else f'{int(t)} tokens'}"
+            for s, t in reach.items()))
     return lines
 
 
@@ -158,11 +174,15 @@ def plot(workdir: Path, manifests: list[dict]) -> Path:
     b.set_title("held-out accuracy after each stage")
     if domains:
         b.legend(fontsize=8)
-    for stage, curve in curves.items():  # on-policy distillation's learning curve
+    for stage, curve in curves.items():  # on-policy distillation's learning curve, and SFT on teacher samples'
         c[0].plot([t for t, _ in curve], [acc for _, acc in curve], marker="o", label=stage)
-        c[0].set_xlabel("teacher-scored tokens")
+        c[0].set_xlabel("teacher tokens (scored by the teacher: opd; sampled from it: opd_sft)")
         c[0].set_ylabel("held-out accuracy")
         c[0].set_title("student's held-out accuracy vs teacher tokens")
+    for m in manifests:
+        if "teacher_heldout" in (m.get("metrics") or {}):
+            c[0].axhline(m["metrics"]["teacher_heldout"], color="k", ls="--", lw=1, label="teacher")
+    if curves:
         c[0].legend(fontsize=8)
     fig.tight_layout()
     path = workdir / "plot.png"

@@ -376,10 +376,10 @@ class _Verifier:
         else:
             self.engine.update_weights(nnx.state(model))
 
-    def score(self, records, domain: str, seed: int):
-        """sampler.n verified samples of each record."""
+    def score(self, records, domain: str, seed: int, n: int = 0):
+        """n (0: sampler.n) verified samples of each record."""
         return rollout_and_score(self.engine, self.tokenizer, records, {domain: self.rewards[domain]},
-                                 group_size=self.sampler.n, seed=seed, max_prompt_tokens=1 << 30, domain=domain)
+                                 group_size=n or self.sampler.n, seed=seed, max_prompt_tokens=1 << 30, domain=domain)
 
     def close(self):
         for r in self.rewards.values():
@@ -499,6 +499,84 @@ def run_rl(ctx, plan: Plan[RLStageConfig], sdir: Path) -> StageOutput:
     return StageOutput(checkpoint=final_checkpoint(sdir), metrics=metrics,
                        inputs={"init_checkpoint": cfg.model.init_checkpoint, "train": cfg.data.train,
                                "profile": cfg.data.profile}, learner_dir=sdir)
+
+
+# --- on-policy distillation's baseline: SFT on the teacher's samples ------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class OpdSftStageConfig:
+    """The opd stage's comparison arm (`vt demo --variant opd`): its student SFT'd on its teacher's own samples of
+    its training prompts, as many teacher-generated tokens as the opd stage's teacher scored (so the two spend the
+    same teacher tokens), held-out accuracy measured as the opd stage measures it (its held-out prompts, samples
+    per prompt, sampler and verifier) against the teacher tokens trained on so far; the teacher measured alike."""
+    sft: SftConfig  # the SFT learner; the pipeline sets its start (opd's student), data (the samples), one epoch
+    samples_per_prompt: Annotated[int, AT_LEAST_1] = 4  # teacher samples per training prompt and pass over them
+    eval_every: Annotated[int, AT_LEAST_1] = 2  # SFT steps between held-out measurements (the checkpoint cadence)
+    seed: Annotated[int, NON_NEGATIVE] = 0  # the teacher's samples (prompt order and sampling)
+
+    def __post_init__(self):
+        check_fields(self)
+
+
+def plan_opd_sft(ctx, section, sdir) -> Plan[OpdSftStageConfig]:
+    where = "config.stages.opd_sft"
+    if not ctx.enabled("opd"):
+        raise VtError(f"{where}: the opd stage (its teacher, student, prompts and held-out set) is disabled")
+    opd = ctx.plan("opd").config.rl
+    if opd.opd.teacher.startswith(("http://", "https://")):
+        raise VtError(f"{where}: samples the opd stage's teacher, which must then be a checkpoint, not an endpoint "
+                      f"({opd.opd.teacher})")
+    sft = _sft_config(ctx, section.pop("sft", {}), "opd_sft.sft", opd.model.init_checkpoint)
+    cfg = to_dataclass(OpdSftStageConfig, {**section, "sft": sft}, where)
+    # one epoch over the samples, a checkpoint (a point of the curve) every eval_every steps, all of them kept
+    return Plan(_replace(cfg, **{"sft.data.train": str(sdir / "teacher_samples.jsonl"), "sft.data.eval": "",
+                                 "sft.train.steps": 0, "sft.data.num_epochs": 1.0,
+                                 "sft.checkpoint.every": cfg.eval_every, "sft.checkpoint.keep": 1 << 20}), [])
+
+
+def run_opd_sft(ctx, plan: Plan[OpdSftStageConfig], sdir: Path) -> StageOutput:
+    c, opd = plan.config, ctx.plan("opd").config.rl
+    budget = ctx.output_of("opd")["metrics"]["teacher_tokens"]  # what the opd stage's teacher scored
+    records = load_records(opd.data.train, "config.stages.opd.data.train")
+    heldout = load_records(opd.data.eval, "config.stages.opd.data.eval")[:opd.train.eval_prompts]
+    domain = opd.data.domain or records[0].domain
+    v = _Verifier(ctx, [domain], opd.rollout.sampler, MeshConfig(data=1, fsdp=1, tensor=1))
+
+    def accuracy(ckpt: str) -> float:  # the RL learner's held-out measure: mean verified reward, same seed each
+        v.load(ckpt)
+        s = v.score(heldout, domain, seed=c.seed * 1000 + 999, n=opd.train.eval_samples)
+        return float(s.rewards[s.valid].sum() / max(1, s.valid.sum()))
+
+    try:
+        teacher_acc = accuracy(opd.opd.teacher)
+        rng, rows, made = np.random.default_rng(c.seed), [], 0
+        for p in range(1 << 20):  # passes over the prompts in fresh orders until the teacher has written `budget`
+            recs = [records[i] for i in rng.permutation(len(records))]
+            s = v.score(recs, domain, seed=c.seed * 1000 + p, n=c.samples_per_prompt)
+            for r, x in ((r, x) for r, g in zip(recs, s.samples) for x in g if made < budget):
+                rows.append({"id": f"{r.prompt_id}-{len(rows)}", "domain": r.domain,
+                             "messages": [*r.prompt, {"role": "assistant", "content": x.text}]})
+                made += len(x.completion_ids)
+            if made >= budget:
+                break
+        write_jsonl(c.sft.data.train, rows)
+        result = train(c.sft, sdir / "sft")
+        if result.status != "finished":
+            raise VtError(f"SFT in {sdir / 'sft'} stopped ({result.status}); re-run to resume")
+        # x: the teacher's tokens the SFT has trained on (its loss tokens) by each checkpoint
+        lines = {r["step"]: r for r in map(json.loads, (sdir / "sft" / "metrics.jsonl").read_text().splitlines())
+                 if "loss_tokens" in r}
+        seen = np.cumsum([0.0] + [lines[k]["loss_tokens"] for k in sorted(lines)])
+        curve = [[0.0, accuracy(c.sft.model.init_checkpoint)]]
+        curve += [[float(seen[k]), accuracy(str(sdir / "sft" / "checkpoints" / str(k)))]
+                  for k in sealed_steps(sdir / "sft" / "checkpoints")]
+    finally:
+        v.close()
+    return StageOutput(metrics={"teacher_heldout": teacher_acc, "teacher_tokens_generated": made,
+                                "teacher_samples": len(rows), "sft_steps": result.step,
+                                "heldout_vs_teacher_tokens": curve},
+                       inputs={"teacher": opd.opd.teacher, "student": c.sft.model.init_checkpoint,
+                               "prompts": opd.data.train})
 
 
 # --- self-distillation --------------------------------------------------------------------------------------------
@@ -725,6 +803,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
     # on-policy distillation (vt.rl.opd): off unless configured; its teacher a checkpoint, an endpoint or a stage
     Stage("opd", plan_rl("opd"), run_rl, True, RLConfig),
+    # its baseline: the opd student SFT'd on as many of the teacher's own sampled tokens (off but for vt demo --variant opd)
+    Stage("opd_sft", plan_opd_sft, run_opd_sft, False, OpdSftStageConfig),
     Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
     Stage("export", plan_export, run_export, False, ExportStageConfig),
 )
