@@ -54,6 +54,10 @@ class CheckpointTeacher:
         md = ModelDef(model.cfg)
         self.program = make_token_logps(md, md.param_shardings(mesh), mesh, temperature=1.0)
         self.row_sh = row_sharding(mesh)
+        # The largest (rows, row length) a call has padded to: every call pads to at least it, so the program
+        # compiles when a call needs more (a few times, early) and not for each new mix of lengths a streamed
+        # batch of completions brings (each a compile: seconds on CPU, inside the rollout's span)
+        self.shape = (0, 0)
 
     @property
     def vocab_size(self) -> int:
@@ -70,10 +74,11 @@ class CheckpointTeacher:
                    zeros.astype(bool), [""] * n)
         max_len = self.model_cfg.max_position_embeddings
         longest = max(len(p) + len(c) - 1 for p, c in zip(prompts, completions))
-        T = min(bucket(longest, ROW_BUCKET, half_octaves=True), max_len)
+        T = max(min(bucket(longest, ROW_BUCKET, half_octaves=True), max_len), self.shape[1])
         rows = build_rows(s, T, pack=True)
         shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        W = shards * bucket(-(-len(rows["input_ids"]) // shards))  # a handful of compiled shapes
+        W = max(shards * bucket(-(-len(rows["input_ids"]) // shards)), self.shape[0])
+        self.shape = (W, T)
         inputs = {k: np.concatenate([rows[k], np.zeros((W - len(rows[k]), T), rows[k].dtype)])
                   for k in ("input_ids", "targets", "positions", "segment_ids")}
         # device_put, not global_batch: on several processes the teacher's mesh is this process's (each scores
