@@ -81,6 +81,13 @@ def tiny_setup():
     return cfg, mesh, ModelDef(cfg), flat_params(create_model(cfg, mesh, seed=0))
 
 
+def tool_demo_sft1() -> Path:
+    """The work directory of `vt demo --variant tools --until sft1` (its data, tokenizer and SFT-1 model), run once a
+    session for the tool tests that read it (tests/recipe/test_tool_demo.py, tests/rl/test_tool_learning.py)."""
+    return build_once("tool_demo_sft1", lambda root: run_vt("demo", "--variant", "tools", "--workdir", str(root),
+                                                            "--until", "sft1", check=True))
+
+
 def run_vt(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "vt", *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **(env or {})})

@@ -1,23 +1,21 @@
 """`vt demo --variant tools` (issue 52): its data stage writes the tool task (vt.data.tasks.tool_record) and a
 tokenizer whose chat template renders a tool-calling trace as the sampler writes it, so SFT trains on the calls
-and answers and never on the tool's output. (The whole variant, SFT and RL with the tool, runs for minutes: not
-here; its numbers are in the issue's report.)"""
+and answers and never on the tool's output. The run (to sft1) is shared with tests/rl/test_tool_learning.py, which trains
+on it with RL."""
 
 import json
 
 import numpy as np
 
-from testutil import run_vt
+from testutil import tool_demo_sft1
 from vt.data.chat import tokenize_record
 from vt.data.sources import record_from_dict
 from vt.data.tokenizer import load_tokenizer
 from vt.tools.format import tool_turn
 
 
-def test_tools_demo_data_renders_tool_turns_as_the_sampler(tmp_path):
-    proc = run_vt("demo", "--variant", "tools", "--workdir", str(tmp_path / "w"), "--until", "data")
-    assert proc.returncode == 0, proc.stderr
-    data = tmp_path / "w" / "data"
+def test_tools_demo_data_renders_tool_turns_as_the_sampler():
+    data = tool_demo_sft1() / "data"
     tok = load_tokenizer(data / "tokenizer")
     assert tok.vocab_size == 512  # the tiny model's: every id it samples decodes
     sft = [json.loads(x) for x in (data / "sft.jsonl").read_text().splitlines()]

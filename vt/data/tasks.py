@@ -173,10 +173,11 @@ def tool_call(code: str) -> dict:
             "tool_calls": [{"type": "function", "function": {"name": "python", "arguments": {"code": code}}}]}
 
 
-def tool_record(index: int, seed: int, *, digits: int = 3, noise: float = 0.0, with_answer: bool = True,
+def tool_record(index: int, seed: int, *, digits: int = 2, noise: float = 0.0, with_answer: bool = True,
                 split: str = "train") -> dict:
     """`a*b` of two `digits`-digit numbers -> `\\boxed{a*b}`: a product the tiny model cannot work out in its head
-    but can copy from the `python` tool's output (the demo's tools variant; graded by the math verifier). The SFT
+    but can copy from the `python` tool's output (the demo's tools variant; graded by the math verifier; 2 digits:
+    800 SFT steps copy every digit of 0.80 of held-out traces, teacher-forced, where 3 digits reach 0.36). The SFT
     trace calls the tool (`print(a*b)`), reads its output in a `tool` turn and boxes it; with probability
     `noise` it answers at once with a guess instead (wrong), so RL has both behaviours to choose between. Chat
     templates that render tool turns (Qwen2.5's) write it as vt's sampler does (vt.tools.format)."""
