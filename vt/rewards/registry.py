@@ -94,7 +94,10 @@ class RubricConfig(_Checked):
     judge_url: str = ""  # API base (http://host:8000/v1) or the full .../chat/completions URL
     judge_model: str = ""
     judge_api_key_env: str = ""  # the environment variable holding the API key ("" = none)
-    workers: Annotated[int, WORKERS] = 8  # judge requests in flight
+    # Judge requests in flight. A served judge (vLLM, SGLang) batches dozens of requests at once, and a step's batch
+    # is one burst of them: 8 made the judge's rounds (not its latency) the step's time and queued an asynchronous
+    # learner's batch ahead behind the current one's (bench/rl_step.py --async judge). A smaller server: lower it.
+    workers: Annotated[int, WORKERS] = 64
     timeout_s: Annotated[float, SECONDS] = 120.0  # per request
     max_retries: Annotated[int, NON_NEGATIVE] = 5
     backoff_s: Annotated[float, NON_NEGATIVE] = 1.0

@@ -173,7 +173,7 @@ class OpenAIChatJudge:
         url: str,
         model: str,
         api_key_env: str | None = None,
-        concurrency: int = 8,
+        concurrency: int = RubricConfig.workers,
         timeout_s: float = 120.0,
         max_retries: int = 5,
         backoff_s: float = 1.0,
