@@ -32,7 +32,8 @@ of step s + k are sampled while step s's update runs) on the toy task, same step
          ground truth: a real sandboxed run per sample (the toy model writes no code of its own)
   math   the toy task with vt's real math verifier (math-verify in worker processes, streamed beside decoding)
   judge  the same prompts scored by vt's RubricReward against a local OpenAI-style judge server (started here,
-         127.0.0.1) that answers each request after --judge-latency seconds (concurrency 8, verdict cache on)
+         127.0.0.1) that answers each request after --judge-latency seconds (as many in flight as vt's default
+         rewards.rubric.workers sends; verdict cache on)
 For each (workload, k): steps/s over the timed steps that compiled nothing (their count over their summed
 seconds, each from one step's end to the next's, the first --warmup left out; a step meeting a new row length
 compiles for it, seconds on this box, and an asynchronous pipeline stalls behind it), the compiling steps
@@ -752,6 +753,24 @@ def report(args, rounds: dict[str, list[dict]], load: list[float]) -> None:
 
 # --- --async: the synchronous learner vs bounded staleness k = 1, 2 -------------------------------------------------
 
+def run_marking_step_ends(learner, total: int) -> tuple[list[float], list[tuple[float, float]]]:
+    """learner.run() to step `total`: (perf_counter at each step's end, the XLA compiles during the run). The learner
+    calls throughput() once a step, after its sampling, scoring and update, at every staleness."""
+    ends = []
+    throughput = learner.throughput
+
+    def marking_step_end(*a, **kw):
+        ends.append(time.perf_counter())
+        return throughput(*a, **kw)
+
+    learner.throughput = marking_step_end
+    compiles = compile_clock()
+    result = learner.run()
+    if result.step != total:
+        raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
+    return ends, compiles
+
+
 class SlowJudgeServer:
     """An OpenAI-style chat-completions endpoint on 127.0.0.1 that answers every request after `latency` s."""
 
@@ -771,7 +790,14 @@ class SlowJudgeServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # A served judge (uvicorn: a backlog of 2048) accepts a burst of connections. socketserver's 5, with the
+            # accepting thread sharing this process's GIL with the learner, reset or dropped connections of a burst
+            # of 64 (64 of 186 requests of a judge k=1 run took 1-4.7 s: the client's back-off and SYN retries), a
+            # delay of this bench's server, not of a judge's latency.
+            request_queue_size = 1024
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -817,20 +843,9 @@ def run_async_case(args, task: dict, workdir: Path, workload: str, k: int, judge
     if workload != "math":
         for r in learner.rewards.values():
             r.close()
-        learner.rewards = {d: ToyRubric(judge_url=judge_url, judge_model="judge", workers=8, timeout_s=30.0)
+        learner.rewards = {d: ToyRubric(judge_url=judge_url, judge_model="judge", timeout_s=30.0)
                            if workload == "judge" else ToyCode(workers=args.code_workers) for d in learner.rewards}
-    ends = []
-    throughput = learner.throughput
-
-    def marking_step_end(*a, **kw):  # called once per step, after its update and sampling, in both learners
-        ends.append(time.perf_counter())
-        return throughput(*a, **kw)
-
-    learner.throughput = marking_step_end
-    compiles = compile_clock()
-    result = learner.run()
-    if result.step != total:
-        raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
+    ends, compiles = run_marking_step_ends(learner, total)
     rows = [m for m in metrics(workdir) if "time_train_s" in m][args.warmup:args.warmup + args.steps + 1]
     timed = ends[args.warmup:]
     if k:
@@ -874,18 +889,7 @@ def opd_bench(args) -> None:
         for r in learner.rewards.values():  # the cheap check: verification is not what --opd times
             r.close()
         learner.rewards = {d: python_reward_function() for d in learner.rewards}
-        ends = []
-        throughput = learner.throughput
-
-        def marking_step_end(*a, **kw):  # once per step, after its sampling, scoring and update
-            ends.append(time.perf_counter())
-            return throughput(*a, **kw)
-
-        learner.throughput = marking_step_end
-        compiles = compile_clock()
-        result = learner.run()
-        if result.step != total:
-            raise RuntimeError(f"vt learner stopped at step {result.step} ({result.status})")
+        ends, compiles = run_marking_step_ends(learner, total)
         rows = [m for m in metrics(tmp / "opd") if "time_train_s" in m]
     timed = range(args.warmup + 1, min(args.warmup + 1 + args.steps, len(ends)))
     med = lambda xs: statistics.median(xs)  # noqa: E731
