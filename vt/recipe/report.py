@@ -138,8 +138,8 @@ def distillation_lines(manifests: list[dict]) -> list[str]:
               if (m.get("metrics") or {}).get("heldout_vs_teacher_tokens")}
     lines = [f"  {stage + ' held-out':18s} " + "  ".join(f"{int(t)} tok: {a:.3f}" for t, a in curve)
              for stage, curve in curves.items()]
-    teacher = next((m["metrics"]["teacher_heldout"] for m in manifests if "teacher_heldout" in (m.get("metrics") or {})),
-                   None)
+    teacher = next((m["metrics"]["teacher_heldout"] for m in manifests
+                    if "teacher_heldout" in (m.get("metrics") or {})), None)
     if teacher is not None:
         reach = {s: tokens_to_reach(c, teacher - 0.05) for s, c in curves.items()}
         lines.append(f"  teacher held-out   {teacher:.3f}; within 0.05 of it after " + ", ".join(

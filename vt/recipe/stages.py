@@ -803,7 +803,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("rl_instruct", plan_rl("rl_instruct"), run_rl, True, RLConfig),
     # on-policy distillation (vt.rl.opd): off unless configured; its teacher a checkpoint, an endpoint or a stage
     Stage("opd", plan_rl("opd"), run_rl, True, RLConfig),
-    # its baseline: the opd student SFT'd on as many of the teacher's own sampled tokens (off but for vt demo --variant opd)
+    # its baseline: the opd student SFT'd on as many of its teacher's sampled tokens (on in vt demo --variant opd)
     Stage("opd_sft", plan_opd_sft, run_opd_sft, False, OpdSftStageConfig),
     Stage("eval", plan_eval, run_eval_stage, False, {"benchmarks": dict[str, EvalConfig]}),
     Stage("export", plan_export, run_export, False, ExportStageConfig),
