@@ -238,7 +238,7 @@ def opd_variant(c):
     o.train.eval_samples = 8
     # Its baseline: sft1 SFT'd on rl_instruct's own samples of the same prompts, as many teacher tokens as OPD's
     # teacher scored, held-out accuracy measured as the opd stage measures it (vt.recipe.stages.run_opd_sft).
-    a = c.stages.opd_sft = ml_collections.ConfigDict()
+    a = c.stages.opd_sft
     a.enabled = True
     a.samples_per_prompt = 4
     a.eval_every = 6  # SFT steps of ~1,000 teacher tokens; an opd step is ~880

@@ -132,6 +132,17 @@ def get_config(arg=None):
     s.opd.profile_k = 0  # every prompt teaches: the teacher's signal needs no mixed pass rate
     s.opd.start_from = ""
     s.opd.opd.teacher = "rl_instruct"
+    # OPD's baseline, off: the opd stage's student SFT'd on its (checkpoint) teacher's own samples of the opd
+    # prompts, as many teacher tokens as the opd stage's teacher scored, held-out accuracy measured alike
+    s.opd_sft = ml_collections.ConfigDict()
+    s.opd_sft.enabled = False
+    s.opd_sft.samples_per_prompt = 4
+    s.opd_sft.eval_every = 10
+    s.opd_sft.seed = 0
+    s.opd_sft.sft = sft_stage1.get_config(None)
+    s.opd_sft.sft.data.train = ""  # the pipeline: opd_sft/teacher_samples.jsonl, one epoch
+    s.opd_sft.sft.data.eval = ""
+    s.opd_sft.sft.model.init_checkpoint = ""  # the pipeline: the opd stage's student
 
     s.self_distill = ml_collections.ConfigDict()
     s.self_distill.enabled = True

@@ -76,8 +76,8 @@ def straight(shared_dir):
     return root / "straight", (root / "console.txt").read_text()
 
 
-# The demo's stages: every one but on-policy distillation (`vt demo --variant opd` adds it)
-DEMO_STAGES = [s for s in STAGE_NAMES if s != "opd"]
+# The demo's stages: every one but on-policy distillation and its baseline (`vt demo --variant opd` adds them)
+DEMO_STAGES = [s for s in STAGE_NAMES if s not in ("opd", "opd_sft")]
 
 
 def manifests(workdir: Path) -> dict:
