@@ -7,6 +7,7 @@ or steps per call, max_turns and the token budget end samples, and `vt sample --
 import functools
 import json
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -148,13 +149,19 @@ def test_tool_sampler_logprobs_equal_a_full_forward_on_policy_tokens(sampled, po
 
 
 def test_tool_samples_do_not_depend_on_batch_pool_or_steps_per_call(sampled, policy, tok, data):
-    out, _ = sampled
+    """Two slots and a pool too small for the samples: parked samples give their kept pages back
+    (parked_evictions) and running samples past a tool turn are preempted (tool_preemptions); each comes back by
+    re-prefilling its whole sequence (resume_tokens count it), no call runs twice, and every sample's tokens and
+    mask are those of the roomy run."""
+    out, roomy = sampled
     ids = lambda res: [[(s.completion_ids, s.policy_mask.tolist() if s.policy_mask is not None else None)  # noqa: E731
                         for s in g] for g in res]
-    # two slots and a pool that cannot hold every parked sample: parked samples are evicted, running ones preempted
-    eng = _engine(policy, tok, temperature=1.0, n=2, seed=5, batch_size=2, kv_pages=30, steps_per_call=7)
+    eng = _engine(policy, tok, temperature=1.0, n=2, seed=5, batch_size=2, kv_pages=22, steps_per_call=7)
     small = eng.generate(_requests(tok, data, OFF_SCRIPT))
-    assert eng.last_stats.preemptions > 0
+    st = eng.last_stats
+    assert st.parked_evictions > 0 and st.tool_preemptions > 0  # measured: 6 and 4
+    assert st.tool_calls == roomy.last_stats.tool_calls
+    assert st.resume_tokens > roomy.last_stats.resume_tokens
     assert ids(small) == ids(out)
 
 
@@ -189,3 +196,14 @@ def test_tool_vt_sample_cli_writes_masks(policy_ckpt, tok, data, tmp_path):
     assert rec["completion"].endswith(f"The answer is {sum(int(o) for o in data[0][2])}.")
     r = run_vt("sample", "--ckpt", str(policy_ckpt), "--prompts", str(prompts), "--out", str(out), "--tool", "python")
     assert r.returncode == 2 and "--tool needs --tokenizer" in r.stderr
+
+
+def test_tool_engine_close_ends_its_tool_threads(policy, tok, data):
+    before = set(threading.enumerate())
+    eng = _engine(policy, tok)
+    [[s]] = eng.generate(_requests(tok, data[:1]))
+    assert s.tool_calls == 2
+    mine = [t for t in set(threading.enumerate()) - before if t.name.startswith("vt-tool")]
+    assert mine and all(t.is_alive() for t in mine)  # the runner's threads, which ran the calls
+    eng.close()
+    assert not any(t.is_alive() for t in mine)

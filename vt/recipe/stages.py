@@ -384,6 +384,8 @@ class _Verifier:
     def close(self):
         for r in self.rewards.values():
             r.close()
+        if self.engine is not None:  # its tool threads
+            self.engine.close()
 
 
 def run_select(ctx, plan: Plan[SelectStageConfig], sdir: Path) -> StageOutput:

@@ -338,7 +338,7 @@ class Learner:
                         eval_at_start=True, rollouts=self.schedule.buffer, close=self.close_rewards)
 
     def close_rewards(self):
-        for r in self.rewards.values():
+        for r in (*self.rewards.values(), self.engine):  # the sampler's tool threads too
             r.close()
 
     def step(self, state: TrainState, step: int) -> tuple[TrainState, dict]:

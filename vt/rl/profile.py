@@ -96,4 +96,5 @@ def profile(ckpt: Path, tokenizer_path: Path, data: str, out: Path, sampler: Sam
             bar.close()
         for fn in rewards.values():
             fn.close()
+        engine.close()
     return len(records)

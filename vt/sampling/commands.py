@@ -193,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             results = engine.generate(requests, progress=bar.update if bar else None)
         finally:
+            engine.close()
             if bar is not None:
                 bar.close()
 

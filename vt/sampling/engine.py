@@ -92,6 +92,8 @@ class Stats:
     peak_pages_needed: int = 0  # most pages the live tokens needed at once (shared pages once, no lookahead)
     page_bytes: int = 0  # bytes of one page over all layers, K and V
     preemptions: int = 0  # samples evicted to free pages (restarted later from their prompt)
+    parked_evictions: int = 0  # of those, parked samples (tools) that gave their kept pages back (re-prefilled)
+    tool_preemptions: int = 0  # of those, running samples after a tool turn (resumed by re-prefilling, not restarted)
     tool_calls: int = 0  # samples parked on a tool call
     resume_tokens: int = 0  # tokens prefilled to resume parked samples (tool turns; whole sequences if evicted)
     tool_wait_seconds: float = 0.0  # time no slot decoded because every sample waited for a tool
@@ -212,6 +214,11 @@ class Engine:
         """Traces of this engine's programs (shared by engines with the same model, batch size, mesh and
         sampling rule, which reuse each other's compilations)."""
         return self._p.traces
+
+    def close(self) -> None:
+        """End the tool runner's threads (vt.tools.runner.ToolRunner.close); no more generate calls after it."""
+        if self.tools is not None:
+            self.tools.close()
 
     def _place(self, state):
         return state if self._param_sh is None else jax.device_put(state, self._param_sh)
@@ -345,6 +352,7 @@ class _Run:
             done = cf.Future()
             done.set_result(([], None))
             self.parked.append(_Parked(s, [], 0, done))
+            self.stats.tool_preemptions += 1
         else:
             self.queue.appendleft((s.request, s.sample))  # older preempted samples end up in front: order kept
         self.tables.free(b)
@@ -525,6 +533,7 @@ class _Run:
         self.pool.release(p.pages)
         p.pages, p.kept = [], 0
         self.stats.preemptions += 1
+        self.stats.parked_evictions += 1
         return True
 
     def _resume_ready(self, free: list[int], steps: int, results, on_finished, progress) -> list[int]:

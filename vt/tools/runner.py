@@ -48,4 +48,6 @@ class ToolRunner:
         return tok.encode(tool_turn([out])), ok
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Cancel the calls not started, wait for those running (each bounded by its tool's limits), end the
+        threads."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
