@@ -72,6 +72,20 @@ k=2 2.14x; math 1.04x, 1.62x; judge 1.27x, 1.25x (k=0 2.161 / 6.428 / 1.201 step
 by its 8 requests in flight x 0.5 s: a batch's verdicts take one round (0.5 s) after decoding, the k=0 step
 ~0.6 s, and at k=1 the verification of the batch ahead queues behind the current batch's on the same 8 slots
 (204 requests at k=1 against 164 at k=0: a completion both batches hold is asked twice while in flight).
+Where a judge k=1 step's time went (later that day, the shared box at load 6-12, from the learner's metrics):
+decoding 0.04-0.2 s, the update 0.06-0.2 s, and the verdicts one 0.5 s round per 8 new requests (time_reward_s 0.5,
+1.0, 1.5 s for <= 8, 13, 18-24 of them): the judge client's 8 in flight (vt's default rewards.rubric.workers, which
+this bench passed; the server answers any number at once) made a batch's verdicts 2-3 rounds, and at k=1 queued the
+batch ahead's requests behind the current one's (verdict spans up to 1.85 s). The requests start only once the batch
+is decoded (time_overlap_s 0 at every step: RubricReward does not stream), but a step waits for its last sample's
+verdict, so streaming would not shorten a judge's wait that its latency bounds. The schedule waits on nothing else
+(k=1: sampler idle 0.00 s; the learner idle only for the used batch's verdicts). With 64 in flight (vt's default
+since) every batch takes one round and a k=1 step alternates between the update alone (0.17-0.25 s, its verdicts in)
+and the verdict wait (0.37-0.56 s): (decoding + verdicts + update) / 2, the bound of a two-stage pipeline. This
+bench's server then reset or dropped connections of the burst (listen backlog 5: 64 of 186 requests took over 0.9 s,
+the client's back-off): its backlog is 1024 since. Alternated, 4a6cb2a (before) and the change, compile-free steps/s
+for k = 0 / 1 / 2: before 1.000 / 1.528 / 1.313 (k=1 1.53x; load 7.0 -> 10.9), after 1.550 / 3.079 / 2.839 (1.99x;
+10.9 -> 8.6), before 1.185 / 1.598 / 1.583 (1.35x; 8.5 -> 6.0), after 1.469 / 2.823 / 3.817 (1.92x; 6.0 -> 6.0).
 
 RL update at qwen2.5-0.5b's widths with 2 layers (issue 29's second shape; `--long-tail --skip-tunix --lt-preset
 qwen2.5-0.5b --lt-layers 2 --lt-window 256 --prompts 4 --group 4 --steps 2 --warmup 1 --rounds 1`, 2026-12-03,
@@ -793,8 +807,8 @@ class SlowJudgeServer:
         class Server(ThreadingHTTPServer):
             # A served judge (uvicorn: a backlog of 2048) accepts a burst of connections. socketserver's 5, with the
             # accepting thread sharing this process's GIL with the learner, reset or dropped connections of a burst
-            # of 64 (64 of 186 requests of a judge k=1 run took 1-4.7 s: the client's back-off and SYN retries), a
-            # delay of this bench's server, not of a judge's latency.
+            # of 64 (64 of 186 requests of a judge k=1 run took over 0.9 s, up to 4.7 s: the client's back-off and SYN
+            # retries), a delay of this bench's server, not of a judge's latency.
             request_queue_size = 1024
 
         self.httpd = Server(("127.0.0.1", 0), Handler)
