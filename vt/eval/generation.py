@@ -58,6 +58,9 @@ class EngineGenerator:
     def __init__(self, engine, tokenizer, max_new_tokens: int | None = None):
         self.engine, self.tokenizer, self.max_new_tokens = engine, tokenizer, max_new_tokens
 
+    def close(self) -> None:  # the engine's tool threads (vt.sampling.engine.Engine.close)
+        self.engine.close()
+
     def generate(self, conversations: Sequence[Messages], n: int, seed: int,
                  max_new_tokens: int | None = None) -> list[list[Completion]]:
         cap = max_new_tokens or self.max_new_tokens

@@ -304,7 +304,7 @@ def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | N
         raise VtError(f"{out_dir / 'results.jsonl'}: holds problem ids not in {cfg.data}: {unknown[:3]}")
     todo_chunks = sorted({p.index // cfg.chunk_problems for p in problems if p.id not in done})
     todo_chunks = [c for c in todo_chunks if c % count == index]  # every P-th chunk is this process's
-    own_reward = reward is None
+    own_reward, own_generator = reward is None, generator is None
     if own_reward:
         reward = make_reward(cfg.domain, cfg.rewards)
     try:
@@ -344,6 +344,8 @@ def _run_eval(cfg: EvalConfig, out_dir: Path, problems, generator: Generator | N
     finally:
         if own_reward:
             reward.close()
+        if own_generator and generator is not None:
+            generator.close()
     if is_primary():
         write_report(cfg, summary, out_dir)
         log_summary(cfg.logging, out_dir, summary, config=dataclasses.asdict(cfg), job_type="eval", name=cfg.name)
