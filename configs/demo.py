@@ -223,8 +223,10 @@ def opd_variant(c):
     Measured 2026-12-06 (CPU, other sessions' load 10-16): teacher 0.680; opd 0.379 -> 0.531 over 42,111 teacher
     tokens (0.396, 0.428, 0.471, 0.447, 0.506, 0.482, 0.525 between); opd_sft 0.326 -> 0.580 over 42,999 (0.430,
     0.547, 0.521, 0.508, 0.533, 0.557 between; at lr 3e-4, OPD's rate: 0.326 -> 0.586, ahead at every point too).
-    Neither arm came within 0.05 of the teacher, and SFT on the teacher's samples was ahead of OPD at every matched
-    budget: issue 51's learning check (OPD there in fewer teacher tokens) is not met on this task. OPD at lr 1e-3
+    Seed 1 (the opd and opd_sft seeds, load 7-8, the two stages 157 s with a warm compilation cache): teacher
+    0.656; opd 0.355 -> 0.559 over 42,006 tokens, opd_sft 0.346 -> 0.553 over 42,967, level along the way.
+    Neither arm came within 0.05 of the teacher in either seed, and OPD was not ahead of SFT on the teacher's
+    samples: issue 51's learning check (OPD there in fewer teacher tokens) is not met on this task. OPD at lr 1e-3
     (16 steps) fell to 0.18-0.34 (reverse KL rose 0.21 -> 0.37 before falling)."""
     o = c.stages.opd
     o.enabled = True

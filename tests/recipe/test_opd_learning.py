@@ -52,9 +52,10 @@ def arms(straight):  # noqa: F811
 # Not met (2026-12-06), so skipped rather than weakened. On the CI demo's checkpoints (this fixture, 16 opd steps,
 # 32 x 4 held-out samples; setup 254 s for both seeds at load 10-13) the teacher is not clearly ahead of the student
 # (0.281 vs 0.234 / 0.227 at opd's start), and neither arm gains: opd 0.234 -> 0.188, 0.227 -> 0.266; opd_sft
-# 0.195 -> 0.148, 0.281 -> 0.164. On the full demo's (vt demo --variant opd: teacher 0.680 vs student ~0.35, 48
-# steps, 64 x 8 samples) SFT on the teacher's samples is ahead of OPD at every matched budget (0.580 vs 0.531 at
-# ~42k teacher tokens) and neither comes within 0.05 of the teacher (configs/demo.py's opd_variant).
+# 0.195 -> 0.148, 0.281 -> 0.164. On the full demo's (vt demo --variant opd: 48 steps, 64 x 8 samples), two seeds:
+# teacher 0.680 / 0.656, and over ~42k teacher tokens opd 0.379 -> 0.531 / 0.355 -> 0.559, opd_sft 0.326 -> 0.580
+# / 0.346 -> 0.553: neither arm comes within 0.05 of the teacher, and OPD is not ahead of SFT on the teacher's
+# samples (behind at every matched budget in seed 0, level in seed 1; configs/demo.py's opd_variant).
 @pytest.mark.skip(reason="issue 51's learning check is not met on the demo's task: SFT on the teacher's samples "
                          "learns faster per teacher token than OPD (numbers above)")
 def test_opd_reaches_the_teacher_in_fewer_teacher_tokens_than_sft_on_its_samples(arms):
@@ -70,3 +71,66 @@ def test_opd_reaches_the_teacher_in_fewer_teacher_tokens_than_sft_on_its_samples
         t_opd = tokens_to_reach(curves["opd"], teacher - 0.05)
         t_sft = tokens_to_reach(curves["opd_sft"], teacher - 0.05)
         assert t_opd is not None and (t_sft is None or t_opd < t_sft), (seed, teacher, t_opd, t_sft, curves)
+
+
+def test_opd_report_prints_and_plots_both_arms_against_teacher_tokens(tmp_path):
+    """The report's distillation lines and plot from the two stages' manifests (hand-built curves): each arm's
+    curve, the teacher's accuracy and the teacher tokens each arm took to come within 0.05 of it (the first point
+    at or above teacher - 0.05; none: "not within" its budget)."""
+    from vt.recipe.report import distillation_lines, plot
+
+    opd = {"stage": "opd", "metrics": {"heldout_vs_teacher_tokens": [[0.0, 0.3], [900.0, 0.5], [1800.0, 0.66]]}}
+    sft = {"stage": "opd_sft", "metrics": {"teacher_heldout": 0.7, "heldout_vs_teacher_tokens": [[0.0, 0.3],
+                                                                                                [1000.0, 0.64]]}}
+    assert tokens_to_reach(opd["metrics"]["heldout_vs_teacher_tokens"], 0.65) == 1800.0
+    assert tokens_to_reach(sft["metrics"]["heldout_vs_teacher_tokens"], 0.65) is None
+    lines = distillation_lines([opd, sft])
+    assert lines == ["  opd held-out       0 tok: 0.300  900 tok: 0.500  1800 tok: 0.660",
+                     "  opd_sft held-out   0 tok: 0.300  1000 tok: 0.640",
+                     "  teacher held-out   0.700; within 0.05 of it after opd: 1800 tokens, opd_sft: not within its "
+                     "1000 tokens"]
+    assert plot(tmp_path, [opd, sft]).stat().st_size > 0
+
+
+def test_opd_sft_stage_samples_the_teacher_to_the_opd_budget_and_measures_each_checkpoint(tmp_path):
+    """The opd_sft stage end to end on the demo's data with tiny random models (the opd stage's results given as its
+    manifest: the teacher-token budget): the teacher's own samples of the opd prompts, as many tokens as the budget
+    (the last one crossing it), one epoch of SFT on them, and a held-out point for the student and each checkpoint
+    at the loss tokens trained on so far, the teacher measured alike."""
+    from vt.checkpoint.params import save_model
+    from vt.model.config import preset
+    from vt.model.qwen2 import create_model
+
+    work = tmp_path / "w"
+    cd = load_config(str(REPO / "configs" / "demo.py:opd"),
+                     ["--config.stages.opd.train.eval_prompts=4", "--config.stages.opd.train.eval_samples=2",
+                      "--config.stages.opd_sft.samples_per_prompt=2", "--config.stages.opd_sft.eval_every=1",
+                      "--config.stages.opd.rollout.sampler.max_new_tokens=12",
+                      "--config.stages.opd_sft.sft.data.global_batch_size=4",
+                      "--config.stages.opd_sft.sft.data.num_shards=4",
+                      "--config.stages.opd_sft.sft.train.progress=False"])
+    cfg = dataclasses.replace(recipe_config(cd, work), probe=ProbeConfig())
+    run_pipeline(cfg, work, only="data", out=lambda line: None)
+    budget = 600
+    for stage, seed in (("sft1", 1), ("rl_instruct", 2), ("opd", 3)):  # student, teacher, opd's result
+        ckpt = save_model(work / stage / "model", create_model(preset("tiny"), None, seed=seed))
+        metrics = {"teacher_tokens": budget} if stage == "opd" else {}
+        (work / stage / "manifest.json").write_text(json.dumps({"stage": stage, "checkpoint": str(ckpt),
+                                                                "metrics": metrics}))
+    run_pipeline(cfg, work, only="opd_sft", out=lambda line: None)
+    m = json.loads((work / "opd_sft" / "manifest.json").read_text())["metrics"]
+    samples = [json.loads(x) for x in (work / "opd_sft" / "teacher_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == m["teacher_samples"] and budget <= m["teacher_tokens_generated"]
+    prompts = {json.loads(x)["messages"][0]["content"]
+               for x in (work / "data" / "rl_math.jsonl").read_text().splitlines()}
+    assert {s["messages"][0]["content"] for s in samples} <= prompts
+    assert all(s["messages"][1]["role"] == "assistant" for s in samples)
+    lines = {}
+    for x in (work / "opd_sft" / "sft" / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(x)
+        if "loss_tokens" in r:
+            lines[r["step"]] = r["loss_tokens"]
+    curve = m["heldout_vs_teacher_tokens"]
+    assert m["sft_steps"] == len(lines) >= 1 and len(curve) == 1 + len(lines)  # the student, then every step
+    assert [t for t, _ in curve] == [sum(lines[k] for k in lines if k <= s) for s in range(len(curve))]
+    assert all(0 <= a <= 1 for _, a in curve) and 0 <= m["teacher_heldout"] <= 1
