@@ -175,6 +175,32 @@ def test_streaming_scorer_gives_the_batch_verdicts_in_any_arrival_order(rewards)
         assert len({r.score for r in want}) > 1, domain  # each domain's cases pass and fail
 
 
+def test_an_older_scorer_of_a_reward_is_served_first():
+    """Two scorers of one reward open at once (k >= 1: the batch the learner takes next, still verifying, and the
+    batch ahead, streaming in): the older one's items take the reward's slots first, whatever the arrival order."""
+    order, first_started, go = [], threading.Event(), threading.Event()
+
+    class InOrder(HashReward):
+        def score_one(self, ref, completion):
+            order.append(completion)
+            first_started.set()
+            go.wait(30)
+            return passed()
+
+    reward, records = InOrder(workers=1), [{"ground_truth": "1"}] * 3
+    with StreamingScorer(reward, records) as older, StreamingScorer(reward, records) as younger:
+        older.submit(0, "a0")
+        assert first_started.wait(30)  # a0 holds the reward's one slot
+        younger.submit(0, "b0")
+        younger.submit(1, "b1")
+        older.submit(1, "a1")
+        younger.submit(2, "b2")
+        older.submit(2, "a2")
+        go.set()
+        assert [r.score for r in older.results() + younger.results()] == [1.0] * 6
+    assert order == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
 def test_verification_overlaps_decoding(tiny, tok):
     """A slow verifier (0.05 s per item) and 32 samples on 8 slots: the first samples' verdicts start while the
     later ones still decode. Made certain, not left to timing: the engine waits at its first hand-over until a
