@@ -21,6 +21,7 @@ from vt.data.tokenizer import build_tiny_tokenizer
 from vt.sampling.config import Request, SamplerConfig, ToolsConfig
 from vt.sampling.engine import Engine
 from vt.sampling.rules import SamplingParams, sampling_logprobs
+from vt.sampling.stop import find_stop_string
 from vt.tools.format import tool_turn
 from vt.tools.runner import ToolRunner
 
@@ -207,3 +208,21 @@ def test_tool_engine_close_ends_its_tool_threads(policy, tok, data):
     assert mine and all(t.is_alive() for t in mine)  # the runner's threads, which ran the calls
     eng.close()
     assert not any(t.is_alive() for t in mine)
+
+
+def test_tool_output_never_stops_a_sample_but_the_policy_turn_after_it_does(greedy, policy, tok, data):
+    [[full], _, _] = greedy[0]
+    _, turns, outputs = data[0]
+    # the first call's output, printed by the tool (its turn): not the policy's text, so no stop
+    eng = _engine(policy, tok, stop_strings=(outputs[0],))
+    [[s]] = eng.generate(_requests(tok, data[:1]))
+    assert outputs[0] not in "".join(turns)  # the policy never writes it itself
+    assert (s.finish_reason, s.completion_ids, s.tool_calls) == ("stop", full.completion_ids, 2)
+    # a stop string the policy writes after the tool turns: cut there, the text up to it
+    eng = _engine(policy, tok, stop_strings=("The answer",))
+    [[s]] = eng.generate(_requests(tok, data[:1]))
+    # the reference: the whole completion searched (the string is in no earlier turn of it)
+    m, text = find_stop_string(full.completion_ids, lambda ids: tok.decode(ids, skip_special_tokens=True),
+                               ("The answer",))
+    assert m > len(full.completion_ids) - len(tok.encode(turns[-1]))  # in the last turn, after both tool turns
+    assert (s.finish_reason, s.completion_ids, s.text, s.tool_calls) == ("stop", full.completion_ids[:m], text, 2)

@@ -622,13 +622,17 @@ class _Run:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _stop_strings(self, owned) -> dict[int, tuple[int, str]]:
-        """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string."""
+        """slot -> (tokens to keep, text before the stop string) for samples whose text holds a stop string. With
+        tools, only the policy's current turn is searched: a tool's output never stops a sample (its earlier turns
+        were searched as they were written)."""
         cut = {}
         for b in owned:
             s = self.live[b]
             if len(s.toks) > s.seen:
                 s.seen = len(s.toks)
-                hit = find_stop_string(s.toks, self._text, self.cfg.stop_strings)
+                hit = find_stop_string(s.toks[s.turn_start:], self._text, self.cfg.stop_strings)
+                if hit and s.turn_start:
+                    hit = (s.turn_start + hit[0], self._text(s.toks[:s.turn_start]) + hit[1])
                 if hit:
                     cut[b] = hit
         return cut
