@@ -3,7 +3,8 @@ samples multi-turn rollouts whose calls run in the sandbox. Checked: the tokens 
 turns and tool turns, with the mask between them), a greedy run equals a reference that re-prefills the whole
 conversation every turn (the kept KV prefix is right), the sampler's log-probs equal a full forward pass's on the
 policy tokens, results do not depend on batch size, pool size (parked samples evicted, running ones preempted)
-or steps per call, max_turns and the token budget end samples, and `vt sample --tool python` writes the masks."""
+or steps per call, max_turns and the token budget end samples, `vt sample --tool python` writes the masks, a tool's
+output never matches a stop string, and Engine.close ends the tool threads."""
 import functools
 import json
 import sys
