@@ -83,7 +83,8 @@ def tiny_setup():
 
 def tool_demo_sft1() -> Path:
     """The work directory of `vt demo --variant tools --until sft1` (its data, tokenizer and SFT-1 model), run once a
-    session for the tool tests that read it (tests/recipe/test_tool_demo.py, tests/rl/test_tool_learning.py)."""
+    session for the tool tests that read it (tests/recipe/test_tool_demo.py, tests/rl/test_tool_learning.py and
+    test_tool_parity.py)."""
     return build_once("tool_demo_sft1", lambda root: run_vt("demo", "--variant", "tools", "--workdir", str(root),
                                                             "--until", "sft1", check=True))
 

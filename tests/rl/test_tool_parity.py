@@ -3,44 +3,24 @@ pieces (its turn parked at `</tool_call>`, the tool turn prefilled into its kept
 learner scores it as one row. On the policy's tokens the two log-probs agree within the sampler's tolerance
 (tests/sampling/test_engine.py: 1e-4), in every row layout; the tool's tokens are not the policy's to score.
 
-The model: the tiny preset after a short SFT on the demo's tool traces (vt.data.tasks.tool_record), enough that
-most samples call the `python` tool (right or wrong does not matter here)."""
-
-from pathlib import Path
+The model: the tools demo's SFT-1 (`vt demo --variant tools`, vt.data.tasks.tool_record), which calls the `python`
+tool in about half of its samples (right or wrong does not matter here)."""
 
 import numpy as np
 import pytest
 
-from testutil import build_once
+from testutil import tool_demo_sft1
 from vt.rl.rollouts import Scored, batch_length, build_rows, policy_tokens
 
 TEMPERATURE = 0.9
 
 
-def build_tool_model(root: Path) -> None:
-    from vt.config import to_dataclass
-    from vt.data.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
-    from vt.data.tasks import task_corpus, task_records
-    from vt.data.tokenizer import TINY_CORPUS, build_tiny_tokenizer
-    from vt.io import write_jsonl
-    from vt.train.sft import SftConfig, train
-    build_tiny_tokenizer(root / "tok", task_corpus(0, 200, ("tools",)) + list(TINY_CORPUS), vocab_size=512,
-                         chat_template=QWEN25_CHAT_TEMPLATE)
-    write_jsonl(root / "sft.jsonl", task_records("tools", 600, 0))
-    train(to_dataclass(SftConfig, {
-        "model": {"preset": "tiny", "dtype": "float32", "attention_impl": "xla"},
-        "data": {"kind": "chat", "train": str(root / "sft.jsonl"), "tokenizer": str(root / "tok"), "seq_len": 96,
-                 "global_batch_size": 16, "read_threads": 0},
-        "optim": {"lr": 3e-3, "final_lr": 1e-3, "warmup_frac": 0.05, "weight_decay": 0.0},
-        "train": {"steps": 60, "progress": False},
-        "checkpoint": {"every": 60, "keep": 1, "async_save": False}}), root / "sft")
-
-
 @pytest.fixture(scope="module")
 def sft_model():
-    """(checkpoint, tokenizer) of the tool-calling model, built once a session (testutil.build_once)."""
-    root = build_once("tool_model", build_tool_model)
-    return root / "sft" / "checkpoints" / "60", root / "tok"
+    """(checkpoint, tokenizer) of the demo's tool-calling SFT-1 model, built once a session (testutil.tool_demo_sft1,
+    shared with test_tool_learning.py and the tools demo's test)."""
+    root = tool_demo_sft1()
+    return (root / "final").resolve(), root / "data" / "tokenizer"
 
 
 def test_tool_sample_logprobs_match_the_learner(sft_model):
