@@ -333,6 +333,7 @@ class Learner:
             self.ref_params = jax.tree.map(jnp.copy, self.initial_reference(state))
         self.engine = Engine((self.sampler_weights.md.graphdef, self.sampler_weights(state.params)),
                              cfg.rollout.sampler, mesh=self.sampler_mesh, tokenizer=self.tokenizer)
+        self.engine.policy_version = start  # a resumed run's samples record the run's version that began them, not 0
         return run_loop(self.setup, state, start, cfg.train.steps, self.step,
                         evaluate=self.evaluate if self.eval_records else None, eval_key="eval_accuracy",
                         eval_at_start=True, rollouts=self.schedule.buffer, close=self.close_rewards)
