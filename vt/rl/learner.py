@@ -317,8 +317,7 @@ class Learner:
         tokens/s and MFU of the updates (6N + attention FLOPs per token, per mini-batch pass)."""
         tokens, slowest = allgather([sampled_tokens, sample_s]).T
         out = {"sample_tokens_per_s": float(tokens.sum() / max(slowest.max(), 1e-9))}
-        train_tokens = metrics["tokens_real"]
-        T = int(metrics.pop("row_length"))
+        train_tokens, T = metrics["tokens_real"], int(metrics.pop("row_length"))
         out["train_tokens_per_s"] = train_tokens / max(train_s, 1e-9)
         if self.setup.peak_total:
             flops = self.model_cfg.flops_per_token(T) * train_tokens
