@@ -93,7 +93,9 @@ and the verdict wait (0.37-0.56 s): (decoding + verdicts + update) / 2, the boun
 bench's server then reset or dropped connections of the burst (listen backlog 5: 64 of 186 requests took over 0.9 s,
 the client's back-off): its backlog is 1024 since. Alternated, 4a6cb2a (before) and the change, compile-free steps/s
 for k = 0 / 1 / 2: before 1.000 / 1.528 / 1.313 (k=1 1.53x; load 7.0 -> 10.9), after 1.550 / 3.079 / 2.839 (1.99x;
-10.9 -> 8.6), before 1.185 / 1.598 / 1.583 (1.35x; 8.5 -> 6.0), after 1.469 / 2.823 / 3.817 (1.92x; 6.0 -> 6.0).
+10.9 -> 8.6), before 1.185 / 1.598 / 1.583 (1.35x; 8.5 -> 6.0), after 1.469 / 2.823 / 3.817 (1.92x; 6.0 -> 6.0);
+once the box had quietened, 06de347 1.582 / 3.069 / 5.447 (1.94x; load 1.4 -> 2.1), then 4a6cb2a 1.211 / 1.656 /
+1.612 (1.37x; 2.0 -> 1.7: the last session's quiet-box figure).
 Code and math at k=1 (same session): the batch ahead streams its samples into the verifier while the batch the
 learner waits for is still being verified, and both batches' scorers shared the reward's 2 workers first come first
 served: the waited-for batch's verification took 1.0-2.1 s at code k=1 against 0.36-0.53 s at k=0. Since 06de347
@@ -101,7 +103,7 @@ served: the waited-for batch's verification took 1.0-2.1 s at code k=1 against 0
 k=0, compile-free steps/s, alternated with the tree before it (14a099c), loads as the runs began and ended:
 14a099c code 0.90x, 1.16x (load 5.0 -> 5.3), 1.49x, 1.29x (8.3 -> 7.6), 0.91x, 1.87x (6.0 -> 4.7); math 1.23x,
 1.76x; 0.62x, 1.01x; 0.63x, 0.74x. 06de347 code 2.43x, 4.94x (7.6 -> 6.1), 1.25x, 2.01x (4.4 -> 5.1); math 0.92x,
-0.51x; 1.17x, 1.37x. Math's k=0 step is 0.14-0.4 s (2.4-7.2 steps/s between runs): its 6 compile-free timed steps
+0.51x; 1.17x, 1.37x; then at load 4.4 -> 4.7 code 2.07x, 1.95x, math 1.35x, 1.80x. Math's k=0 step is 0.14-0.4 s (2.4-7.2 steps/s between runs): its 6 compile-free timed steps
 are 1-2 s of wall time on a box others load, and its k >= 1 steps share the 2 cores among decoding, the update and
 the verifier processes, so math's ratio here is mostly noise: k=1 >= k=0 for math is NOT shown.
 
