@@ -103,9 +103,10 @@ served: the waited-for batch's verification took 1.0-2.1 s at code k=1 against 0
 k=0, compile-free steps/s, alternated with the tree before it (14a099c), loads as the runs began and ended:
 14a099c code 0.90x, 1.16x (load 5.0 -> 5.3), 1.49x, 1.29x (8.3 -> 7.6), 0.91x, 1.87x (6.0 -> 4.7); math 1.23x,
 1.76x; 0.62x, 1.01x; 0.63x, 0.74x. 06de347 code 2.43x, 4.94x (7.6 -> 6.1), 1.25x, 2.01x (4.4 -> 5.1); math 0.92x,
-0.51x; 1.17x, 1.37x; then at load 4.4 -> 4.7 code 2.07x, 1.95x, math 1.35x, 1.80x. Math's k=0 step is 0.14-0.4 s (2.4-7.2 steps/s between runs): its 6 compile-free timed steps
-are 1-2 s of wall time on a box others load, and its k >= 1 steps share the 2 cores among decoding, the update and
-the verifier processes, so math's ratio here is mostly noise: k=1 >= k=0 for math is NOT shown.
+0.51x; 1.17x, 1.37x; then at load 4.4 -> 4.7 code 2.07x, 1.95x, math 1.35x, 1.80x. Math's k=0 step is 0.14-0.4 s
+(2.4-7.2 steps/s between runs): its 6 compile-free timed steps are 1-2 s of wall time on a box others load, and its
+k >= 1 steps share the 2 cores among decoding, the update and the verifier processes, so math's ratio here is mostly
+noise: k=1 >= k=0 for math is NOT shown (2 of 3 runs since 06de347 met it).
 
 RL update at qwen2.5-0.5b's widths with 2 layers (issue 29's second shape; `--long-tail --skip-tunix --lt-preset
 qwen2.5-0.5b --lt-layers 2 --lt-window 256 --prompts 4 --group 4 --steps 2 --warmup 1 --rounds 1`, 2026-12-03,
