@@ -37,7 +37,7 @@ def test_opd_stage_wiring_in_the_demo_variant(tmp_path):
     rl = report["stages"]["opd"].rl
     assert rl.model.init_checkpoint == str(tmp_path / "sft1" / "<checkpoint>")
     assert rl.opd.teacher == str(tmp_path / "rl_instruct" / "<checkpoint>") and rl.opd.enabled
-    assert report["stages"]["opd"].profile_k == 0 and rl.data.eval.endswith("heldout_math.jsonl")
+    assert report["stages"]["opd"].profile_k == 0 and rl.data.eval.endswith("heldout_instruct.jsonl")
     bad = validate(recipe_config(load_config("configs/demo.py:opd", ["--config.stages.opd.opd.teacher="]),
                                  tmp_path), tmp_path, ["opd"])
     assert bad["problems"] == ["config.stages.opd: config.stages.opd.opd.teacher must name the teacher: a "

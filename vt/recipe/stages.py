@@ -544,10 +544,10 @@ def run_opd_sft(ctx, plan: Plan[OpdSftStageConfig], sdir: Path) -> StageOutput:
     domain = opd.data.domain or records[0].domain
     v = _Verifier(ctx, [domain], opd.rollout.sampler, MeshConfig(data=1, fsdp=1, tensor=1))
 
-    def accuracy(ckpt: str) -> float:  # the RL learner's held-out measure: mean verified reward, same seed each
+    def accuracy(ckpt: str) -> float:  # the RL learner's held-out accuracy (Learner.evaluate), same seed each
         v.load(ckpt)
         s = v.score(heldout, domain, seed=c.seed * 1000 + 999, n=opd.train.eval_samples)
-        return float(s.rewards[s.valid].sum() / max(1, s.valid.sum()))
+        return float(s.correct[s.valid].sum() / max(1, s.valid.sum()))
 
     try:
         teacher_acc = accuracy(opd.opd.teacher)

@@ -266,13 +266,13 @@ class Learner:
         return out.select(range(E))
 
     def evaluate(self, state: TrainState, step: int) -> float:
-        """Mean verified reward over the held-out prompts (split over processes in consecutive runs)."""
+        """Share of held-out samples verified correct (reward 1, not partial credit; split over processes)."""
         t = self.cfg.train
         recs = self.eval_records[: t.eval_prompts]
         per = -(-len(recs) // jax.process_count())
         first = min(len(recs), jax.process_index() * per)
         scored = self.rollout(recs[first:first + per], step, t.eval_samples, seed_offset=1, first_request=first)
-        total, count = allgather([scored.rewards[scored.valid].sum(), scored.valid.sum()]).sum(0)
+        total, count = allgather([scored.correct[scored.valid].sum(), scored.valid.sum()]).sum(0)
         return float(total / count) if count else float("nan")
 
     def train_on(self, state: TrainState, s: Scored) -> tuple[TrainState, dict]:
