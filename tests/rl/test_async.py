@@ -215,8 +215,9 @@ def test_async_kill_9_then_restart_equals_an_uninterrupted_run(task, straight, t
 def test_sampler_devices_must_leave_the_learner_some():
     """rollout.sampler_devices: 0 shares every device; n takes the last n and must leave the learner one (the
     4 + 4 split itself: tests/scale/test_async_rl_devices.py)."""
-    assert split_devices(0) == (None, None)
-    with pytest.raises(VtError, match=r"rollout.sampler_devices=1: must leave the learner at least one of the 1"):
+    assert split_devices(0) == (None, None, None)
+    with pytest.raises(VtError, match=r"rollout.sampler_devices=1 \+ opd.teacher_devices=0: must leave the learner "
+                                      r"at least one of the 1"):
         split_devices(1)
 
 

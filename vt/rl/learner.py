@@ -185,7 +185,8 @@ class Learner:
         if self.model_cfg.lora_dropout:
             raise VtError(f"config model.lora_dropout={self.model_cfg.lora_dropout}: the RL learner applies no "
                           "LoRA dropout (its log-probs must be the policy's that sampled); set it to 0")
-        learner_devices, sampler_devices = split_devices(cfg.rollout.sampler_devices)
+        learner_devices, sampler_devices, teacher_devices = split_devices(cfg.rollout.sampler_devices,
+                                                                          cfg.opd.teacher_devices)
         try:
             self.setup = s = Setup(cfg, workdir, self.model_cfg, cfg.train.steps * cfg.mgpo.mini_batches,
                                    devices=learner_devices)
@@ -195,8 +196,7 @@ class Learner:
             raise VtError(f"{e} (config rollout.sampler_devices={cfg.rollout.sampler_devices} leaves the learner "
                           f"{len(learner_devices)})") from None
         self.mesh, self.md = s.mesh, s.md
-        # One process: the sampler shares the learner's mesh, or has its own devices (rollout.sampler_devices).
-        # Several: each samples on its own devices.
+        # One process: the learner's mesh, or devices of its own (rollout.sampler_devices); several: each process's.
         self.sampler_mesh = (s.mesh if jax.process_count() == 1 and sampler_devices is None
                              else process_mesh(cfg.mesh, sampler_devices))
         mine = process_slice(cfg.rollout.prompts_per_step, "rollout.prompts_per_step")
@@ -214,11 +214,11 @@ class Learner:
                                    temperature=temperature, eps_low=m.eps_low, eps_high=m.eps_high,
                                    kl_coef=m.kl_coef, is_cap=m.is_cap, loss_chunk=cfg.model.loss_chunk)
         self.engine = self.ref_params = None  # built by run()
-        # OPD's teacher, checked against the student (vocabulary) before any work; it scores beside decoding on the
-        # learner's mesh (idle while the batch decodes at k = 0; not the sampler's with rollout.sampler_devices),
-        # on several processes each one's own devices, as each scores its own samples when they finish
-        self.teacher = (make_teacher(cfg.opd, self.model_cfg, s.mesh if jax.process_count() == 1 else
-                                     self.sampler_mesh, self.tokenizer, cfg.data.tokenizer)
+        # OPD's teacher, vocabulary checked before any work; it scores beside decoding on its own devices, else the
+        # learner's mesh (idle while a batch decodes at k = 0), on several processes each one's sampler devices
+        teacher_mesh = (process_mesh(cfg.mesh, teacher_devices) if teacher_devices else
+                        s.mesh if jax.process_count() == 1 else self.sampler_mesh)
+        self.teacher = (make_teacher(cfg.opd, self.model_cfg, teacher_mesh, self.tokenizer, cfg.data.tokenizer)
                         if cfg.opd.enabled else None)
 
     def rollout(self, records, step: int, group_size: int, seed_offset: int = 0, first_request: int = 0,

@@ -33,6 +33,9 @@ class OpdConfig:
     reward_coef: Annotated[float, NON_NEGATIVE] = 0.0  # weight of the MGPO reward advantage (0: pure distillation)
     teacher_batch: Annotated[int, AT_LEAST_1] = 16  # completions per teacher call (a forward pass or a request)
     teacher_dtype: str = "bfloat16"  # a checkpoint teacher's parameter and compute dtype
+    # A checkpoint teacher's own devices (one process): the last n, a mesh of their own, off the learner's and the
+    # sampler's (rollout.sampler_devices). 0: the learner's mesh (several processes: each one's sampler devices).
+    teacher_devices: Annotated[int, NON_NEGATIVE] = 0
     teacher_model: str = ""  # the endpoint's model name ("" = none sent: the server's only model)
     timeout_s: Annotated[float, POSITIVE] = 120.0  # per endpoint request
 

@@ -16,18 +16,22 @@ from vt.sharding import state_shardings
 from vt.train.state import ModelDef
 
 
-def split_devices(sampler_devices: int) -> tuple[list | None, list | None]:
-    """(the learner's devices, the sampler's): all and None (shared) for 0, else the first and the last n."""
-    if not sampler_devices:
-        return None, None
-    devices = jax.devices()
+def split_devices(sampler_devices: int, teacher_devices: int = 0) -> tuple[list | None, list | None, list | None]:
+    """(the learner's devices, the sampler's, an OPD teacher's): all, None (shared) and None for 0 / 0; else the
+    teacher takes the last `teacher_devices`, the sampler the `sampler_devices` before them, the learner the rest."""
+    if not sampler_devices and not teacher_devices:
+        return None, None, None
+    devices, own = jax.devices(), sampler_devices + teacher_devices
+    field = "rollout.sampler_devices" if sampler_devices else "opd.teacher_devices"
     if jax.process_count() > 1:
-        raise VtError(f"config rollout.sampler_devices={sampler_devices}: one process only (on {jax.process_count()} "
-                      "processes each samples on its own devices already); set it to 0")
-    if sampler_devices >= len(devices):
-        raise VtError(f"config rollout.sampler_devices={sampler_devices}: must leave the learner at least one of the "
-                      f"{len(devices)} devices")
-    return devices[:-sampler_devices], devices[-sampler_devices:]
+        raise VtError(f"config {field}={sampler_devices or teacher_devices}: one process only (on "
+                      f"{jax.process_count()} processes each samples and scores on its own devices already); set it "
+                      "to 0")
+    if own >= len(devices):
+        raise VtError(f"config rollout.sampler_devices={sampler_devices} + opd.teacher_devices={teacher_devices}: "
+                      f"must leave the learner at least one of the {len(devices)} devices")
+    learner, rest = devices[:-own], devices[-own:]
+    return learner, rest[:sampler_devices] or None, rest[sampler_devices:] or None
 
 
 class SamplerWeights:
