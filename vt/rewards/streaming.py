@@ -8,9 +8,10 @@ Each submitted completion is scored at once on one of at most ``reward.workers``
 score_batch uses), while the caller goes on decoding the rest: the threads only wait (on verifier processes,
 sandboxes, HTTP), so they cost the decode loop little. Scorers of one reward open at once (an asynchronous learner
 verifies the batch it takes next while the batch ahead decodes and streams in) share that bound, the oldest
-scorer's items first: the batch the learner waits for is not slowed by one it will not use before it. Only rewards that ``stream`` (item-wise verdicts) are
-scored this way, so the verdicts are exactly score_batch's on the whole batch, in the same order; the
-sampler's randomness is keyed by (seed, request, sample), not by timing, so nothing else changes either.
+scorer's items first: the batch the learner waits for is not slowed by one it will not use before it. Only
+rewards that ``stream`` (item-wise verdicts) are scored this way, so the verdicts are exactly score_batch's on the
+whole batch, in the same order; the sampler's randomness is keyed by (seed, request, sample), not by timing, so
+nothing else changes either.
 
 Errors surface as score_batch raises them: references (RewardSpecError) in batch order before any work, an
 exception out of a verdict from ``results()``, the first one in index order (a checker exception that the
