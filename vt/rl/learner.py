@@ -47,7 +47,7 @@ from vt.rl import objectives as obj
 from vt.rl.batches import learner_batches, rollout_metrics, row_length, shares_prompts, step_advantages
 from vt.rl.buffer import staleness_metrics
 from vt.rl.hosts import process_slice
-from vt.rl.opd import OpdConfig, teacher_throughput
+from vt.rl.opd import OpdConfig, taught_tokens, teacher_throughput
 from vt.rl.teachers import StreamingTeacher, make_teacher
 from vt.rl.rollouts import TIMES, Scored, drop_trivial, load_records, prompts_for_step, rollout_and_score
 from vt.rl.schedule import RolloutSchedule
@@ -377,8 +377,8 @@ class Learner:
         metrics.update(self.throughput(metrics, sampled, spans["time_sample_s"], done_at - t1))
         metrics.update(rollout_metrics(used, sorted(self.rewards)), time_rollout_s=busy, time_train_s=done_at - t1,
                        **spans, prompts_dropped=self.dropped)
-        if self.teacher is not None:
-            metrics.update(teacher_throughput(fresh, spans["time_teacher_s"]))
+        if self.teacher is not None:  # over every process's teacher
+            metrics.update(teacher_throughput(*allgather([taught_tokens(fresh), spans["time_teacher_s"]]).T))
         k = self.schedule.k
         if k:
             metrics.update(time_learner_idle_s=(t_end - t0) - (done_at - t1), time_sampler_idle_s=(t_end - t0) - busy,

@@ -91,11 +91,17 @@ def row_advantages(rows: dict[str, np.ndarray], prompt_lengths: np.ndarray, teac
     return adv, sums
 
 
-def teacher_throughput(scored, teacher_s: float) -> dict[str, float]:
-    """opd/teacher_tokens: the completion tokens the teacher scored for the batches verified during a step (a tool
-    turn's included: the teacher scores whole completions), and per second of its scoring."""
-    taught = float(sum(len(t) for group in scored.teacher or () for t in group)) if scored is not None else 0.0
-    return {"opd/teacher_tokens": taught, "opd/teacher_tokens_per_s": taught / max(teacher_s, 1e-9)}
+def taught_tokens(scored) -> float:
+    """The completion tokens the teacher scored for `scored`, a process's batches verified during a step (a tool
+    turn's included: the teacher scores whole completions); 0 for None."""
+    return float(sum(len(t) for group in scored.teacher or () for t in group)) if scored is not None else 0.0
+
+
+def teacher_throughput(tokens: Sequence[float], seconds: Sequence[float]) -> dict[str, float]:
+    """opd/teacher_tokens: every process's taught_tokens summed (one entry each), and per second of the slowest
+    process's scoring (the teachers of several processes score side by side)."""
+    total = float(np.sum(np.asarray(tokens, np.float64)))
+    return {"opd/teacher_tokens": total, "opd/teacher_tokens_per_s": total / max(float(np.max(seconds)), 1e-9)}
 
 
 def tokens_to_reach(curve: Sequence[Sequence[float]], target: float) -> float | None:
