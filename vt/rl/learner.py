@@ -193,8 +193,8 @@ class Learner:
         except VtError as e:
             if learner_devices is None:
                 raise
-            raise VtError(f"{e} (config rollout.sampler_devices={cfg.rollout.sampler_devices} leaves the learner "
-                          f"{len(learner_devices)})") from None
+            raise VtError(f"{e} (config rollout.sampler_devices={cfg.rollout.sampler_devices} and opd.teacher_devices="
+                          f"{cfg.opd.teacher_devices} leave the learner {len(learner_devices)})") from None
         self.mesh, self.md = s.mesh, s.md
         # One process: the learner's mesh, or devices of its own (rollout.sampler_devices); several: each process's.
         self.sampler_mesh = (s.mesh if jax.process_count() == 1 and sampler_devices is None
