@@ -83,7 +83,7 @@ qwen-tokenizer: install
 	$(PY) -m vt tokenizer build-qwen2.5 --download
 	$(PY) -m vt tokenizer build-qwen3 --download
 
-# Two pytest-xdist workers: the suite (2403 tests) took 43 min on an idle 2-core box (2026-12-06; 2391 took 38, 2265 took 33), with
+# Two pytest-xdist workers: the suite (2406 tests) took 38 min on an idle 2-core box (2026-12-06; 2403 took 43, 2391 took 38), with
 # the one JAX compilation cache tests/conftest.py sets up for the run (60 min without it) and its expensive fixtures built once.
 test: install qwen-tokenizer
 	$(PY) -m pytest -n 2 -q --durations=25 tests
