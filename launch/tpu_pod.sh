@@ -87,6 +87,9 @@ if [[ "$plan" == 1 && -n "$type" && -n "$config" ]] && { want create || want run
   if [[ "$dry_run" == 1 ]]; then
     run "${plan_cmd[@]}"
   else
+    # vt plan's exit 1 means "does not fit": a Python that cannot import vt (no venv here) also exits 1
+    (cd "$repo" && "$py" -c 'import vt.plan' 2>/dev/null) \
+      || die "$py cannot import vt, so vt plan cannot check $config: make install (the repo's .venv), or --no-plan"
     (cd "$repo" && "${plan_cmd[@]}") || planned=$?
     case "${planned:-0}" in
       0) ;;

@@ -186,6 +186,22 @@ def test_tpu_pod_stops_before_create_when_the_config_does_not_fit(tmp_path):
     assert not log.exists()
 
 
+def test_tpu_pod_without_a_python_that_has_vt_is_an_error_not_a_config_that_does_not_fit(tmp_path):
+    """A checkout without its .venv, whose python3 cannot import vt: the plan cannot run, and the launcher says so
+    (exit 2) instead of reading python's exit 1 as vt plan's "does not fit"; gcloud is never called."""
+    shutil.copytree(LAUNCH, tmp_path / "launch")  # a checkout of the launchers alone: no .venv, no vt package
+    log, fake = tmp_path / "gcloud.log", tmp_path / "bin" / "gcloud"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{fake.parent}:/usr/bin:/bin", "PYTHONPATH": ""}
+    proc = sh(tmp_path / "launch" / "tpu_pod.sh", "--name", "n", "--zone", "z", "--type", "v5p-8", "--", "vt", "eval",
+              "--config", "configs/eval_aime25.py:smoke", env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "cannot import vt" in proc.stderr and "does not fit" not in proc.stderr
+    assert not log.exists()
+
+
 def test_tpu_pod_only_run_and_errors():
     proc = sh(LAUNCH / "tpu_pod.sh", "--dry-run", "--only", "run", "--name", "n", "--zone", "z", "--", "vt", "info")
     assert proc.returncode == 0, proc.stderr
