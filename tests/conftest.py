@@ -2,6 +2,7 @@
 `devices(n)` marker: a test that needs n simulated CPU devices runs in a child pytest process started with them
 (JAX fixes its device count when it starts, and this process already started it with one)."""
 import functools
+import json
 import os
 import re
 import shutil
@@ -105,6 +106,8 @@ def _device_count_flag() -> int | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker orders alike (xdist checks): see _WorkUnitsCostliestFirst
+        items.sort(key=_work_unit_order(items))
     for item in items:
         marker = item.get_closest_marker("devices")
         if marker is None or _device_count_flag() == marker.args[0]:
@@ -128,3 +131,70 @@ def _run_in_child(item, devices: int, timeout: int) -> None:
     if "skipped" in summary and "passed" not in summary:
         pytest.skip(f"skipped in the child on {devices} devices: {proc.stdout[-2000:]}")
     print(proc.stdout[-5000:])
+
+
+# Scheduling under xdist (`make test`'s -n 2). xdist's default hands each worker runs of consecutive tests: the costly
+# files, late in the alphabet (recipe/, rl/, scale/), ended on one worker while the other idled, and two workers
+# could ask for one expensive build_once fixture at once, one of them waiting on the lock. Instead a work unit is a
+# test file, or the files that share one such fixture (one worker builds it and runs them all); units go to the
+# worker that is almost out of work, the costliest first by durations.json (seconds per file, from a run of the
+# suite: `pytest -n 2 tests --record-durations tests/durations.json` refreshes it; a file it lacks counts as an
+# average one). The order only decides where and when a test runs, never whether.
+DURATIONS = Path(__file__).parent / "durations.json"
+SHARED_FIXTURE_UNITS = {
+    "tests/recipe/test_pipeline.py": "demo_ci", "tests/recipe/test_opd_learning.py": "demo_ci",
+    **{f"tests/{f}.py": "tool_demo_sft1" for f in ("recipe/test_tool_demo", "rl/test_tool_learning",
+                                                    "rl/test_tool_parity", "rl/test_tool_async_resume")},
+}
+
+
+def _work_unit(nodeid: str) -> str:
+    file = nodeid.split("::")[0]
+    return SHARED_FIXTURE_UNITS.get(file, file)
+
+
+def _work_unit_order(items):
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    average = sum(seconds.values()) / len(seconds) if seconds else 0.0
+    first, cost = {}, {}
+    for i, item in enumerate(items):
+        first.setdefault(_work_unit(item.nodeid), i)
+    for file in {item.nodeid.split("::")[0] for item in items}:
+        cost[_work_unit(file)] = cost.get(_work_unit(file), 0.0) + seconds.get(file, average)
+    index = {id(item): i for i, item in enumerate(items)}
+    # costliest unit first; within a unit, the collection order (module fixtures set up once)
+    return lambda item: (-cost[_work_unit(item.nodeid)], first[_work_unit(item.nodeid)], index[id(item)])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "load":  # an explicit --dist keeps xdist's own
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class _WorkUnitsCostliestFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the workers' order (costliest first), not xdist's by test count
+    return _WorkUnitsCostliestFirst(config, log)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="FILE", default=None,
+                     help="write this run's seconds per test file (setup, call and teardown) to FILE as JSON")
+
+
+_seconds_per_file: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    file = report.nodeid.split("::")[0]
+    _seconds_per_file[file] = _seconds_per_file.get(file, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    out = session.config.getoption("--record-durations")
+    if out and not hasattr(session.config, "workerinput"):  # the xdist controller, or a run without xdist
+        ranked = sorted(_seconds_per_file.items(), key=lambda kv: -kv[1])
+        Path(out).write_text(json.dumps({f: round(s, 1) for f, s in ranked}, indent=0) + "\n")
