@@ -93,9 +93,6 @@ class PipelineConfig:
     read_threads: int = 4
     num_shards: int | None = None
 
-    def rows_per_process(self, process_count: int) -> int:
-        return self.global_batch_size // process_count
-
 
 @dataclasses.dataclass
 class SkipReport:

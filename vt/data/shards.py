@@ -38,10 +38,6 @@ class ShardPlan:
     owned: tuple[int, ...]  # this process's shards, a contiguous block
     rows_per_shard: int  # r: rows each shard contributes to one step's global batch
 
-    @property
-    def local_rows(self) -> int:
-        return self.rows_per_shard * len(self.owned)
-
 
 def plan_shards(*, global_rows: int, micro_batches: int | None, num_shards: int | None, process_index: int,
                 process_count: int, setting: str = "num_shards") -> ShardPlan:

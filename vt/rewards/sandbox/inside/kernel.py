@@ -72,15 +72,6 @@ def close_all_but(keep):
         low = fd + 1
 
 
-def parent_of(pid):
-    """The parent's pid of ``pid`` (a string, as /proc lists it) in our namespace; None if it is gone."""
-    try:
-        with open("/proc/%s/stat" % pid, "rb") as f:
-            return int(f.read().rpartition(b")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def resident_bytes(pid):
     with open("/proc/%d/statm" % pid, "rb") as f:
         return int(f.read().split()[1]) * mmap.PAGESIZE
