@@ -83,8 +83,9 @@ qwen-tokenizer: install
 	$(PY) -m vt tokenizer build-qwen2.5 --download
 	$(PY) -m vt tokenizer build-qwen3 --download
 
-# Two pytest-xdist workers: the suite (2406 tests) took 38 min on an idle 2-core box (2026-12-06; 2403 took 43, 2391 took 38), with
-# the one JAX compilation cache tests/conftest.py sets up for the run (60 min without it) and its expensive fixtures built once.
+# Two pytest-xdist workers: the suite (2407 tests) took 37 min on an idle 2-core box (2026-12-06; 38-45 in xdist's default order), with
+# the one JAX compilation cache tests/conftest.py sets up for the run (60 min without it), its expensive fixtures built once, and
+# whole test files handed out costliest first (tests/durations.json).
 test: install qwen-tokenizer
 	$(PY) -m pytest -n 2 -q --durations=25 tests
 
