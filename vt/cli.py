@@ -14,7 +14,7 @@ import warnings
 
 from vt import EXIT_PREEMPTED, Terminated, VtError
 from vt.checkpoint.seal import set_verify
-from vt.cluster import detect
+from vt.cluster import cpu_only_host, detect
 from vt.io import error_detail, out_of_space
 from vt.validation import ArgumentParser
 
@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Joins a multi-host run when launched as one (explicit env, SLURM, TPU VM). One process needs nothing
         # first: a command that uses no device (vt reward, vt data filter, vt tokenizer, vt info) never imports JAX.
+        if cpu_only_host():
+            os.environ["JAX_PLATFORMS"] = "cpu"  # before any JAX import; vt's subprocesses inherit it
         if detect()[0] != "single":
             from vt.distributed import initialize
             initialize()

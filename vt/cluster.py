@@ -16,6 +16,11 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 ENV_SWITCH = "VT_DISTRIBUTED"  # "off": never auto-detect SLURM / TPU
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 _GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips on a Cloud TPU VM are PCI devices of this vendor
+# ... and so is the gVNIC network card of GCE VMs (device 0x0042), so a chip is told by its device ID: JAX's own
+# list (jax._src.hardware_utils._TPU_PCI_DEVICE_IDS, which tests/scale/test_distributed.py keeps this in step with).
+TPU_PCI_DEVICE_IDS = frozenset({"0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076", "0x0083",
+                                "0x007c"})
+_GPU_DEVICE_NODES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg")  # NVIDIA's driver, AMD's (ROCm), WSL2's
 
 
 def detect(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
@@ -61,10 +66,26 @@ def _int_env(env: Mapping[str, str], key: str) -> int | None:
 
 def _tpu_chips(sysfs: str) -> int:
     count = 0
-    for vendor in glob.glob(os.path.join(sysfs, "*", "vendor")):
+    for function in glob.glob(os.path.join(sysfs, "*.0")):  # function 0 of each PCI device, as JAX counts chips
         try:
-            if Path(vendor).read_text().strip() == _GOOGLE_PCI_VENDOR:
-                count += 1
+            ids = [(Path(function) / name).read_text().strip() for name in ("vendor", "device")]
         except OSError:
             continue
+        count += ids[0] == _GOOGLE_PCI_VENDOR and ids[1] in TPU_PCI_DEVICE_IDS
     return count
+
+
+def cpu_only_host(env: Mapping[str, str] | None = None, sysfs: str = "/sys/bus/pci/devices",
+                  dev_nodes: tuple[str, ...] = _GPU_DEVICE_NODES) -> bool:
+    """True when JAX should be told to use the CPU: JAX_PLATFORMS unset, libtpu installed, and this host has neither
+    a TPU chip nor a GPU device node. libtpu on such a host is there for `vt plan`'s compile-only TPU devices (the
+    test extra installs it); left to choose, JAX starts it for running as well, and libtpu prints its failure (five
+    lines of C++ log about host bounds and worker hostnames) in every command. The CPU is then the only backend that
+    can come up, so naming it changes nothing else. A TPU chip, a GPU or an explicit JAX_PLATFORMS leave JAX's
+    own choice."""
+    import importlib.util
+
+    env = os.environ if env is None else env
+    if "JAX_PLATFORMS" in env or _tpu_chips(sysfs) or any(glob.glob(p) for p in dev_nodes):
+        return False
+    return importlib.util.find_spec("libtpu") is not None

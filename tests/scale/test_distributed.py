@@ -2,6 +2,7 @@
 the persistent compilation cache."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -52,12 +53,59 @@ def test_slurm_step_uses_jax_slurm_detection():
     assert cluster.detect(env={**SLURM, "VT_DISTRIBUTED": "off"}, sysfs="/nonexistent") == ("single", {})
 
 
-def test_tpu_vm_detected_from_pci_vendor(tmp_path):
-    for i, vendor in enumerate(["0x8086", "0x1ae0", "0x1ae0"]):
-        (tmp_path / f"0000:00:0{i}.0").mkdir()
-        (tmp_path / f"0000:00:0{i}.0" / "vendor").write_text(vendor + "\n")
-    assert cluster.detect(env={}, sysfs=str(tmp_path)) == ("tpu", {})
-    assert cluster.detect(env={"VT_DISTRIBUTED": "off"}, sysfs=str(tmp_path)) == ("single", {})
+def _pci(root, *devices: tuple[str, str]):
+    """A fake /sys/bus/pci/devices: one function-0 directory per (vendor, device) ID pair."""
+    for i, (vendor, device) in enumerate(devices):
+        (root / f"0000:00:0{i}.0").mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device)):
+            (root / f"0000:00:0{i}.0" / name).write_text(value + "\n")
+    return str(root)
+
+
+INTEL_NIC, GVNIC, GOOGLE_NVME, TPU_V5P = ("0x8086", "0x10d3"), ("0x1ae0", "0x0042"), ("0x1ae0", "0x001f"), \
+    ("0x1ae0", "0x0062")
+
+
+def test_tpu_vm_detected_from_pci_ids(tmp_path):
+    sysfs = _pci(tmp_path / "tpu_vm", INTEL_NIC, GVNIC, TPU_V5P, TPU_V5P)
+    assert cluster.detect(env={}, sysfs=sysfs) == ("tpu", {})
+    assert cluster.detect(env={"VT_DISTRIBUTED": "off"}, sysfs=sysfs) == ("single", {})
+    # Google is also the vendor of GCE VMs' gVNIC (and NVMe disks): a GPU or CPU VM there is no TPU VM
+    assert cluster.detect(env={}, sysfs=_pci(tmp_path / "gce_vm", GVNIC, GOOGLE_NVME)) == ("single", {})
+
+
+def test_tpu_device_ids_are_jaxs():
+    from jax._src import hardware_utils
+
+    assert cluster.TPU_PCI_DEVICE_IDS == set(hardware_utils._TPU_PCI_DEVICE_IDS)
+
+
+def test_cpu_only_host_names_the_cpu_only_where_libtpu_could_only_fail(tmp_path):
+    """libtpu installed (this suite's extra), no TPU chip, no GPU device node and no JAX_PLATFORMS: the CPU."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (the test extra installs it)")
+    nodes = str(tmp_path / "dev" / "nvidia*"), str(tmp_path / "dev" / "kfd")
+    plain = _pci(tmp_path / "cpu_box", INTEL_NIC, GVNIC)
+    assert cluster.cpu_only_host(env={}, sysfs=plain, dev_nodes=nodes)
+    assert not cluster.cpu_only_host(env={"JAX_PLATFORMS": ""}, sysfs=plain, dev_nodes=nodes)  # the user's choice
+    assert not cluster.cpu_only_host(env={}, sysfs=_pci(tmp_path / "tpu_vm", TPU_V5P), dev_nodes=nodes)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    assert not cluster.cpu_only_host(env={}, sysfs=plain, dev_nodes=nodes)
+
+
+def test_a_command_on_a_cpu_box_with_libtpu_prints_no_tpu_noise(vt_ckpt_qwen2, tmp_path):
+    """libtpu installed on a host without TPU chips (this suite's extra on a CPU box) and JAX_PLATFORMS unset: a
+    command that runs on a device comes up on the CPU without libtpu's failure log on stderr."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed (the test extra installs it)")
+    if not cluster.cpu_only_host(env={}):
+        pytest.skip("this host has a TPU chip or a GPU device node")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    command = ["convert", "orbax-to-hf", str(vt_ckpt_qwen2), str(tmp_path / "hf"), "--no-tokenizer"]
+    proc = subprocess.run([sys.executable, "-m", "vt", *command], capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "TPU" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr
     assert cluster.detect(env={}, sysfs=str(tmp_path / "none")) == ("single", {})
 
 
