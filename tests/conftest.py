@@ -161,9 +161,8 @@ def _work_unit_order(items):
         first.setdefault(_work_unit(item.nodeid), i)
     for file in {item.nodeid.split("::")[0] for item in items}:
         cost[_work_unit(file)] = cost.get(_work_unit(file), 0.0) + seconds.get(file, average)
-    index = {id(item): i for i, item in enumerate(items)}
-    # costliest unit first; within a unit, the collection order (module fixtures set up once)
-    return lambda item: (-cost[_work_unit(item.nodeid)], first[_work_unit(item.nodeid)], index[id(item)])
+    # costliest unit first; within a unit, the collection order (the sort is stable: module fixtures set up once)
+    return lambda item: (-cost[_work_unit(item.nodeid)], first[_work_unit(item.nodeid)])
 
 
 @pytest.hookimpl(optionalhook=True)
