@@ -15,7 +15,7 @@ from flax import nnx
 
 from vt.model.config import preset
 from vt.model.kv_pages import PagedKVCache
-from vt.model.qwen2 import DecoderLayer, abstract_model, create_model, init_fn
+from vt.model.qwen2 import DecoderLayer, abstract_model, create_model, init_fn, init_key
 from vt.sampling import steps
 from vt.sampling.rules import SamplingParams
 from vt.sharding import abstract_of
@@ -60,7 +60,7 @@ def _sampler(layers: int, which: str):
 
 
 def _init(layers: int):
-    return init_fn(_cfg(layers)).lower()
+    return init_fn(_cfg(layers)).lower(init_key(0))
 
 
 def test_train_step_program_size_does_not_grow_with_depth():
@@ -77,6 +77,20 @@ def test_prefill_and_decode_program_size_does_not_grow_with_depth():
 def test_random_init_program_size_does_not_grow_with_depth():
     shallow, deep = (_ops(_init(n)) for n in DEPTHS)
     assert shallow == deep, (shallow, deep)
+
+
+def test_random_init_compiles_once_for_every_seed_and_draws_what_the_seed_gives():
+    """The seed is an input of the init program, not a constant in it: a second seed reuses the compilation, and
+    each seed draws exactly the weights the model built with nnx.Rngs(seed) has (the seed as a constant; a seed
+    past int32 too)."""
+    from vt.model.qwen2 import Qwen2
+
+    cfg = _cfg(2)
+    for seed in (3, 2**31 + 5):
+        drawn = jax.tree.leaves(nnx.state(create_model(cfg, seed=seed)))
+        constant = jax.tree.leaves(jax.jit(lambda: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed))))())  # noqa: B023
+        assert len(drawn) == len(constant) and all(np.array_equal(a, b) for a, b in zip(drawn, constant)), seed
+    assert init_fn(cfg, None)._cache_size() == 1
 
 
 def test_scanned_stack_equals_layers_applied_one_by_one():

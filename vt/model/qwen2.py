@@ -23,10 +23,12 @@ handling: padding writes garbage past the prompt, which decoding overwrites befo
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from vt.model import lora
@@ -262,20 +264,28 @@ def model_shardings(cfg: ModelConfig, mesh):
     return state_shardings(nnx.state(abstract_model(cfg)), mesh)
 
 
-def init_fn(cfg: ModelConfig, mesh=None, seed: int = 0):
-    """The jitted random init of the parameter state, each parameter created in its sharding on `mesh`
-    (out_shardings). The stacked decoder weights are drawn by one op per weight kind, so this compiles in the
-    same time at any depth."""
-    def init_state():
-        return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(seed)))
+@functools.lru_cache(maxsize=8)
+def init_fn(cfg: ModelConfig, mesh=None):
+    """The jitted random init of the parameter state from a key's data (`init_key(seed)`), each parameter created
+    in its sharding on `mesh` (out_shardings). The stacked decoder weights are drawn by one op per weight kind, so
+    this compiles in the same time at any depth; the key is an argument, not a constant, so one compilation serves
+    every seed (a tiny model's init compiles in ~2 s on a CPU: it was once per seed)."""
+    def init_state(key_data):
+        return nnx.state(Qwen2(cfg, rngs=nnx.Rngs(jax.random.wrap_key_data(key_data))))
 
     if mesh is None:
         return jax.jit(init_state)
     return jax.jit(init_state, out_shardings=model_shardings(cfg, mesh))
 
 
+def init_key(seed: int) -> np.ndarray:
+    """`jax.random.key(seed)`'s data, as a host array: the same value on every process (a replicated input of a
+    multi-process jit)."""
+    return np.asarray(jax.random.key_data(jax.random.key(seed)))
+
+
 def create_model(cfg: ModelConfig, mesh=None, seed: int = 0) -> Qwen2:
     """Random-init model. With a mesh, each parameter is initialised already sharded (jit with out_shardings),
     so no device or host ever holds the whole model."""
     graphdef, _ = nnx.split(abstract_model(cfg))
-    return nnx.merge(graphdef, init_fn(cfg, mesh, seed)())
+    return nnx.merge(graphdef, init_fn(cfg, mesh)(init_key(seed)))

@@ -34,7 +34,7 @@ from vt.distributed import enable_compilation_cache, is_primary, peak_flops_per_
 from vt.io import OutOfSpace, atomic_write_text, call_all, error_detail, exclusive, out_of_space, writing
 from vt.model.config import ModelConfig, preset
 from vt.model import lora
-from vt.model.qwen2 import Qwen2, create_model
+from vt.model.qwen2 import Qwen2, create_model, init_key
 from vt.sharding import MeshConfig, make_mesh
 from vt.train.losses import DEFAULT_LOSS_CHUNK
 from vt.train.optim import OptimConfig, make_optimizer
@@ -144,7 +144,9 @@ def fresh_adapters(model_cfg: ModelConfig, mesh, seed: int) -> dict[str, jax.Arr
     """The initial LoRA adapters of `model_cfg`, in their sharding. The jitted init draws the whole model; XLA
     drops the base weights' random ops, which nothing returns, so no base-sized buffer is made."""
     out = lora.trainable(ModelDef(model_cfg).param_shardings(mesh)) if mesh is not None else None
-    return jax.jit(lambda: lora.trainable(flat_params(Qwen2(model_cfg, rngs=nnx.Rngs(seed)))), out_shardings=out)()
+    draw = lambda key_data: lora.trainable(flat_params(Qwen2(model_cfg, rngs=nnx.Rngs(  # noqa: E731
+        jax.random.wrap_key_data(key_data)))))
+    return jax.jit(draw, out_shardings=out)(init_key(seed))  # the seed an input (vt.model.qwen2.init_fn)
 
 
 def write_run_config(cfg: LearnerConfig, workdir: Path) -> None:
