@@ -4,6 +4,7 @@ order of the methods). A command on one process never imports JAX for this."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 from pathlib import Path
 from typing import Mapping
@@ -83,8 +84,6 @@ def cpu_only_host(env: Mapping[str, str] | None = None, sysfs: str = "/sys/bus/p
     lines of C++ log about host bounds and worker hostnames) in every command. The CPU is then the only backend that
     can come up, so naming it changes nothing else. A TPU chip, a GPU or an explicit JAX_PLATFORMS leave JAX's
     own choice."""
-    import importlib.util
-
     env = os.environ if env is None else env
     if "JAX_PLATFORMS" in env or _tpu_chips(sysfs) or any(glob.glob(p) for p in dev_nodes):
         return False
